@@ -1,0 +1,47 @@
+# Finds NCCL: NCCL_ROOT (variable or environment), the CUDA toolkit, system paths, and pip's nvidia/nccl layout
+# (whose only library file is libnccl.so.2). Defines NCCL::nccl, NCCL_FOUND, NCCL_VERSION, NCCL_INCLUDE_DIR, NCCL_LIBRARY.
+set(_nccl_hints)
+foreach(_root IN ITEMS "${NCCL_ROOT}" "$ENV{NCCL_ROOT}")
+  if(_root)
+    list(APPEND _nccl_hints "${_root}")
+  endif()
+endforeach()
+if(CUDAToolkit_LIBRARY_ROOT)
+  list(APPEND _nccl_hints "${CUDAToolkit_LIBRARY_ROOT}")
+endif()
+if(CUDAToolkit_INCLUDE_DIRS)
+  foreach(_inc IN LISTS CUDAToolkit_INCLUDE_DIRS)
+    get_filename_component(_up "${_inc}" DIRECTORY)
+    list(APPEND _nccl_hints "${_up}")
+  endforeach()
+endif()
+find_program(_nccl_python NAMES python3 python)
+if(_nccl_python)
+  execute_process(
+    COMMAND "${_nccl_python}" -c "import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])"
+    OUTPUT_VARIABLE _nccl_pip OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE _nccl_pip_rc)
+  if(_nccl_pip_rc EQUAL 0 AND _nccl_pip)
+    list(APPEND _nccl_hints "${_nccl_pip}")
+  endif()
+endif()
+
+find_path(NCCL_INCLUDE_DIR NAMES nccl.h HINTS ${_nccl_hints} PATH_SUFFIXES include)
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR HINTS ${_nccl_hints} PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
+
+if(NCCL_INCLUDE_DIR AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h")
+  file(STRINGS "${NCCL_INCLUDE_DIR}/nccl.h" _nccl_defs REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) +[0-9]+")
+  foreach(_part MAJOR MINOR PATCH)
+    string(REGEX MATCH "NCCL_${_part} +([0-9]+)" _m "${_nccl_defs}")
+    set(_nccl_${_part} "${CMAKE_MATCH_1}")
+  endforeach()
+  set(NCCL_VERSION "${_nccl_MAJOR}.${_nccl_MINOR}.${_nccl_PATCH}")
+endif()
+
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(NCCL REQUIRED_VARS NCCL_LIBRARY NCCL_INCLUDE_DIR VERSION_VAR NCCL_VERSION)
+mark_as_advanced(NCCL_INCLUDE_DIR NCCL_LIBRARY)
+
+if(NCCL_FOUND AND NOT TARGET NCCL::nccl)
+  add_library(NCCL::nccl UNKNOWN IMPORTED)
+  set_target_properties(NCCL::nccl PROPERTIES IMPORTED_LOCATION "${NCCL_LIBRARY}" INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
+endif()

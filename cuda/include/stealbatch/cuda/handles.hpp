@@ -1,0 +1,99 @@
+// Move-only RAII handles for CUDA streams, events, device and pinned buffers, and the current-device scope.
+#pragma once
+
+#include <stealbatch/cuda/check.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <memory>
+#include <type_traits>
+
+namespace stealbatch::cuda {
+
+struct StreamDeleter {
+  void operator()(cudaStream_t s) const noexcept { SB_CUDA_WARN(cudaStreamDestroy(s)); }
+};
+struct EventDeleter {
+  void operator()(cudaEvent_t e) const noexcept { SB_CUDA_WARN(cudaEventDestroy(e)); }
+};
+struct DeviceFree {
+  void operator()(void* p) const noexcept { SB_CUDA_WARN(cudaFree(p)); }
+};
+struct PinnedFree {
+  void operator()(void* p) const noexcept { SB_CUDA_WARN(cudaFreeHost(p)); }
+};
+
+using Stream = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter>;
+using Event = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, EventDeleter>;
+
+//   Stream s = make_stream();   kernel<<<g, b, 0, s.get()>>>(...);
+inline Stream make_stream() {
+  cudaStream_t s = nullptr;
+  SB_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return Stream(s);
+}
+
+// Events for ordering and completion only: no timing, so recording them is cheap.
+inline Event make_event(unsigned flags = cudaEventDisableTiming) {
+  cudaEvent_t e = nullptr;
+  SB_CUDA_CHECK(cudaEventCreateWithFlags(&e, flags));
+  return Event(e);
+}
+
+// A typed device allocation of `count` elements.
+//   DeviceBuffer<float> g(n);   cudaMemsetAsync(g.data(), 0, g.bytes(), stream);
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t count) : m_count(count) {
+    void* p = nullptr;
+    if (count > 0) SB_CUDA_CHECK(cudaMalloc(&p, count * sizeof(T)));
+    m_ptr.reset(p);
+  }
+  T* data() const noexcept { return static_cast<T*>(m_ptr.get()); }
+  std::size_t size() const noexcept { return m_count; }
+  std::size_t bytes() const noexcept { return m_count * sizeof(T); }
+
+ private:
+  std::unique_ptr<void, DeviceFree> m_ptr;
+  std::size_t m_count = 0;
+};
+
+// A typed page-locked host allocation, for asynchronous copies.
+template <class T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(std::size_t count) : m_count(count) {
+    void* p = nullptr;
+    if (count > 0) SB_CUDA_CHECK(cudaMallocHost(&p, count * sizeof(T)));
+    m_ptr.reset(p);
+  }
+  T* data() const noexcept { return static_cast<T*>(m_ptr.get()); }
+  std::size_t size() const noexcept { return m_count; }
+  std::size_t bytes() const noexcept { return m_count * sizeof(T); }
+
+ private:
+  std::unique_ptr<void, PinnedFree> m_ptr;
+  std::size_t m_count = 0;
+};
+
+// Makes `device` current for the scope and restores the previous device after.
+//   { DeviceScope on(1); ... }
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    SB_CUDA_CHECK(cudaGetDevice(&m_previous));
+    if (device != m_previous) SB_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceScope() { SB_CUDA_WARN(cudaSetDevice(m_previous)); }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int m_previous = 0;
+};
+
+}  // namespace stealbatch::cuda

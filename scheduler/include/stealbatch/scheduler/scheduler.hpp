@@ -1,0 +1,150 @@
+// Runs one step's chunks to completion across N worker threads, each chunk exactly once, with stealing.
+#pragma once
+
+#include <stealbatch/scheduler/chunk_deque.hpp>
+#include <stealbatch/scheduler/event_count.hpp>
+#include <stealbatch/scheduler/idle.hpp>
+#include <stealbatch/scheduler/placement.hpp>
+#include <stealbatch/scheduler/victim.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <span>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace stealbatch {
+
+// kOne: a thief takes one chunk per steal (suits expensive chunks). kHalf: half the victim, capped.
+enum class StealPolicy { kOne, kHalf };
+
+// kSteal: idle workers steal. kStatic: every worker runs only what it was placed (the equal-split baseline).
+enum class SchedulePolicy { kSteal, kStatic };
+
+struct SchedulerOptions {
+  std::size_t workers = 1;                         // [1, 4096]
+  SchedulePolicy schedule = SchedulePolicy::kSteal;
+  VictimPolicy victim = VictimPolicy::kSticky;
+  StealPolicy steal = StealPolicy::kHalf;
+  std::size_t steal_batch_cap = 8;                 // [1, kMaxStealBatch]; the cap of kHalf
+  IdleOptions idle{};
+  std::uint64_t seed = 0x5eedba7c;                 // victim order; any value
+  std::size_t deque_capacity = 256;                // initial ring size, [2, 2^30]; the ring grows as needed
+  // Called once on each worker thread before it runs anything, with the worker index (bind a device here).
+  // If it throws, the constructor rethrows the first such error after stopping every worker.
+  std::function<void(std::size_t)> on_worker_start{};
+};
+
+// What one worker did during one step. Written only by the worker; read by the caller after the step.
+struct WorkerCounters {
+  std::uint64_t chunks_run = 0;      // chunk callbacks this worker ran
+  std::uint64_t chunks_stolen = 0;   // chunks it took from other deques (a batch steal counts each chunk)
+  std::uint64_t steal_attempts = 0;  // steal calls on a victim
+  std::uint64_t failed_steals = 0;   // attempts that returned kEmpty or kRetry
+  std::uint64_t parks = 0;           // times it slept with nothing to run
+  std::chrono::nanoseconds busy{0};  // inside chunk callbacks
+  std::chrono::nanoseconds idle{0};  // looking for work or parked, while the step had chunks left
+};
+
+struct StepStats {
+  std::vector<WorkerCounters> workers;
+  std::chrono::nanoseconds wall{0};  // from placement to the last worker leaving the step
+  std::uint64_t chunks = 0;          // the number of chunks placed
+};
+
+namespace detail {
+
+// A non-owning reference to a callable, so a step's callback costs one indirect call and no allocation.
+template <class Sig>
+class FunctionRef;
+
+template <class R, class... A>
+class FunctionRef<R(A...)> {
+ public:
+  template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, FunctionRef>>>
+  FunctionRef(F&& f) noexcept  // NOLINT(google-explicit-constructor): used like a function parameter
+      : m_obj(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        m_call([](void* o, A... a) -> R { return (*static_cast<std::remove_reference_t<F>*>(o))(std::forward<A>(a)...); }) {}
+  R operator()(A... a) const { return m_call(m_obj, std::forward<A>(a)...); }
+
+ private:
+  void* m_obj;
+  R (*m_call)(void*, A...);
+};
+
+}  // namespace detail
+
+using ChunkFn = detail::FunctionRef<void(std::size_t worker, ChunkId chunk)>;
+
+// The scheduler owns N worker threads and one ChunkDeque per worker. run() places a step's chunks, wakes the
+// workers, and returns when every chunk has run exactly once. Between steps the workers park and use no CPU.
+// If a callback throws, the step stops handing out chunks, every worker leaves the step, the chunks not yet
+// run are discarded, and run() rethrows the first exception; the next run() starts clean.
+// run() may be called by one thread at a time.
+//
+//   Scheduler sched({.workers = 4});
+//   StepStats st = sched.run(place_equal(64, 4), [&](std::size_t worker, ChunkId c) { compute(worker, c); });
+class Scheduler {
+ public:
+  explicit Scheduler(SchedulerOptions options);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Chunks placed as contiguous ranges; worker w runs its range in ascending order, and thieves take from the
+  // high end, so what moves stays contiguous.
+  StepStats run(std::span<const ChunkRange> placement, ChunkFn fn);
+  // Chunks placed as arbitrary lists; worker w pops its list front to back.
+  StepStats run(std::span<const std::vector<ChunkId>> placement, ChunkFn fn);
+
+  std::size_t workers() const noexcept { return m_workers.size(); }
+  const SchedulerOptions& options() const noexcept { return m_options; }
+  // Workers asleep right now; racy, for tests and diagnostics.
+  std::size_t parked_workers() const noexcept { return m_parked.load(std::memory_order_relaxed); }
+
+ private:
+  struct Worker;
+  enum class Found { kChunk, kStepOver };
+
+  void worker_main(std::size_t w);
+  void run_step(Worker& me);
+  // Spins (within the budget), then yields, then parks until poll() returns true. ready() is the side-effect-free
+  // re-check made between announcing the park and committing to it.
+  template <class Poll, class Ready>
+  void wait_until(Poll&& poll, Ready&& ready, std::uint64_t* parks);
+  Found find_work(Worker& me, ChunkId& out);
+  bool step_over() const noexcept;
+  bool work_visible(std::size_t self) const noexcept;
+  void execute(Worker& me, ChunkId c);
+  void fail_step(std::exception_ptr e) noexcept;
+  StepStats launch(std::uint64_t chunks, ChunkFn fn);
+
+  SchedulerOptions m_options;
+  std::vector<std::unique_ptr<Worker>> m_workers;
+  std::vector<Stealer> m_stealers;
+  std::vector<ChunkId> m_scratch;  // the caller's reversed copy of a range before a bulk push
+  EventCount m_event;
+  SpinBudget m_spin;
+
+  // Step state, published to the workers by the release bump of m_step_seq.
+  const ChunkFn* m_fn = nullptr;
+  std::exception_ptr m_error;  // written by the first failing worker only, read by the caller after the step
+
+  alignas(detail::kCacheLine) std::atomic<std::uint64_t> m_remaining{0};  // chunks of this step not yet finished
+  alignas(detail::kCacheLine) std::atomic<bool> m_abort{false};
+  alignas(detail::kCacheLine) std::atomic<std::uint32_t> m_step_seq{0};
+  std::atomic<std::uint32_t> m_in_step{0};  // workers that have not yet left the current step; the caller waits on it
+  std::atomic<bool> m_shutdown{false};
+  std::atomic<std::uint32_t> m_parked{0};
+  std::atomic<std::uint32_t> m_started{0};
+  std::exception_ptr m_start_error;
+  std::atomic<bool> m_start_failed{false};
+};
+
+}  // namespace stealbatch

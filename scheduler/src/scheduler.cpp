@@ -1,0 +1,326 @@
+// The worker loop: pop own chunks, steal when empty, spin then yield then park, and exactly-once step accounting.
+#include <stealbatch/error.hpp>
+#include <stealbatch/scheduler/scheduler.hpp>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace stealbatch {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void check_range(const char* field, std::size_t value, std::size_t lo, std::size_t hi) {
+  if (value < lo || value > hi) {
+    throw ConfigError(std::string("scheduler: ") + field + " = " + std::to_string(value) + "; valid range is [" +
+                      std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+}
+
+}  // namespace
+
+struct alignas(detail::kCacheLine) Scheduler::Worker {
+  Worker(std::size_t i, const SchedulerOptions& o)
+      : index(i), deque(o.deque_capacity), victims(i, o.workers, o.victim, o.seed) {}
+
+  std::size_t index;
+  ChunkDeque deque;
+  VictimSelector victims;
+  WorkerCounters counters;
+  std::uint32_t seen_seq = 0;
+  std::thread thread;
+};
+
+Scheduler::Scheduler(SchedulerOptions options) : m_options(std::move(options)), m_spin(m_options.idle.max_spinners) {
+  check_range("workers", m_options.workers, 1, 4096);
+  check_range("steal_batch_cap", m_options.steal_batch_cap, 1, kMaxStealBatch);
+  check_range("deque_capacity", m_options.deque_capacity, 2, std::size_t{1} << 30);
+
+  const std::size_t n = m_options.workers;
+  m_workers.reserve(n);
+  m_stealers.reserve(n);
+  for (std::size_t w = 0; w < n; ++w) {
+    m_workers.push_back(std::make_unique<Worker>(w, m_options));
+    m_stealers.push_back(m_workers.back()->deque.stealer());
+  }
+
+  std::size_t launched = 0;
+  try {
+    for (; launched < n; ++launched) {
+      m_workers[launched]->thread = std::thread([this, w = launched] {
+        try {
+          if (m_options.on_worker_start) m_options.on_worker_start(w);
+        } catch (...) {
+          bool expected = false;
+          // Acq_rel: only the first failure writes m_start_error; the caller reads it after m_started.
+          if (m_start_failed.compare_exchange_strong(expected, true, std::memory_order_acq_rel)) {
+            m_start_error = std::current_exception();
+          }
+        }
+        // Release: publishes m_start_error; pairs with the caller's acquire loads of m_started.
+        m_started.fetch_add(1, std::memory_order_release);
+        m_started.notify_one();
+        worker_main(w);
+      });
+    }
+  } catch (...) {
+    // std::thread could not start: stop the ones that did, then report.
+    m_shutdown.store(true, std::memory_order_relaxed);  // relaxed: the RMW in notify_all() publishes it
+    m_event.notify_all();
+    for (std::size_t w = 0; w < launched; ++w) m_workers[w]->thread.join();
+    throw;
+  }
+
+  for (std::uint32_t s; (s = m_started.load(std::memory_order_acquire)) != n;) m_started.wait(s, std::memory_order_acquire);
+  if (m_start_failed.load(std::memory_order_relaxed)) {  // relaxed: ordered by the acquire of m_started above
+    m_shutdown.store(true, std::memory_order_relaxed);     // relaxed: the RMW in notify_all() publishes it
+    m_event.notify_all();
+    for (auto& w : m_workers) w->thread.join();
+    std::rethrow_exception(m_start_error);
+  }
+}
+
+Scheduler::~Scheduler() {
+  // Relaxed: the seq_cst RMW inside notify_all() orders it before any waiter's re-check (see EventCount).
+  m_shutdown.store(true, std::memory_order_relaxed);
+  m_event.notify_all();
+  for (auto& w : m_workers) {
+    if (w->thread.joinable()) w->thread.join();
+  }
+}
+
+StepStats Scheduler::run(std::span<const ChunkRange> placement, ChunkFn fn) {
+  check_range("placement.size()", placement.size(), m_workers.size(), m_workers.size());
+  std::uint64_t total = 0;
+  for (const ChunkRange& r : placement) {
+    if (r.end < r.begin) throw ConfigError("scheduler: a placement range has end < begin");
+    total += r.size();
+  }
+  for (std::size_t w = 0; w < placement.size(); ++w) {
+    ChunkDeque& q = m_workers[w]->deque;
+    q.reclaim();  // quiescent: no worker is inside a steal between steps
+    q.reserve(total);
+    // Pushed high to low, so the owner pops ascending and thieves take the high end.
+    m_scratch.resize(placement[w].size());
+    for (std::size_t i = 0; i < m_scratch.size(); ++i) m_scratch[i] = static_cast<ChunkId>(placement[w].end - 1 - i);
+    q.push_bulk(m_scratch);
+  }
+  return launch(total, fn);
+}
+
+StepStats Scheduler::run(std::span<const std::vector<ChunkId>> placement, ChunkFn fn) {
+  check_range("placement.size()", placement.size(), m_workers.size(), m_workers.size());
+  std::uint64_t total = 0;
+  for (const auto& list : placement) total += list.size();
+  for (std::size_t w = 0; w < placement.size(); ++w) {
+    ChunkDeque& q = m_workers[w]->deque;
+    q.reclaim();  // quiescent, as above
+    q.reserve(total);
+    m_scratch.assign(placement[w].rbegin(), placement[w].rend());
+    q.push_bulk(m_scratch);
+  }
+  return launch(total, fn);
+}
+
+StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn) {
+  StepStats stats;
+  stats.chunks = chunks;
+  stats.workers.resize(m_workers.size());
+  if (chunks == 0) return stats;
+
+  const auto t0 = Clock::now();
+  m_fn = &fn;
+  m_error = nullptr;
+  // Relaxed: the release bump of m_step_seq below publishes these, and the deques, to the workers.
+  m_abort.store(false, std::memory_order_relaxed);
+  m_remaining.store(chunks, std::memory_order_relaxed);
+  m_in_step.store(static_cast<std::uint32_t>(m_workers.size()), std::memory_order_relaxed);
+  // Release: pairs with the workers' acquire loads of m_step_seq.
+  m_step_seq.fetch_add(1, std::memory_order_release);
+  m_event.notify_all();
+
+  // Acquire: pairs with each worker's release decrement, so their counters and deques are settled.
+  for (std::uint32_t left; (left = m_in_step.load(std::memory_order_acquire)) != 0;) m_in_step.wait(left, std::memory_order_acquire);
+  stats.wall = Clock::now() - t0;
+  m_fn = nullptr;
+
+  std::uint64_t ran = 0;
+  for (std::size_t w = 0; w < m_workers.size(); ++w) {
+    stats.workers[w] = m_workers[w]->counters;
+    ran += stats.workers[w].chunks_run;
+  }
+  if (m_error) std::rethrow_exception(m_error);
+  // The invariant the whole design rests on; cheap enough to check on every step.
+  bool drained = true;
+  for (const auto& w : m_workers) drained = drained && w->deque.empty();
+  if (ran != chunks || !drained) {
+    throw std::logic_error("scheduler: a step placed " + std::to_string(chunks) + " chunks but ran " +
+                           std::to_string(ran) + (drained ? "" : " and left some queued") + ": exactly-once violated");
+  }
+  return stats;
+}
+
+void Scheduler::worker_main(std::size_t w) {
+  Worker& me = *m_workers[w];
+  for (;;) {
+    // Acquire on m_step_seq: pairs with the release bump in launch(). Acquire on m_shutdown is not needed: it
+    // guards no data.
+    auto next_phase = [&] {
+      return m_shutdown.load(std::memory_order_relaxed) || m_step_seq.load(std::memory_order_acquire) != me.seen_seq;
+    };
+    wait_until(next_phase, next_phase, nullptr);
+    if (m_shutdown.load(std::memory_order_relaxed)) return;
+    me.seen_seq = m_step_seq.load(std::memory_order_acquire);
+    run_step(me);
+    // Release: publishes this worker's counters and its last deque operations; pairs with launch()'s acquire.
+    if (m_in_step.fetch_sub(1, std::memory_order_release) == 1) m_in_step.notify_one();
+  }
+}
+
+void Scheduler::run_step(Worker& me) {
+  me.counters = WorkerCounters{};
+  auto over = [&] { return step_over(); };
+  for (;;) {
+    // Relaxed: the abort flag guards no data (the error itself reaches the caller through m_in_step).
+    if (m_abort.load(std::memory_order_relaxed)) break;
+    if (auto c = me.deque.pop()) {
+      execute(me, *c);
+      continue;
+    }
+    const auto t0 = Clock::now();
+    ChunkId stolen = 0;
+    Found f = Found::kStepOver;
+    if (m_options.schedule == SchedulePolicy::kSteal) {
+      f = find_work(me, stolen);
+    } else {
+      wait_until(over, over, &me.counters.parks);  // static: idle until the others finish, as at a DDP barrier
+    }
+    me.counters.idle += Clock::now() - t0;
+    if (f == Found::kStepOver) break;
+    execute(me, stolen);
+  }
+  // After a failure, discard what is left here. Only this worker pushes to its deque, and it pushes no more this
+  // step, so once every worker has drained its own, every deque is empty for the next step.
+  while (me.deque.pop()) {
+  }
+}
+
+template <class Poll, class Ready>
+void Scheduler::wait_until(Poll&& poll, Ready&& ready, std::uint64_t* parks) {
+  const IdleOptions& idle = m_options.idle;
+  std::uint32_t spins = 0, yields = 0;
+  bool spinning = false;
+  while (!poll()) {
+    if (spins < idle.spin_rounds && (spinning || (spinning = m_spin.try_acquire()))) {
+      ++spins;
+      for (int k = 0; k < kPausesPerSpin; ++k) cpu_relax();
+      continue;
+    }
+    if (spinning) m_spin.release(), spinning = false;
+    if (yields < idle.yield_rounds) {
+      ++yields;
+      std::this_thread::yield();
+      continue;
+    }
+    const EventCount::Key key = m_event.prepare_wait();
+    if (ready()) {
+      m_event.cancel_wait();
+      continue;
+    }
+    m_parked.fetch_add(1, std::memory_order_relaxed);  // relaxed: a diagnostic count
+    if (parks) ++*parks;
+    m_event.commit_wait(key);
+    m_parked.fetch_sub(1, std::memory_order_relaxed);
+    spins = yields = 0;
+  }
+  if (spinning) m_spin.release();
+}
+
+Scheduler::Found Scheduler::find_work(Worker& me, ChunkId& out) {
+  const std::size_t n = m_workers.size();
+  if (n == 1) {
+    auto over = [&] { return step_over(); };
+    wait_until(over, over, &me.counters.parks);
+    return Found::kStepOver;
+  }
+  Found found = Found::kStepOver;
+  auto steal_round = [&] {
+    for (;;) {
+      if (step_over()) return true;
+      bool retry = false;
+      std::size_t v = me.victims.first(m_stealers);
+      for (std::size_t i = 0; i + 1 < n; ++i, v = me.victims.after(v)) {
+        ++me.counters.steal_attempts;
+        StealStatus status;
+        ChunkId c = 0;
+        std::size_t moved = 0;
+        if (m_options.steal == StealPolicy::kHalf) {
+          const StolenBatch s = m_stealers[v].steal_batch_and_pop(me.deque, m_options.steal_batch_cap);
+          status = s.status, c = s.chunk, moved = s.moved;
+        } else {
+          const Stolen s = m_stealers[v].steal();
+          status = s.status, c = s.chunk;
+        }
+        if (status == StealStatus::kTaken) {
+          me.victims.on_success(v);
+          me.counters.chunks_stolen += 1 + moved;
+          out = c;
+          found = Found::kChunk;
+          // The batch in our deque is stealable work that a parked worker may be waiting for.
+          if (moved > 0) m_event.notify_one();
+          return true;
+        }
+        ++me.counters.failed_steals;
+        if (status == StealStatus::kRetry) {
+          retry = true;
+        } else {
+          me.victims.on_empty(v);
+        }
+      }
+      // kRetry means another thread made progress on a deque that may still hold work: look again at once.
+      if (!retry) return false;
+    }
+  };
+  auto ready = [&] { return step_over() || work_visible(me.index); };
+  wait_until(steal_round, ready, &me.counters.parks);
+  return found;
+}
+
+bool Scheduler::step_over() const noexcept {
+  // Relaxed on m_remaining and m_abort: they guard no data. A worker that leaves the step on either has nothing
+  // left to read from the step; what it wrote reaches the caller through m_in_step.
+  return m_remaining.load(std::memory_order_relaxed) == 0 || m_abort.load(std::memory_order_relaxed);
+}
+
+bool Scheduler::work_visible(std::size_t self) const noexcept {
+  for (std::size_t v = 0; v < m_stealers.size(); ++v) {
+    if (v != self && m_stealers[v].size_hint() > 0) return true;
+  }
+  return false;
+}
+
+void Scheduler::execute(Worker& me, ChunkId c) {
+  if (m_abort.load(std::memory_order_relaxed)) return;  // the step has failed: discard (relaxed: as in step_over)
+  const auto t0 = Clock::now();
+  try {
+    (*m_fn)(me.index, c);
+  } catch (...) {
+    fail_step(std::current_exception());
+  }
+  me.counters.busy += Clock::now() - t0;
+  ++me.counters.chunks_run;
+  // Relaxed: the RMW alone makes exactly one worker see the count reach zero. The notify_all() that follows is
+  // an RMW on the waiter count, which orders the zero before any parked worker's re-check (see EventCount).
+  if (m_remaining.fetch_sub(1, std::memory_order_relaxed) == 1) m_event.notify_all();
+}
+
+void Scheduler::fail_step(std::exception_ptr e) noexcept {
+  bool expected = false;
+  // Acq_rel: only the first failure writes m_error; the caller reads it after the step (through m_in_step).
+  if (m_abort.compare_exchange_strong(expected, true, std::memory_order_acq_rel)) m_error = std::move(e);
+  m_event.notify_all();
+}
+
+}  // namespace stealbatch

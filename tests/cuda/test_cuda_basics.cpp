@@ -1,0 +1,64 @@
+// CUDA basics: discovery without a driver, the NCCL library, RAII handles and a kernel launch on a real GPU.
+#include <stealbatch/cuda/device_info.hpp>
+#include <stealbatch/cuda/handles.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <vector>
+
+using namespace stealbatch;
+
+namespace {
+
+// Prints the marker CTest turns into "skipped", with the reason.
+bool skip_without_gpu() {
+  if (cuda::device_count() > 0) return false;
+  std::printf("SB_SKIP: %s\n", cuda::no_device_reason().c_str());
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("CudaInfo.DeviceCountNeverThrows") {
+  // 0 on a machine without a driver (error 35). Without a driver the runtime's initialization fails again on
+  // every call, so "cleared" means only that the answer stays 0 and nothing throws.
+  const int n = cuda::device_count();
+  CHECK(n >= 0);
+  CHECK(cuda::device_count() == n);
+  CHECK((n == 0) == !cuda::no_device_reason().empty());
+}
+
+TEST_CASE("CudaInfo.NcclLinksAndReportsItsVersion") {
+  const int v = cuda::nccl_version();  // needs the library, not a GPU
+  MESSAGE("NCCL " << v / 10000 << "." << (v / 100) % 100 << "." << v % 100);
+  CHECK(v >= 20000);
+}
+
+TEST_CASE("CudaHandles.FillKernelRoundTrip") {
+  if (skip_without_gpu()) return;
+  cuda::DeviceScope on(0);
+  cuda::Stream s = cuda::make_stream();
+  cuda::Event done = cuda::make_event();
+  cuda::DeviceBuffer<float> d(1 << 20);
+  cuda::PinnedBuffer<float> h(d.size());
+  cuda::fill(d.data(), d.size(), 3.5f, s.get());
+  SB_CUDA_CHECK(cudaMemcpyAsync(h.data(), d.data(), d.bytes(), cudaMemcpyDeviceToHost, s.get()));
+  SB_CUDA_CHECK(cudaEventRecord(done.get(), s.get()));
+  SB_CUDA_CHECK(cudaEventSynchronize(done.get()));
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < h.size(); ++i) wrong += h.data()[i] != 3.5f;
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("CudaCheck.ErrorsNameTheCallAndLocation") {
+  if (skip_without_gpu()) return;
+  try {
+    SB_CUDA_CHECK(cudaSetDevice(1 << 20));
+    FAIL("an invalid device must throw");
+  } catch (const CudaError& e) {
+    const std::string what = e.what();
+    CHECK(what.find("cudaSetDevice(1 << 20)") != std::string::npos);
+    CHECK(what.find("test_cuda_basics.cpp") != std::string::npos);
+  }
+}

@@ -1,0 +1,221 @@
+// Scheduler: exactly-once over many random steps, failures reaching the caller, static vs steal, parking cost.
+#include <stealbatch/error.hpp>
+#include <stealbatch/scheduler/scheduler.hpp>
+
+#include <doctest/doctest.h>
+#include <test_support.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <ctime>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace stealbatch;
+using stealbatch::test::scaled;
+using namespace std::chrono_literals;
+
+namespace {
+
+void spin_for(std::chrono::nanoseconds d) {
+  const auto end = std::chrono::steady_clock::now() + d;
+  while (std::chrono::steady_clock::now() < end) {
+  }
+}
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// Waits (bounded) for a condition instead of sleeping a fixed time.
+template <class Pred>
+bool wait_for(Pred pred, std::chrono::milliseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("Scheduler.ExactlyOnceRandomSteps") {
+  // 10,000 steps in all, over every victim and steal policy and 1 to 8 workers, with random chunk counts,
+  // random placement (arbitrary lists and ranges) and random per-chunk delays.
+  const std::size_t total_steps = scaled(10000);
+  struct Config {
+    std::size_t workers;
+    VictimPolicy victim;
+    StealPolicy steal;
+  };
+  const std::vector<Config> configs = {
+      {1, VictimPolicy::kRandom, StealPolicy::kOne},     {2, VictimPolicy::kSticky, StealPolicy::kHalf},
+      {3, VictimPolicy::kMostLoaded, StealPolicy::kHalf}, {4, VictimPolicy::kRandom, StealPolicy::kHalf},
+      {5, VictimPolicy::kSticky, StealPolicy::kOne},      {8, VictimPolicy::kMostLoaded, StealPolicy::kOne},
+      {8, VictimPolicy::kSticky, StealPolicy::kHalf},
+  };
+  std::mt19937_64 rng(2024);
+  std::size_t steps_done = 0, chunks_done = 0, stolen = 0;
+  for (std::size_t ci = 0; ci < configs.size(); ++ci) {
+    const Config& cfg = configs[ci];
+    CAPTURE(cfg.workers);
+    Scheduler sched({.workers = cfg.workers, .victim = cfg.victim, .steal = cfg.steal, .steal_batch_cap = 1 + ci,
+                     .seed = rng()});
+    const std::size_t steps = total_steps / configs.size() + (ci == 0 ? total_steps % configs.size() : 0);
+    std::vector<std::atomic<std::uint32_t>> runs(300);
+    for (std::size_t step = 0; step < steps; ++step) {
+      const std::size_t chunks = rng() % 300;
+      for (std::size_t i = 0; i < chunks; ++i) runs[i].store(0, std::memory_order_relaxed);
+      std::vector<std::uint32_t> delay_ns(chunks);
+      for (auto& d : delay_ns) d = (rng() % 4 == 0) ? static_cast<std::uint32_t>(rng() % 20000) : 0;
+      auto fn = [&](std::size_t, ChunkId c) {
+        runs[c].fetch_add(1, std::memory_order_relaxed);
+        if (delay_ns[c]) spin_for(std::chrono::nanoseconds(delay_ns[c]));
+      };
+      StepStats st;
+      if (step % 2 == 0) {
+        std::vector<std::vector<ChunkId>> lists(cfg.workers);
+        for (ChunkId c = 0; c < chunks; ++c) lists[rng() % cfg.workers].push_back(c);
+        st = sched.run(lists, fn);
+      } else {
+        std::vector<double> w(cfg.workers);
+        for (auto& x : w) x = static_cast<double>(rng() % 5);
+        w[0] += 1;  // at least one positive weight
+        st = sched.run(place_proportional(chunks, w), fn);
+      }
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < chunks; ++i) wrong += runs[i].load(std::memory_order_relaxed) != 1;
+      REQUIRE(wrong == 0);
+      std::uint64_t ran = 0;
+      for (const auto& wc : st.workers) ran += wc.chunks_run, stolen += wc.chunks_stolen;
+      REQUIRE(ran == chunks);
+      ++steps_done;
+      chunks_done += chunks;
+    }
+  }
+  CHECK(steps_done == total_steps);
+  CHECK(stolen > 0);  // the random placements did make workers steal
+  MESSAGE(steps_done << " steps, " << chunks_done << " chunks, " << stolen << " stolen, each run exactly once");
+}
+
+TEST_CASE("Scheduler.ExceptionReachesCallerAndNextStepRuns") {
+  Scheduler sched({.workers = 4});
+  std::vector<std::atomic<int>> runs(64);
+  auto ranges = place_equal(64, 4);
+  for (int round = 0; round < 20; ++round) {
+    const ChunkId bad = static_cast<ChunkId>((round * 13) % 64);
+    CHECK_THROWS_WITH_AS(sched.run(ranges,
+                                   [&](std::size_t, ChunkId c) {
+                                     if (c == bad) throw std::runtime_error("chunk " + std::to_string(c) + " failed");
+                                     spin_for(2us);
+                                   }),
+                         ("chunk " + std::to_string(bad) + " failed").c_str(), std::runtime_error);
+    for (auto& r : runs) r.store(0);
+    const StepStats st = sched.run(ranges, [&](std::size_t, ChunkId c) { runs[c].fetch_add(1); });
+    int wrong = 0;
+    for (auto& r : runs) wrong += r.load() != 1;
+    CHECK(wrong == 0);
+    CHECK(st.chunks == 64);
+  }
+}
+
+TEST_CASE("Scheduler.EveryChunkThrows") {
+  Scheduler sched({.workers = 3});
+  CHECK_THROWS_AS(sched.run(place_equal(100, 3), [](std::size_t, ChunkId) { throw std::logic_error("always"); }),
+                  std::logic_error);
+  std::atomic<int> n{0};
+  (void)sched.run(place_equal(100, 3), [&](std::size_t, ChunkId) { n.fetch_add(1); });
+  CHECK(n.load() == 100);
+}
+
+TEST_CASE("Scheduler.StaticRunsOnlyWhatWasPlaced") {
+  Scheduler sched({.workers = 4, .schedule = SchedulePolicy::kStatic});
+  const auto ranges = place_proportional(40, std::vector<double>{10, 0, 0, 0});  // everything on worker 0
+  std::vector<std::atomic<int>> owner(40);
+  const StepStats st = sched.run(ranges, [&](std::size_t w, ChunkId c) {
+    owner[c].store(static_cast<int>(w));
+    std::this_thread::sleep_for(100us);  // device time, not CPU
+  });
+  for (ChunkId c = 0; c < 40; ++c) CHECK(owner[c].load() == 0);
+  CHECK(st.workers[0].chunks_run == 40);
+  for (const auto& w : st.workers) CHECK(w.chunks_stolen == 0);
+}
+
+TEST_CASE("Scheduler.StealingMovesWorkOffTheLoadedWorker") {
+  Scheduler sched({.workers = 4});
+  const auto ranges = place_proportional(80, std::vector<double>{10, 0, 0, 0});
+  std::vector<std::atomic<int>> runs(80);
+  const StepStats st = sched.run(ranges, [&](std::size_t, ChunkId c) {
+    runs[c].fetch_add(1);
+    std::this_thread::sleep_for(200us);  // emulated device time: frees the core for the thieves
+  });
+  std::uint64_t stolen = 0, by_others = 0;
+  for (std::size_t w = 0; w < 4; ++w) stolen += st.workers[w].chunks_stolen;
+  for (std::size_t w = 1; w < 4; ++w) by_others += st.workers[w].chunks_run;
+  int wrong = 0;
+  for (auto& r : runs) wrong += r.load() != 1;
+  CHECK(wrong == 0);
+  CHECK(stolen > 0);
+  CHECK(by_others >= 30);  // a balanced split would give the others 60 of 80
+  MESSAGE("others ran " << by_others << " of 80 chunks placed on worker 0");
+}
+
+TEST_CASE("Scheduler.EmptyStep") {
+  Scheduler sched({.workers = 2});
+  const StepStats st = sched.run(place_equal(0, 2), [](std::size_t, ChunkId) { FAIL("no chunk should run"); });
+  CHECK(st.chunks == 0);
+  CHECK(st.workers.size() == 2);
+}
+
+TEST_CASE("Scheduler.ParkedUsesNoCpu") {
+  Scheduler sched({.workers = 4});
+  (void)sched.run(place_equal(16, 4), [](std::size_t, ChunkId) {});
+  REQUIRE(wait_for([&] { return sched.parked_workers() == 4; }, 5000ms));
+  const double cpu0 = process_cpu_seconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(200ms);  // the scenario under test: 200 ms of idling
+  const double cpu = process_cpu_seconds() - cpu0;
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE("parked scheduler: " << cpu * 1e3 << " ms CPU over " << wall * 1e3 << " ms");
+  CHECK(cpu <= 0.05 * wall);
+  // And new work still wakes them.
+  std::atomic<int> n{0};
+  (void)sched.run(place_equal(8, 4), [&](std::size_t, ChunkId) { n.fetch_add(1); });
+  CHECK(n.load() == 8);
+}
+
+TEST_CASE("Scheduler.ConfigErrors") {
+  CHECK_THROWS_WITH_AS(Scheduler({.workers = 0}), "scheduler: workers = 0; valid range is [1, 4096]", ConfigError);
+  CHECK_THROWS_WITH_AS(Scheduler({.workers = 2, .steal_batch_cap = 0}),
+                       "scheduler: steal_batch_cap = 0; valid range is [1, 64]", ConfigError);
+  CHECK_THROWS_WITH_AS(Scheduler({.workers = 2, .steal_batch_cap = 65}),
+                       "scheduler: steal_batch_cap = 65; valid range is [1, 64]", ConfigError);
+  Scheduler sched({.workers = 2});
+  CHECK_THROWS_WITH_AS(sched.run(place_equal(4, 3), [](std::size_t, ChunkId) {}),
+                       "scheduler: placement.size() = 3; valid range is [2, 2]", ConfigError);
+}
+
+TEST_CASE("Scheduler.WorkerStartFailure") {
+  auto make = [] {
+    SchedulerOptions o;
+    o.workers = 4;
+    o.on_worker_start = [](std::size_t w) {
+      if (w == 2) throw std::runtime_error("worker 2 could not bind its device");
+    };
+    return Scheduler(std::move(o));
+  };
+  CHECK_THROWS_WITH_AS(make(), "worker 2 could not bind its device", std::runtime_error);
+
+  std::vector<std::atomic<int>> started(3);
+  SchedulerOptions ok;
+  ok.workers = 3;
+  ok.on_worker_start = [&](std::size_t w) { started[w].fetch_add(1); };
+  Scheduler sched(std::move(ok));
+  for (auto& s : started) CHECK(s.load() == 1);
+}
