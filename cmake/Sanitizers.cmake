@@ -7,7 +7,7 @@ if(STEALBATCH_SANITIZE)
   if(STEALBATCH_SANITIZE MATCHES "undefined")
     list(APPEND _sb_san -fno-sanitize-recover=undefined)
   endif()
-  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:${_sb_san}>)
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:${_sb_san}>")
   add_link_options(-fsanitize=${STEALBATCH_SANITIZE})
   # Sanitizer builds run smaller sizes (never weaker assertions); the tests read this definition.
   add_compile_definitions(STEALBATCH_SANITIZED=1)

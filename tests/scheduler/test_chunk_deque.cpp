@@ -293,33 +293,44 @@ TEST_CASE("ChunkDeque.LastItemRace") {
 }
 
 TEST_CASE("ChunkDeque.NoStarvation") {
-  // While the owner keeps pushing and popping, every thief still gets work.
+  // While the owner keeps pushing and popping, every thief still gets work: the owner goes on until each thief
+  // has stolen at least once (and at least n chunks have gone through), so the check does not depend on how
+  // the OS happens to schedule five threads on two cores.
   const std::size_t n = scaled(300000);
+  const std::size_t nthieves = 4;
   ChunkDeque q(32);
   Stealer s = q.stealer();
-  Thieves thieves(4, [&](std::size_t, std::vector<ChunkId>& got, std::atomic<bool>& stop) {
+  std::vector<std::atomic<std::size_t>> stolen(nthieves);
+  Thieves thieves(nthieves, [&](std::size_t id, std::vector<ChunkId>& got, std::atomic<bool>& stop) {
     while (!stop.load(std::memory_order_relaxed)) {
       const Stolen r = s.steal();
-      if (r.status == StealStatus::kTaken) got.push_back(r.chunk);
+      if (r.status == StealStatus::kTaken) got.push_back(r.chunk), stolen[id].fetch_add(1, std::memory_order_relaxed);
     }
     drain_with(s, got);
   });
+  auto all_fed = [&] {
+    for (auto& c : stolen) {
+      if (c.load(std::memory_order_relaxed) == 0) return false;
+    }
+    return true;
+  };
   std::vector<ChunkId> popped;
   ChunkId next = 0;
-  while (next < n) {
-    for (int i = 0; i < 64 && next < n; ++i) q.push(next++);
+  while (next < n || !all_fed()) {
+    for (int i = 0; i < 64; ++i) q.push(next++);
     for (int i = 0; i < 16; ++i) {
       if (auto c = q.pop()) popped.push_back(*c);
     }
+    if (next % 4096 == 0) std::this_thread::yield();  // two cores, five threads: let the thieves in
   }
   while (auto c = q.pop()) popped.push_back(*c);
   thieves.join();
-  for (std::size_t i = 0; i < 4; ++i) {
+  for (std::size_t i = 0; i < nthieves; ++i) {
     CAPTURE(i);
     CHECK(thieves.got[i].size() > 0);
   }
   thieves.got.push_back(popped);
-  CHECK(exactly_once(thieves.got, n));
+  CHECK(exactly_once(thieves.got, next));
 }
 
 TEST_CASE("ChunkDeque.Destructors") {

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The full test suite: install what is missing, then build and run every test in three configurations:
+#   build/          Release, CUDA compiled and linked (GPU tests report "skipped" without a GPU)
+#   build-tsan/     ThreadSanitizer over the scheduler tests
+#   build-asan/     AddressSanitizer + UndefinedBehaviorSanitizer over the unit tests
+# Exits non-zero on the first failing configuration.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+jobs=$(nproc)
+status=0
+
+run_suite() {  # name, build dir, ctest args..., -- cmake args...
+  local name=$1 dir=$2; shift 2
+  local ctest_args=() cmake_args=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do ctest_args+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  cmake_args=("$@")
+  echo "=== ${name}: configure and build (${dir})"
+  local start=$SECONDS
+  # Called as `run_suite ... || status=1`, where errexit is off: every step checks its own status.
+  mkdir -p "$dir"
+  cmake -S . -B "$dir" -G Ninja "${cmake_args[@]}" >"$dir/configure.log" 2>&1 || { cat "$dir/configure.log"; return 1; }
+  grep -E "^-- (stealbatch|  )" "$dir/configure.log" || true
+  cmake --build "$dir" --parallel "$jobs" || return 1
+  echo "=== ${name}: ctest"
+  (cd "$dir" && ctest --output-on-failure "${ctest_args[@]}") || return 1
+  echo "=== ${name}: done in $((SECONDS - start)) s"
+}
+
+run_suite "release" build -- -DCMAKE_BUILD_TYPE=Release || status=1
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+  run_suite "tsan" build-tsan -L scheduler -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=thread \
+  -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
+ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1" \
+  run_suite "asan+ubsan" build-asan -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=address,undefined \
+  -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
+
+if [ $status -ne 0 ]; then echo "=== FAILED: see the configuration above"; else echo "=== all configurations passed"; fi
+exit $status
