@@ -10,7 +10,7 @@
 namespace stealbatch::test {
 
 #ifdef STEALBATCH_SANITIZED
-inline constexpr std::size_t kScale = 20;  // sanitizer builds run smaller sizes, never weaker assertions
+inline constexpr std::size_t kScale = 4;   // sanitizer builds run smaller sizes, never weaker assertions
 #else
 inline constexpr std::size_t kScale = 1;
 #endif
