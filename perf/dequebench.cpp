@@ -1,5 +1,6 @@
 // dequebench: the chunk deque against a central lock-free queue, TBB's concurrent queue and a mutex deque,
 // pattern by pattern, side by side in one run, with an exactly-once check on every draining pattern.
+#include <stealbatch/runtime/version.hpp>
 #include <stealbatch/scheduler/chunk_deque.hpp>
 #include <stealbatch/scheduler/scheduler.hpp>
 
@@ -407,7 +408,7 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "also write the rows as JSON to this file");
   CLI11_PARSE(app, argc, argv);
 
-  std::printf("# dequebench, stealbatch 0.1.0\n");
+  std::printf("# dequebench, stealbatch %s\n", kVersionString);
   std::printf("# cores %u, TBB %d.%d, Boost %d.%d, %s\n", std::thread::hardware_concurrency(), TBB_VERSION_MAJOR,
               TBB_VERSION_MINOR, BOOST_VERSION / 100000, BOOST_VERSION / 100 % 1000, __VERSION__);
   std::printf("# ops %zu per repetition (draining patterns %zu), wakes %zu, 1 warm-up + %d timed repetitions; medians\n", n, n / 4,

@@ -41,44 +41,53 @@ inline Event make_event(unsigned flags = cudaEventDisableTiming) {
   return Event(e);
 }
 
-// A typed device allocation of `count` elements.
+namespace detail {
+
+struct DeviceMemory {
+  static void* allocate(std::size_t bytes) {
+    void* p = nullptr;
+    SB_CUDA_CHECK(cudaMalloc(&p, bytes));
+    return p;
+  }
+  using Free = DeviceFree;
+};
+
+struct PinnedMemory {
+  static void* allocate(std::size_t bytes) {
+    void* p = nullptr;
+    SB_CUDA_CHECK(cudaMallocHost(&p, bytes));
+    return p;
+  }
+  using Free = PinnedFree;
+};
+
+// A typed allocation of `count` elements from Memory (device or page-locked host).
+template <class T, class Memory>
+class Allocation {
+ public:
+  Allocation() = default;
+  explicit Allocation(std::size_t count)
+      : m_ptr(count > 0 ? Memory::allocate(count * sizeof(T)) : nullptr), m_count(count) {}
+  T* data() const noexcept { return static_cast<T*>(m_ptr.get()); }
+  std::size_t size() const noexcept { return m_count; }
+  std::size_t bytes() const noexcept { return m_count * sizeof(T); }
+
+ private:
+  std::unique_ptr<void, typename Memory::Free> m_ptr;
+  std::size_t m_count = 0;
+};
+
+}  // namespace detail
+
+// A typed device allocation.
 //   DeviceBuffer<float> g(n);   cudaMemsetAsync(g.data(), 0, g.bytes(), stream);
 template <class T>
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(std::size_t count) : m_count(count) {
-    void* p = nullptr;
-    if (count > 0) SB_CUDA_CHECK(cudaMalloc(&p, count * sizeof(T)));
-    m_ptr.reset(p);
-  }
-  T* data() const noexcept { return static_cast<T*>(m_ptr.get()); }
-  std::size_t size() const noexcept { return m_count; }
-  std::size_t bytes() const noexcept { return m_count * sizeof(T); }
-
- private:
-  std::unique_ptr<void, DeviceFree> m_ptr;
-  std::size_t m_count = 0;
-};
+using DeviceBuffer = detail::Allocation<T, detail::DeviceMemory>;
 
 // A typed page-locked host allocation, for asynchronous copies.
+//   PinnedBuffer<float> staging(n);   cudaMemcpyAsync(d.data(), staging.data(), staging.bytes(), cudaMemcpyHostToDevice, s);
 template <class T>
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  explicit PinnedBuffer(std::size_t count) : m_count(count) {
-    void* p = nullptr;
-    if (count > 0) SB_CUDA_CHECK(cudaMallocHost(&p, count * sizeof(T)));
-    m_ptr.reset(p);
-  }
-  T* data() const noexcept { return static_cast<T*>(m_ptr.get()); }
-  std::size_t size() const noexcept { return m_count; }
-  std::size_t bytes() const noexcept { return m_count * sizeof(T); }
-
- private:
-  std::unique_ptr<void, PinnedFree> m_ptr;
-  std::size_t m_count = 0;
-};
+using PinnedBuffer = detail::Allocation<T, detail::PinnedMemory>;
 
 // Makes `device` current for the scope and restores the previous device after.
 //   { DeviceScope on(1); ... }
