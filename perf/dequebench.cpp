@@ -58,36 +58,16 @@ struct StealbatchImpl {
   }
 };
 
-struct BoostQueueImpl {
-  static constexpr const char* kName = "boost_lockfree_queue";
-  boost::lockfree::queue<ChunkId> q{1024};
+// A central FIFO queue: the owner and every thief take from the same end. Queue supplies try_push and try_pop.
+template <class Queue>
+struct CentralQueueImpl {
+  Queue q;
   void push(ChunkId c) {
-    while (!q.push(c)) {
+    while (!q.try_push(c)) {
     }
   }
   void push_bulk(std::span<const ChunkId> cs) {
     for (ChunkId c : cs) push(c);
-  }
-  std::optional<ChunkId> pop() {
-    ChunkId c = 0;
-    if (q.pop(c)) return c;
-    return std::nullopt;
-  }
-  std::optional<ChunkId> steal() { return pop(); }
-  std::size_t steal_half(ChunkDeque&, std::size_t cap, std::vector<ChunkId>& out) {
-    std::size_t n = 0;
-    ChunkId c = 0;
-    while (n < cap && q.pop(c)) out.push_back(c), ++n;
-    return n;
-  }
-};
-
-struct TbbQueueImpl {
-  static constexpr const char* kName = "tbb_concurrent_queue";
-  tbb::concurrent_queue<ChunkId> q;
-  void push(ChunkId c) { q.push(c); }
-  void push_bulk(std::span<const ChunkId> cs) {
-    for (ChunkId c : cs) q.push(c);
   }
   std::optional<ChunkId> pop() {
     ChunkId c = 0;
@@ -101,6 +81,24 @@ struct TbbQueueImpl {
     while (n < cap && q.try_pop(c)) out.push_back(c), ++n;
     return n;
   }
+};
+
+struct BoostQueue {
+  boost::lockfree::queue<ChunkId> q{1024};
+  bool try_push(ChunkId c) { return q.push(c); }
+  bool try_pop(ChunkId& c) { return q.pop(c); }
+};
+struct BoostQueueImpl : CentralQueueImpl<BoostQueue> {
+  static constexpr const char* kName = "boost_lockfree_queue";
+};
+
+struct TbbQueue {
+  tbb::concurrent_queue<ChunkId> q;
+  bool try_push(ChunkId c) { return q.push(c), true; }
+  bool try_pop(ChunkId& c) { return q.try_pop(c); }
+};
+struct TbbQueueImpl : CentralQueueImpl<TbbQueue> {
+  static constexpr const char* kName = "tbb_concurrent_queue";
 };
 
 struct MutexDequeImpl {

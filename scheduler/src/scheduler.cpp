@@ -99,13 +99,10 @@ StepStats Scheduler::run(std::span<const ChunkRange> placement, ChunkFn fn) {
     total += r.size();
   }
   for (std::size_t w = 0; w < placement.size(); ++w) {
-    ChunkDeque& q = m_workers[w]->deque;
-    q.reclaim();  // quiescent: no worker is inside a steal between steps
-    q.reserve(total);
     // Pushed high to low, so the owner pops ascending and thieves take the high end.
     m_scratch.resize(placement[w].size());
     for (std::size_t i = 0; i < m_scratch.size(); ++i) m_scratch[i] = static_cast<ChunkId>(placement[w].end - 1 - i);
-    q.push_bulk(m_scratch);
+    place_scratch(w, total);
   }
   return launch(total, fn);
 }
@@ -115,13 +112,17 @@ StepStats Scheduler::run(std::span<const std::vector<ChunkId>> placement, ChunkF
   std::uint64_t total = 0;
   for (const auto& list : placement) total += list.size();
   for (std::size_t w = 0; w < placement.size(); ++w) {
-    ChunkDeque& q = m_workers[w]->deque;
-    q.reclaim();  // quiescent, as above
-    q.reserve(total);
     m_scratch.assign(placement[w].rbegin(), placement[w].rend());
-    q.push_bulk(m_scratch);
+    place_scratch(w, total);
   }
   return launch(total, fn);
+}
+
+void Scheduler::place_scratch(std::size_t w, std::uint64_t total) {
+  ChunkDeque& q = m_workers[w]->deque;
+  q.reclaim();        // quiescent: no worker is inside a steal between steps
+  q.reserve(total);   // no deque can hold more than the step, so no steal grows one (growth allocates, may throw)
+  q.push_bulk(m_scratch);
 }
 
 StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn) {

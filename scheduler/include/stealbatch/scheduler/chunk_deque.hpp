@@ -163,23 +163,14 @@ class Stealer {
 class ChunkDeque {
  public:
   explicit ChunkDeque(std::size_t initial_capacity = 256)
-      : m_state(std::make_shared<detail::DequeState>(static_cast<std::int64_t>(std::bit_ceil(std::max<std::size_t>(initial_capacity, 2))))),
-        m_buf(m_state->owned.get()) {}
+      : m_state(std::make_shared<detail::DequeState>(static_cast<std::int64_t>(std::bit_ceil(std::max<std::size_t>(initial_capacity, 2))))) {}
 
   ChunkDeque(const ChunkDeque&) = delete;
   ChunkDeque& operator=(const ChunkDeque&) = delete;
   ChunkDeque(ChunkDeque&&) noexcept = default;
   ChunkDeque& operator=(ChunkDeque&&) noexcept = default;
 
-  void push(ChunkId c) {
-    detail::DequeState& d = *m_state;
-    const std::int64_t b = d.bottom.load(std::memory_order_relaxed);  // relaxed: only this owner writes bottom
-    const std::int64_t t = d.top.load(std::memory_order_acquire);     // acquire: as in push_bulk()
-    detail::RingBuffer* buf = m_buf;
-    if (b - t >= buf->capacity()) buf = grow(t, b, b - t + 1);
-    buf->store(b, c);
-    d.bottom.store(b + 1, std::memory_order_release);  // release: as in push_bulk()
-  }
+  void push(ChunkId c) { push_bulk(std::span<const ChunkId>(&c, 1)); }
 
   // Pushes the chunks in order (the last one pushed is popped first) and publishes them with one store.
   void push_bulk(std::span<const ChunkId> chunks) {
@@ -191,7 +182,7 @@ class ChunkDeque {
     // slot below (Lê et al., push).
     const std::int64_t t = d.top.load(std::memory_order_acquire);
     const auto n = static_cast<std::int64_t>(chunks.size());
-    detail::RingBuffer* buf = m_buf;
+    detail::RingBuffer* buf = d.owned.get();
     if (b - t + n > buf->capacity()) buf = grow(t, b, b - t + n);
     for (std::int64_t i = 0; i < n; ++i) buf->store(b + i, chunks[static_cast<std::size_t>(i)]);
     // Release: publishes the slots; pairs with the acquire load of bottom in Stealer::steal().
@@ -211,7 +202,7 @@ class ChunkDeque {
       d.bottom.store(b + 1, std::memory_order_release);
       return std::nullopt;
     }
-    const ChunkId c = m_buf->load(b);
+    const ChunkId c = d.owned->load(b);
     if (t < b) return c;  // at least two chunks: no thief can reach slot b
     // The last chunk: race the thieves for it on top. Seq_cst pairs with their CAS.
     const bool won = d.top.compare_exchange_strong(t, t + 1, std::memory_order_seq_cst, std::memory_order_relaxed);
@@ -258,11 +249,10 @@ class ChunkDeque {
     d.buffer.store(fresh.get(), std::memory_order_release);
     d.retired.push_back(std::move(d.owned));
     d.owned = std::move(fresh);
-    return m_buf = d.owned.get();
+    return d.owned.get();
   }
 
   std::shared_ptr<detail::DequeState> m_state;
-  detail::RingBuffer* m_buf;  // the owner's copy of the live buffer, so its fast paths skip a load
 };
 
 }  // namespace stealbatch

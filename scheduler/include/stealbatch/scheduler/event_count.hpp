@@ -49,8 +49,8 @@ class EventCount {
   void cancel_wait() noexcept { m_waiters.fetch_sub(1, std::memory_order_relaxed); }
 
   void commit_wait(Key key) noexcept {
-    // Acquire: pairs with the release bump in notify(). std::atomic::wait re-checks the value atomically against
-    // the futex, so a bump between the load and the sleep is not missed.
+    // Acquire: pairs with the release bump in notify(). The futex re-checks the word atomically with the sleep, so
+    // a bump between the load and the sleep is not missed.
     while (m_epoch.load(std::memory_order_acquire) == key.m_epoch) sleep_while(key.m_epoch);
     m_waiters.fetch_sub(1, std::memory_order_relaxed);  // relaxed: as in cancel_wait()
   }

@@ -123,6 +123,8 @@ class Scheduler {
   bool work_visible(std::size_t self) const noexcept;
   void execute(Worker& me, ChunkId c);
   void fail_step(std::exception_ptr e) noexcept;
+  // Pushes m_scratch (already in pop-last order) onto worker w's deque, between steps.
+  void place_scratch(std::size_t w, std::uint64_t total);
   StepStats launch(std::uint64_t chunks, ChunkFn fn);
 
   SchedulerOptions m_options;
