@@ -342,49 +342,63 @@ Row measure(const char* impl, const char* pattern, int threads, int reps, F&& ru
   return r;
 }
 
-template <class F>
-Row measure_wake(const char* impl, int reps, std::size_t wakes, F&& run) {
-  (void)run(std::max<std::size_t>(wakes / 10, 10));  // warm-up, not timed
-  std::vector<double> all;
-  for (int i = 0; i < reps; ++i) {
-    const Sample s = run(wakes);
-    all.insert(all.end(), s.latencies_us.begin(), s.latencies_us.end());
+void print_row(const Row& r) {
+  if (r.p50 >= 0) {
+    std::printf("%-22s %-16s %7d %12.2f %10.2f %9.2f %9.2f %7llu\n", r.impl.c_str(), r.pattern.c_str(), r.threads, r.mops, r.ns,
+                r.p50, r.p99, static_cast<unsigned long long>(r.wrong));
+  } else {
+    std::printf("%-22s %-16s %7d %12.2f %10.2f %9s %9s %7llu\n", r.impl.c_str(), r.pattern.c_str(), r.threads, r.mops, r.ns, "-", "-",
+                static_cast<unsigned long long>(r.wrong));
   }
-  Row r{impl, "wake", 2};
-  r.p50 = percentile(all, 0.50);
-  r.p99 = percentile(all, 0.99);
-  r.ns = median(all) * 1e3;
-  r.mops = 1.0 / median(all);  // wakes per microsecond = M wakes/s
-  return r;
+  std::fflush(stdout);
 }
 
 template <class Impl>
-void run_impl(std::vector<Row>& rows, int reps, std::size_t n, std::size_t wakes, const std::vector<std::string>& only) {
+void run_impl(std::vector<Row>& rows, int reps, std::size_t n, const std::vector<std::string>& only) {
   auto want = [&](const char* p) { return only.empty() || std::find(only.begin(), only.end(), p) != only.end(); };
   const char* name = Impl::kName;
-  auto show = [&] {
-    const Row& r = rows.back();
-    if (r.p50 >= 0) {
-      std::printf("%-22s %-16s %7d %12.2f %10.2f %9.2f %9.2f %7llu\n", r.impl.c_str(), r.pattern.c_str(), r.threads, r.mops, r.ns,
-                  r.p50, r.p99, static_cast<unsigned long long>(r.wrong));
-    } else {
-      std::printf("%-22s %-16s %7d %12.2f %10.2f %9s %9s %7llu\n", r.impl.c_str(), r.pattern.c_str(), r.threads, r.mops, r.ns, "-", "-",
-                  static_cast<unsigned long long>(r.wrong));
-    }
-    std::fflush(stdout);
+  auto add = [&](Row r) { rows.push_back(std::move(r)), print_row(rows.back()); };
+  if (want("owner_push_pop")) add(measure(name, "owner_push_pop", 1, reps, [&] { return owner_push_pop<Impl>(n); }));
+  if (want("steal_empty")) add(measure(name, "steal_empty", 1, reps, [&] { return steal_empty<Impl>(n); }));
+  if (want("drain_1thief")) add(measure(name, "drain_1thief", 2, reps, [&] { return drain<Impl>(n / 4, 1); }));
+  if (want("drain_3thieves")) add(measure(name, "drain_3thieves", 4, reps, [&] { return drain<Impl>(n / 4, 3); }));
+  if (want("bulk_steal_half")) add(measure(name, "bulk_steal_half", 2, reps, [&] { return bulk_steal_half<Impl>(n / 4); }));
+}
+
+// The wake rows come last, with the implementations interleaved repetition by repetition: the wake-up of a parked
+// thread is set mostly by the kernel and the hypervisor, which drift over a run, and interleaving spreads that
+// drift evenly instead of handing it to whichever implementation happens to run at a bad moment.
+void run_wakes(std::vector<Row>& rows, int reps, std::size_t wakes, const std::vector<const char*>& impls) {
+  struct Candidate {
+    const char* name;
+    Sample (*run)(std::size_t);
   };
-  if (want("owner_push_pop")) rows.push_back(measure(name, "owner_push_pop", 1, reps, [&] { return owner_push_pop<Impl>(n); })), show();
-  if (want("steal_empty")) rows.push_back(measure(name, "steal_empty", 1, reps, [&] { return steal_empty<Impl>(n); })), show();
-  if (want("drain_1thief")) rows.push_back(measure(name, "drain_1thief", 2, reps, [&] { return drain<Impl>(n / 4, 1); })), show();
-  if (want("drain_3thieves")) rows.push_back(measure(name, "drain_3thieves", 4, reps, [&] { return drain<Impl>(n / 4, 3); })), show();
-  if (want("bulk_steal_half")) rows.push_back(measure(name, "bulk_steal_half", 2, reps, [&] { return bulk_steal_half<Impl>(n / 4); })), show();
-  if (want("wake")) {
-    if constexpr (std::is_same_v<Impl, StealbatchImpl>) {
-      rows.push_back(measure_wake(name, reps, wakes, [](std::size_t w) { return wake_stealbatch(w); }));
-    } else {
-      rows.push_back(measure_wake(name, reps, wakes, [](std::size_t w) { return wake_peer<Impl>(w); }));
+  const Candidate all[] = {{StealbatchImpl::kName, wake_stealbatch},
+                           {BoostQueueImpl::kName, wake_peer<BoostQueueImpl>},
+                           {TbbQueueImpl::kName, wake_peer<TbbQueueImpl>},
+                           {MutexDequeImpl::kName, wake_peer<MutexDequeImpl>}};
+  std::vector<Candidate> chosen;
+  for (const Candidate& c : all) {
+    if (std::find_if(impls.begin(), impls.end(), [&](const char* i) { return std::string(i) == c.name; }) != impls.end()) {
+      chosen.push_back(c);
     }
-    show();
+  }
+  for (const Candidate& c : chosen) (void)c.run(std::max<std::size_t>(wakes / 10, 10));  // warm-up, not timed
+  std::vector<std::vector<double>> lat(chosen.size());
+  for (int rep = 0; rep < reps; ++rep) {
+    for (std::size_t i = 0; i < chosen.size(); ++i) {
+      const Sample s = chosen[i].run(wakes);
+      lat[i].insert(lat[i].end(), s.latencies_us.begin(), s.latencies_us.end());
+    }
+  }
+  for (std::size_t i = 0; i < chosen.size(); ++i) {
+    Row r{chosen[i].name, "wake", 2};
+    r.p50 = percentile(lat[i], 0.50);
+    r.p99 = percentile(lat[i], 0.99);
+    r.ns = r.p50 * 1e3;
+    r.mops = 1.0 / r.p50;  // wakes per microsecond = M wakes/s, at the median latency
+    rows.push_back(r);
+    print_row(r);
   }
 }
 
@@ -411,15 +425,24 @@ int main(int argc, char** argv) {
               TBB_VERSION_MINOR, BOOST_VERSION / 100000, BOOST_VERSION / 100 % 1000, __VERSION__);
   std::printf("# ops %zu per repetition (draining patterns %zu), wakes %zu, 1 warm-up + %d timed repetitions; medians\n", n, n / 4,
               wakes, reps);
+  std::printf("# wake rows: measured last, implementations interleaved repetition by repetition; p50/p99 over all %zu wakes each\n",
+              wakes * static_cast<std::size_t>(reps));
   std::printf("# owner_push_pop pushes runs of 256 chunks one at a time, then pops them; ns/op: per push or pop (owner_push_pop), per steal call (steal_empty), per chunk moved (others), per wake (wake)\n");
   std::printf("#\n%-22s %-16s %7s %12s %10s %9s %9s %7s\n", "# impl", "pattern", "threads", "Mops/s", "ns/op", "p50(us)", "p99(us)", "#wrong");
 
   auto want = [&](const char* i) { return impls.empty() || std::find(impls.begin(), impls.end(), i) != impls.end(); };
   std::vector<Row> rows;
-  if (want("stealbatch")) run_impl<StealbatchImpl>(rows, reps, n, wakes, patterns);
-  if (want("boost_lockfree_queue")) run_impl<BoostQueueImpl>(rows, reps, n, wakes, patterns);
-  if (want("tbb_concurrent_queue")) run_impl<TbbQueueImpl>(rows, reps, n, wakes, patterns);
-  if (want("mutex_deque")) run_impl<MutexDequeImpl>(rows, reps, n, wakes, patterns);
+  if (want("stealbatch")) run_impl<StealbatchImpl>(rows, reps, n, patterns);
+  if (want("boost_lockfree_queue")) run_impl<BoostQueueImpl>(rows, reps, n, patterns);
+  if (want("tbb_concurrent_queue")) run_impl<TbbQueueImpl>(rows, reps, n, patterns);
+  if (want("mutex_deque")) run_impl<MutexDequeImpl>(rows, reps, n, patterns);
+  if (patterns.empty() || std::find(patterns.begin(), patterns.end(), "wake") != patterns.end()) {
+    std::vector<const char*> wake_impls;
+    for (const char* i : {StealbatchImpl::kName, BoostQueueImpl::kName, TbbQueueImpl::kName, MutexDequeImpl::kName}) {
+      if (want(i)) wake_impls.push_back(i);
+    }
+    run_wakes(rows, reps, wakes, wake_impls);
+  }
 
   std::uint64_t wrong = 0;
   for (const Row& r : rows) wrong += r.wrong;

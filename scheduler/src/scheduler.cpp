@@ -128,8 +128,10 @@ void Scheduler::place_scratch(std::size_t w, std::uint64_t total) {
 StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn) {
   StepStats stats;
   stats.chunks = chunks;
-  stats.workers.resize(m_workers.size());
-  if (chunks == 0) return stats;
+  if (chunks == 0) {
+    stats.workers.resize(m_workers.size());
+    return stats;
+  }
 
   const auto t0 = Clock::now();
   m_fn = &fn;
@@ -146,6 +148,8 @@ StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn) {
   for (std::uint32_t left; (left = m_in_step.load(std::memory_order_acquire)) != 0;) m_in_step.wait(left, std::memory_order_acquire);
   stats.wall = Clock::now() - t0;
   m_fn = nullptr;
+  // Allocated only now, so the path from placement to the wake-up does not touch the heap.
+  stats.workers.resize(m_workers.size());
 
   std::uint64_t ran = 0;
   for (std::size_t w = 0; w < m_workers.size(); ++w) {
