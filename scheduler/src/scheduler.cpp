@@ -61,7 +61,7 @@ Scheduler::Scheduler(SchedulerOptions options) : m_options(std::move(options)), 
         }
         // Release: publishes m_start_error; pairs with the caller's acquire loads of m_started.
         m_started.fetch_add(1, std::memory_order_release);
-        m_started.notify_one();
+        detail::futex_wake(m_started, 1);
         worker_main(w);
       });
     }
@@ -73,7 +73,7 @@ Scheduler::Scheduler(SchedulerOptions options) : m_options(std::move(options)), 
     throw;
   }
 
-  for (std::uint32_t s; (s = m_started.load(std::memory_order_acquire)) != n;) m_started.wait(s, std::memory_order_acquire);
+  for (std::uint32_t s; (s = m_started.load(std::memory_order_acquire)) != n;) detail::futex_wait(m_started, s);
   if (m_start_failed.load(std::memory_order_relaxed)) {  // relaxed: ordered by the acquire of m_started above
     m_shutdown.store(true, std::memory_order_relaxed);     // relaxed: the RMW in notify_all() publishes it
     m_event.notify_all();
@@ -145,7 +145,7 @@ StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn) {
   m_event.notify_all();
 
   // Acquire: pairs with each worker's release decrement, so their counters and deques are settled.
-  for (std::uint32_t left; (left = m_in_step.load(std::memory_order_acquire)) != 0;) m_in_step.wait(left, std::memory_order_acquire);
+  for (std::uint32_t left; (left = m_in_step.load(std::memory_order_acquire)) != 0;) detail::futex_wait(m_in_step, left);
   stats.wall = Clock::now() - t0;
   m_fn = nullptr;
   // Allocated only now, so the path from placement to the wake-up does not touch the heap.
@@ -180,7 +180,7 @@ void Scheduler::worker_main(std::size_t w) {
     me.seen_seq = m_step_seq.load(std::memory_order_acquire);
     run_step(me);
     // Release: publishes this worker's counters and its last deque operations; pairs with launch()'s acquire.
-    if (m_in_step.fetch_sub(1, std::memory_order_release) == 1) m_in_step.notify_one();
+    if (m_in_step.fetch_sub(1, std::memory_order_release) == 1) detail::futex_wake(m_in_step, 1);
   }
 }
 

@@ -2,15 +2,10 @@
 #pragma once
 
 #include <stealbatch/scheduler/detail/atomics.hpp>
+#include <stealbatch/scheduler/detail/futex.hpp>
 
 #include <atomic>
 #include <cstdint>
-
-#if defined(__linux__)
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 namespace stealbatch {
 
@@ -51,21 +46,21 @@ class EventCount {
   void commit_wait(Key key) noexcept {
     // Acquire: pairs with the release bump in notify(). The futex re-checks the word atomically with the sleep, so
     // a bump between the load and the sleep is not missed.
-    while (m_epoch.load(std::memory_order_acquire) == key.m_epoch) sleep_while(key.m_epoch);
+    while (m_epoch.load(std::memory_order_acquire) == key.m_epoch) detail::futex_wait(m_epoch, key.m_epoch);
     m_waiters.fetch_sub(1, std::memory_order_relaxed);  // relaxed: as in cancel_wait()
   }
 
   void notify_one() noexcept {
     if (has_waiters()) {
       m_epoch.fetch_add(1, std::memory_order_release);  // release: pairs with the acquire loads in the waiter
-      wake(1);
+      detail::futex_wake(m_epoch, 1);
     }
   }
 
   void notify_all() noexcept {
     if (has_waiters()) {
       m_epoch.fetch_add(1, std::memory_order_release);  // release: as in notify_one()
-      wake(kWakeAll);
+      detail::futex_wake(m_epoch, detail::kWakeAll);
     }
   }
 
@@ -78,28 +73,6 @@ class EventCount {
     return m_waiters.fetch_add(0, std::memory_order_seq_cst) != 0;
   }
 
-  static constexpr int kWakeAll = 0x7fffffff;
-
-  // On Linux the futex calls are made directly: std::atomic::wait/notify in libstdc++ add a shared waiter table
-  // and a spin on top, which cost about a microsecond on the wake path. The kernel compares the word with
-  // `seen` atomically with the sleep, so a bump between our load and the sleep is not lost.
-  void sleep_while(std::uint32_t seen) noexcept {
-#if defined(__linux__)
-    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&m_epoch), FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
-#else
-    m_epoch.wait(seen, std::memory_order_acquire);
-#endif
-  }
-  void wake(int count) noexcept {
-#if defined(__linux__)
-    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&m_epoch), FUTEX_WAKE_PRIVATE, count, nullptr, nullptr, 0);
-#else
-    if (count == 1) m_epoch.notify_one(); else m_epoch.notify_all();
-#endif
-  }
-
-  static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t) && std::atomic<std::uint32_t>::is_always_lock_free,
-                "the futex word must be a plain 32-bit integer");
   alignas(detail::kCacheLine) std::atomic<std::uint32_t> m_epoch{0};  // the futex word
   alignas(detail::kCacheLine) std::atomic<std::uint32_t> m_waiters{0};
 };

@@ -1,0 +1,45 @@
+// Sleep on a 32-bit atomic until it changes, and wake its sleepers: a raw futex on Linux, std::atomic elsewhere.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace stealbatch::detail {
+
+// libstdc++'s std::atomic::wait/notify add a shared waiter table and a spin-then-backoff on top of the futex.
+// Measured on the 2-core build machine: a one-chunk step returned to its caller after 63 µs (p50) when the caller
+// slept in std::atomic::wait, 9 µs with this; dequebench's wake p50 went from about 7 µs to about 3 µs. The kernel compares the word with `seen` atomically with
+// the sleep, so a change between the caller's load and the sleep is not lost; a spurious return is possible,
+// so callers re-check in a loop.
+static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t) && std::atomic<std::uint32_t>::is_always_lock_free,
+              "a futex word must be a plain 32-bit integer");
+
+inline constexpr int kWakeAll = 0x7fffffff;
+
+inline void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t seen) noexcept {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
+#else
+  word.wait(seen, std::memory_order_acquire);
+#endif
+}
+
+inline void futex_wake(std::atomic<std::uint32_t>& word, int count) noexcept {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, count, nullptr, nullptr, 0);
+#else
+  if (count == 1) {
+    word.notify_one();
+  } else {
+    word.notify_all();
+  }
+#endif
+}
+
+}  // namespace stealbatch::detail
