@@ -3,7 +3,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(_sb_targets stealbatch_scheduler stealbatch_runtime)
-install(DIRECTORY scheduler/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY scheduler/include/ runtime/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} PATTERN "*.in" EXCLUDE)
 if(STEALBATCH_CUDA)
   list(APPEND _sb_targets stealbatch_cuda)
   install(DIRECTORY cuda/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

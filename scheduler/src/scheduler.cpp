@@ -134,6 +134,7 @@ StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn) {
   }
 
   const auto t0 = Clock::now();
+  m_step_start = t0;
   m_fn = &fn;
   m_error = nullptr;
   // Relaxed: the release bump of m_step_seq below publishes these, and the deques, to the workers.
@@ -314,7 +315,9 @@ void Scheduler::execute(Worker& me, ChunkId c) {
   } catch (...) {
     fail_step(std::current_exception());
   }
-  me.counters.busy += Clock::now() - t0;
+  const auto t1 = Clock::now();
+  me.counters.busy += t1 - t0;
+  me.counters.last_end = t1 - m_step_start;
   ++me.counters.chunks_run;
   // Relaxed: the RMW alone makes exactly one worker see the count reach zero. The notify_all() that follows is
   // an RMW on the waiter count, which orders the zero before any parked worker's re-check (see EventCount).

@@ -50,6 +50,7 @@ struct WorkerCounters {
   std::uint64_t parks = 0;           // times it slept with nothing to run
   std::chrono::nanoseconds busy{0};  // inside chunk callbacks
   std::chrono::nanoseconds idle{0};  // looking for work or parked, while the step had chunks left
+  std::chrono::nanoseconds last_end{0};  // from the step's start to the end of this worker's last chunk
 };
 
 struct StepStats {
@@ -136,6 +137,7 @@ class Scheduler {
 
   // Step state, published to the workers by the release bump of m_step_seq.
   const ChunkFn* m_fn = nullptr;
+  std::chrono::steady_clock::time_point m_step_start;
   std::exception_ptr m_error;  // written by the first failing worker only, read by the caller after the step
 
   alignas(detail::kCacheLine) std::atomic<std::uint64_t> m_remaining{0};  // chunks of this step not yet finished

@@ -1,0 +1,59 @@
+// A multilayer perceptron with ReLU and softmax cross-entropy, on cblas: the model the MLP example trains.
+#pragma once
+
+#include <stealbatch/runtime/parameters.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace stealbatch::examples {
+
+// Makes OpenBLAS single-threaded: each device's worker computes on its own thread, and OpenBLAS's own pool
+// would oversubscribe the cores the devices already share.
+void use_single_threaded_blas();
+
+// Samples as dense float rows with integer labels (what the model reads; the IDX reader fills one).
+struct DenseData {
+  std::size_t count = 0;
+  std::size_t features = 0;
+  std::span<const float> x;            // count * features
+  std::span<const std::uint8_t> y;     // count
+};
+
+// sizes = {inputs, hidden..., classes}; {784, 10} is a linear softmax classifier.
+//
+//   MlpModel model({784, 256, 128, 10});
+//   MlpModel::Workspace ws;
+//   double loss = model.accumulate_gradient(params, grad, data, samples, ws);   // grad += sum over samples
+class MlpModel {
+ public:
+  // The per-device scratch: activations and deltas for one chunk, grown on demand and reused.
+  struct Workspace {
+    std::vector<std::vector<float>> act;    // act[0] is the input batch, act[L] the logits
+    std::vector<std::vector<float>> delta;
+  };
+
+  explicit MlpModel(std::vector<std::size_t> sizes);  // throws ConfigError for fewer than 2 sizes or a 0
+
+  const ParameterLayout& layout() const noexcept { return m_layout; }
+  const std::vector<std::size_t>& sizes() const noexcept { return m_sizes; }
+  // He-uniform weights, zero biases, from a fixed seed.
+  std::vector<float> initial_parameters(std::uint64_t seed) const;
+
+  // Adds the summed (not averaged) cross-entropy gradient of the samples to grad; returns the summed loss.
+  double accumulate_gradient(std::span<const float> params, std::span<float> grad, const DenseData& data,
+                             std::span<const std::uint32_t> samples, Workspace& ws) const;
+  // The fraction of data classified correctly.
+  double accuracy(std::span<const float> params, const DenseData& data, Workspace& ws) const;
+
+ private:
+  void forward(std::span<const float> params, const DenseData& data, std::span<const std::uint32_t> samples, Workspace& ws) const;
+
+  std::vector<std::size_t> m_sizes;
+  ParameterLayout m_layout;
+  std::vector<std::size_t> m_weight, m_bias;  // tensor indices per layer
+};
+
+}  // namespace stealbatch::examples

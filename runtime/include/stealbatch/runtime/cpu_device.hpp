@@ -1,0 +1,29 @@
+// A CPU device: computes inside its own tbb::task_arena with its share of the cores, optionally slowed down.
+#pragma once
+
+#include <stealbatch/runtime/device.hpp>
+
+#include <tbb/task_arena.h>
+
+namespace stealbatch {
+
+// `slowdown` >= 1 emulates a slower device: after each chunk the device idles (sleeps, burning no CPU) for
+// (slowdown - 1) times the chunk's compute time, so it runs at 1/slowdown of its speed.
+//
+//   CpuDevice d(0, /*threads=*/2, /*slowdown=*/6.6);
+class CpuDevice final : public Device {
+ public:
+  CpuDevice(std::size_t index, int threads, double slowdown);
+  std::string name() const override;
+  void run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override;
+  int threads() const noexcept { return m_threads; }
+  double slowdown() const noexcept { return m_slowdown; }
+
+ private:
+  std::size_t m_index;
+  int m_threads;
+  double m_slowdown;
+  tbb::task_arena m_arena;
+};
+
+}  // namespace stealbatch

@@ -1,0 +1,36 @@
+// Which devices a runtime drives, parsed from "cpu:4", "cuda:all", "cuda:0,1" or "sim:1,0.5,...".
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace stealbatch {
+
+enum class DeviceKind { kCpu, kCuda, kSim };
+
+// The parsed form of a device spec.
+//   DeviceSpec s = parse_device_spec("cpu:4");        // four CPU devices sharing the machine's cores
+//   DeviceSpec g = parse_device_spec("cuda:0,2");     // GPUs 0 and 2
+//   DeviceSpec v = parse_device_spec("sim:1,1,0.5");  // three simulated devices of those relative speeds
+struct DeviceSpec {
+  DeviceKind kind = DeviceKind::kCpu;
+  std::vector<int> ids;        // kCuda: the GPU ordinals; empty with all_gpus
+  bool all_gpus = false;       // kCuda: "cuda:all"
+  std::size_t count = 0;       // kCpu, kSim: the number of devices (for kCuda, ids.size() unless all_gpus)
+  std::vector<double> speeds;  // kSim: relative speeds, one per device
+  std::string text;            // the spec as given, for messages
+};
+
+// Throws ConfigError naming the field ("devices"), the value and what is valid.
+DeviceSpec parse_device_spec(std::string_view spec);
+
+// "6.6,6.6,1,1": one factor >= 1 per device (1 = full speed). An empty string means all 1. Throws ConfigError
+// naming the field ("slowdown") for a malformed list, a value below 1 or not finite, or a length other than `devices`.
+std::vector<double> parse_slowdown_list(std::string_view list, std::size_t devices);
+
+// Splits on commas and parses each piece as a finite double; throws ConfigError naming `field` on failure.
+std::vector<double> parse_number_list(std::string_view list, std::string_view field);
+
+}  // namespace stealbatch

@@ -1,0 +1,45 @@
+// SGD with momentum and Adam over flat buffers: the same update on every replica keeps the replicas identical.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace stealbatch {
+
+enum class OptimizerKind { kSgd, kAdam };
+
+//   OptimizerOptions o{.kind = OptimizerKind::kAdam, .lr = 1e-3f};
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  float lr = 0.05f;            // (0, 10]
+  float momentum = 0.9f;       // SGD, [0, 1)
+  float beta1 = 0.9f;          // Adam, [0, 1)
+  float beta2 = 0.999f;        // Adam, [0, 1)
+  float eps = 1e-8f;           // Adam, (0, 1)
+  float weight_decay = 0.0f;   // [0, 1): added to the gradient as weight_decay * param
+};
+
+// Throws ConfigError naming the field, the value and the valid range.
+void validate(const OptimizerOptions& o);
+// "sgd" or "adam"; throws ConfigError naming the field ("optimizer").
+OptimizerKind parse_optimizer(std::string_view name);
+
+// One replica's optimizer state (SGD velocity, or Adam's moments and step count).
+class Optimizer {
+ public:
+  Optimizer(const OptimizerOptions& options, std::size_t size);
+  // params -= update(grad_sum * grad_scale): grad_scale turns the reduced sum into the full-batch mean.
+  void step(std::span<float> params, std::span<const float> grad_sum, float grad_scale);
+  std::uint64_t steps() const noexcept { return m_t; }
+
+ private:
+  OptimizerOptions m_o;
+  std::vector<float> m_m;  // SGD velocity, or Adam's first moment
+  std::vector<float> m_v;  // Adam's second moment
+  std::uint64_t m_t = 0;
+};
+
+}  // namespace stealbatch

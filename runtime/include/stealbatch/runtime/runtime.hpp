@@ -1,0 +1,94 @@
+// The public API for trainers: devices, parameters, step(), the exact full-batch gradient and the optimizer.
+#pragma once
+
+#include <stealbatch/runtime/communicator.hpp>
+#include <stealbatch/runtime/device.hpp>
+#include <stealbatch/runtime/device_spec.hpp>
+#include <stealbatch/runtime/optimizer.hpp>
+#include <stealbatch/runtime/parameters.hpp>
+#include <stealbatch/runtime/telemetry.hpp>
+#include <stealbatch/scheduler/scheduler.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace stealbatch {
+
+// kEqual: every step starts from an equal split. kThroughput: after the first step, chunks are placed in
+// proportion to each device's measured samples/s (the median of its last five steps, so one outlier step does
+// not move the placement). The static policy always splits equally, as DDP does.
+enum class PlacementPolicy { kEqual, kThroughput };
+
+struct RuntimeOptions {
+  std::string devices{};                           // "cpu:4", "cuda:all", "cuda:0,1", "sim:..."; empty = every CPU core as one device each, up to 4
+  std::size_t chunk_size = 32;                     // samples per chunk, [1, 1048576]
+  SchedulePolicy policy = SchedulePolicy::kSteal;  // kStatic: no stealing (the DDP baseline)
+  PlacementPolicy placement = PlacementPolicy::kThroughput;
+  std::vector<double> slowdown{};                  // per device, each in [1, 1000]; empty = all 1 (CPU devices only)
+  int threads_per_device = 0;                      // CPU devices; 0 = cores / devices, at least 1
+  OptimizerOptions optimizer{};
+  std::string trace_path{};                        // Chrome Trace Event JSON; empty = no trace
+  std::uint64_t seed = 0x5eedba7c;                 // victim order
+};
+
+// "static" or "steal"; throws ConfigError naming the field ("policy").
+SchedulePolicy parse_policy(std::string_view name);
+
+// A training runtime. One worker thread per device runs chunks; idle devices steal from busy ones; each
+// device accumulates its chunks' gradients into its own buffer; one AllReduce sums them; dividing by the step's
+// sample count gives the full-batch mean gradient, which the optimizer applies to every replica.
+//
+//   Runtime rt({.devices = "cpu:4", .chunk_size = 32});
+//   rt.register_parameters(layout, initial_values);
+//   StepReport r = rt.step(batch_indices, [&](ChunkContext& ctx) { model.accumulate(ctx); });
+class Runtime {
+ public:
+  explicit Runtime(RuntimeOptions options);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Sets the layout and the initial values (copied to every replica). Throws ConfigError if the sizes differ.
+  void register_parameters(ParameterLayout layout, std::span<const float> initial);
+
+  // One training step over the samples (their indices), then the optimizer update. A chunk function that throws
+  // fails the step with that exception; nothing is applied, and the next step runs normally.
+  StepReport step(std::span<const std::uint32_t> samples, const ChunkFunction& fn);
+  // As step(), without the update: the reduced mean gradient is left in gradient().
+  StepReport compute_gradient(std::span<const std::uint32_t> samples, const ChunkFunction& fn);
+
+  std::size_t device_count() const noexcept { return m_devices.size(); }
+  const Device& device(std::size_t i) const { return *m_devices.at(i); }
+  const ParameterLayout& layout() const noexcept { return m_layout; }
+  std::span<const float> parameters(std::size_t device = 0) const;
+  // The last step's full-batch mean gradient.
+  std::span<const float> gradient() const noexcept { return m_mean_grad; }
+  const RuntimeOptions& options() const noexcept { return m_options; }
+  // The current placement weights (samples/s per device); empty before the first step.
+  std::vector<double> throughput_estimates() const;
+  std::uint64_t trace_events_dropped() const noexcept;
+
+ private:
+  struct Replica;
+  StepReport run_chunks(std::span<const std::uint32_t> samples, const ChunkFunction& fn);
+  std::vector<ChunkRange> placement(std::size_t chunks) const;
+
+  RuntimeOptions m_options;
+  std::vector<std::unique_ptr<Device>> m_devices;
+  std::vector<std::unique_ptr<Replica>> m_replicas;
+  std::unique_ptr<Communicator> m_comm;
+  std::unique_ptr<TraceWriter> m_trace;
+  ParameterLayout m_layout;
+  std::vector<float> m_mean_grad;
+  std::vector<std::vector<double>> m_speed_history;  // per device, the last samples/s measurements
+  std::chrono::steady_clock::time_point m_epoch;
+  std::uint64_t m_steps = 0;
+  std::unique_ptr<Scheduler> m_sched;  // last: its workers stop before the devices and replicas go
+};
+
+}  // namespace stealbatch

@@ -1,0 +1,83 @@
+// What a step did, per device: the step report, an nvidia-smi-style dashboard, and a Chrome trace.
+#pragma once
+
+#include <boost/lockfree/spsc_queue.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace stealbatch {
+
+struct DeviceReport {
+  std::string name;
+  double busy_s = 0;          // running chunks (a slowed-down device counts its idling as busy: it emulates compute)
+  double idle_s = 0;          // step_s - busy_s
+  double barrier_wait_s = 0;  // from the end of its last chunk to the end of the chunk phase: waiting for the others
+  double utilization = 0;     // busy_s / step_s
+  std::uint64_t chunks_run = 0;
+  std::uint64_t chunks_stolen = 0;
+  std::uint64_t samples = 0;
+};
+
+struct StepReport {
+  std::uint64_t step = 0;     // 1-based count of steps run by this runtime
+  double step_s = 0;          // the whole step: chunks, reduction and optimizer
+  double chunks_s = 0;        // the chunk phase (scheduler wall time)
+  double reduce_s = 0;        // the AllReduce
+  double optimizer_s = 0;     // the update on every replica
+  std::uint64_t samples = 0;
+  std::uint64_t chunks = 0;
+  std::uint64_t steals = 0;   // chunks that ran on a device other than the one they were placed on
+  double loss = 0;            // mean loss over the step's samples (what the chunk functions reported)
+  std::vector<DeviceReport> devices;
+};
+
+// Sums step reports into one (an epoch): times and counts add, utilization is recomputed from the sums.
+StepReport accumulate(std::span<const StepReport> steps);
+
+// A fixed-width table with one bar per device, in the spirit of nvidia-smi:
+//   dev    util  |bar                 |  busy(s)  wait(s)  chunks  stolen  samples
+std::string format_dashboard(const StepReport& report, const std::string& title);
+
+// One span of the trace: a chunk on a device, or the reduction.
+struct TraceEvent {
+  std::uint32_t device = 0;
+  std::uint32_t chunk = 0;
+  std::int64_t begin_ns = 0;  // since the runtime's creation
+  std::int64_t end_ns = 0;
+  std::uint32_t kind = 0;     // 0: chunk, 1: reduce, 2: optimizer
+};
+
+// Per-worker single-producer queues of trace events. Workers push on the hot path (a few stores, never a lock);
+// the caller drains them after each step and writes Chrome Trace Event JSON. A full queue drops the event and
+// counts it, rather than stall a worker.
+class TraceWriter {
+ public:
+  TraceWriter(const std::string& path, std::vector<std::string> device_names);  // throws Error if it cannot write
+  ~TraceWriter();
+  TraceWriter(const TraceWriter&) = delete;
+  TraceWriter& operator=(const TraceWriter&) = delete;
+
+  void push(std::size_t worker, const TraceEvent& e) noexcept;  // called by that worker only
+  void add(const TraceEvent& e);                                 // the caller's own spans
+  void drain();                                                  // the caller, between steps
+  std::uint64_t dropped() const noexcept { return m_dropped; }
+  void close();                                                  // writes the closing bracket; idempotent
+
+ private:
+  void write(const TraceEvent& e);
+  std::ofstream m_out;
+  std::vector<std::string> m_names;
+  std::vector<std::unique_ptr<boost::lockfree::spsc_queue<TraceEvent>>> m_queues;
+  std::vector<std::uint64_t> m_worker_dropped;  // written by each worker only
+  std::uint64_t m_dropped = 0;
+  bool m_first = true;
+  bool m_closed = false;
+};
+
+}  // namespace stealbatch

@@ -1,0 +1,108 @@
+// Parsing of device specs and per-device number lists, with errors that name the field, the value and the rule.
+#include <stealbatch/error.hpp>
+#include <stealbatch/runtime/device_spec.hpp>
+
+#include <charconv>
+#include <cmath>
+#include <string>
+
+namespace stealbatch {
+
+namespace {
+
+// Appends the pieces of a message.
+template <class... Parts>
+std::string cat(const Parts&... parts) {
+  std::string s;
+  (s.append(parts), ...);
+  return s;
+}
+
+[[noreturn]] void bad(std::string_view field, std::string_view value, std::string_view rule) {
+  throw ConfigError(cat(field, " = '", value, "': ", rule));
+}
+
+std::vector<std::string_view> split(std::string_view s) {
+  std::vector<std::string_view> out;
+  for (;;) {
+    const auto comma = s.find(',');
+    out.push_back(s.substr(0, comma));
+    if (comma == std::string_view::npos) return out;
+    s.remove_prefix(comma + 1);
+  }
+}
+
+bool parse_int(std::string_view s, long long& v) {
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), v);
+  return !s.empty() && r.ec == std::errc() && r.ptr == s.data() + s.size();
+}
+
+}  // namespace
+
+std::vector<double> parse_number_list(std::string_view list, std::string_view field) {
+  std::vector<double> out;
+  for (std::string_view piece : split(list)) {
+    double v = 0;
+    const auto r = std::from_chars(piece.data(), piece.data() + piece.size(), v);
+    if (piece.empty() || r.ec != std::errc() || r.ptr != piece.data() + piece.size() || !std::isfinite(v)) {
+      bad(field, list, cat("'", piece, "' is not a number; expected a comma-separated list of numbers"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+DeviceSpec parse_device_spec(std::string_view spec) {
+  constexpr std::string_view kRule = "expected cpu:N (1..256), cuda:all, cuda:I[,J...] or sim:S1[,S2...] (speeds > 0)";
+  DeviceSpec out;
+  out.text = std::string(spec);
+  const auto colon = spec.find(':');
+  if (colon == std::string_view::npos) bad("devices", spec, kRule);
+  const std::string_view kind = spec.substr(0, colon), rest = spec.substr(colon + 1);
+  if (kind == "cpu") {
+    long long n = 0;
+    if (!parse_int(rest, n) || n < 1 || n > 256) bad("devices", spec, kRule);
+    out.kind = DeviceKind::kCpu;
+    out.count = static_cast<std::size_t>(n);
+  } else if (kind == "cuda") {
+    out.kind = DeviceKind::kCuda;
+    if (rest == "all") {
+      out.all_gpus = true;
+    } else {
+      for (std::string_view piece : split(rest)) {
+        long long id = 0;
+        if (!parse_int(piece, id) || id < 0 || id > 1023) bad("devices", spec, kRule);
+        for (int seen : out.ids) {
+          if (seen == id) bad("devices", spec, cat("GPU ", std::to_string(id), " is listed twice"));
+        }
+        out.ids.push_back(static_cast<int>(id));
+      }
+      out.count = out.ids.size();
+    }
+  } else if (kind == "sim") {
+    out.kind = DeviceKind::kSim;
+    out.speeds = parse_number_list(rest, "devices");
+    for (double s : out.speeds) {
+      if (!(s > 0)) bad("devices", spec, kRule);
+    }
+    if (out.speeds.size() > 4096) bad("devices", spec, "at most 4096 simulated devices");
+    out.count = out.speeds.size();
+  } else {
+    bad("devices", spec, kRule);
+  }
+  return out;
+}
+
+std::vector<double> parse_slowdown_list(std::string_view list, std::size_t devices) {
+  if (list.empty()) return std::vector<double>(devices, 1.0);
+  std::vector<double> f = parse_number_list(list, "slowdown");
+  if (f.size() != devices) {
+    bad("slowdown", list, cat("has ", std::to_string(f.size()), " values; expected one per device (", std::to_string(devices), ")"));
+  }
+  for (double x : f) {
+    if (x < 1.0 || x > 1000.0) bad("slowdown", list, "every factor must be in [1, 1000] (1 = full speed)");
+  }
+  return f;
+}
+
+}  // namespace stealbatch

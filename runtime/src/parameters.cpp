@@ -1,0 +1,25 @@
+// ParameterLayout: tensors added back to back, with checked names and sizes.
+#include <stealbatch/error.hpp>
+#include <stealbatch/runtime/parameters.hpp>
+
+namespace stealbatch {
+
+std::size_t ParameterLayout::add(std::string name, std::size_t size) {
+  if (name.empty()) throw ConfigError("parameters: a tensor needs a name");
+  if (size == 0) throw ConfigError("parameters: tensor '" + name + "' has size 0; need at least 1 element");
+  for (const TensorView& t : m_tensors) {
+    if (t.name == name) throw ConfigError("parameters: tensor '" + name + "' is added twice");
+  }
+  m_tensors.push_back({std::move(name), m_total, size});
+  m_total += size;
+  return m_tensors.size() - 1;
+}
+
+std::size_t ParameterLayout::index_of(std::string_view name) const {
+  for (std::size_t i = 0; i < m_tensors.size(); ++i) {
+    if (m_tensors[i].name == name) return i;
+  }
+  throw ConfigError("parameters: no tensor named '" + std::string(name) + "'");
+}
+
+}  // namespace stealbatch

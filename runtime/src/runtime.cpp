@@ -1,0 +1,257 @@
+// The Runtime: cut, place, run with stealing, reduce, scale by the true sample count, update every replica.
+#include <stealbatch/error.hpp>
+#include <stealbatch/runtime/cpu_device.hpp>
+#include <stealbatch/runtime/runtime.hpp>
+
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <thread>
+
+namespace stealbatch {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
+
+constexpr std::size_t kSpeedHistory = 5;
+
+}  // namespace
+
+// A device's replica: parameters, gradient buffer, optimizer state and this step's tallies. Aligned so that two
+// devices' tallies never share a cache line.
+struct alignas(detail::kCacheLine) Runtime::Replica {
+  std::vector<float> params;
+  std::vector<float> grad;
+  std::unique_ptr<Optimizer> optimizer;
+  double loss = 0;
+  std::uint64_t samples = 0;
+};
+
+SchedulePolicy parse_policy(std::string_view name) {
+  if (name == "steal") return SchedulePolicy::kSteal;
+  if (name == "static") return SchedulePolicy::kStatic;
+  throw ConfigError("policy = '" + std::string(name) + "': expected static or steal");
+}
+
+Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoch(Clock::now()) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  if (m_options.devices.empty()) m_options.devices = "cpu:" + std::to_string(std::min(cores, 4u));
+  const DeviceSpec spec = parse_device_spec(m_options.devices);
+  if (m_options.chunk_size < 1 || m_options.chunk_size > (std::size_t{1} << 20)) {
+    throw ConfigError("chunk_size = " + std::to_string(m_options.chunk_size) + "; valid range is [1, 1048576]");
+  }
+  validate(m_options.optimizer);
+  if (spec.kind != DeviceKind::kCpu) {
+    throw ConfigError("devices = '" + spec.text + "': this build's runtime drives CPU devices only (cpu:N); " +
+                      (spec.kind == DeviceKind::kCuda ? "the CUDA device is not wired into the runtime yet"
+                                                      : "simulated devices are not wired into the runtime yet"));
+  }
+  const std::size_t n = spec.count;
+  if (m_options.slowdown.empty()) m_options.slowdown.assign(n, 1.0);
+  if (m_options.slowdown.size() != n) {
+    throw ConfigError("slowdown has " + std::to_string(m_options.slowdown.size()) + " values; expected one per device (" +
+                      std::to_string(n) + ")");
+  }
+  if (m_options.threads_per_device < 0 || m_options.threads_per_device > 1024) {
+    throw ConfigError("threads_per_device = " + std::to_string(m_options.threads_per_device) + "; valid range is [0, 1024] (0 = cores / devices)");
+  }
+  const int threads = m_options.threads_per_device > 0 ? m_options.threads_per_device
+                                                       : std::max(1, static_cast<int>(cores / static_cast<unsigned>(n)));
+  for (std::size_t i = 0; i < n; ++i) {
+    const double f = m_options.slowdown[i];
+    if (!std::isfinite(f) || f < 1.0 || f > 1000.0) {
+      throw ConfigError("slowdown[" + std::to_string(i) + "] = " + std::to_string(f) + "; valid range is [1, 1000]");
+    }
+    m_devices.push_back(std::make_unique<CpuDevice>(i, threads, f));
+    m_replicas.push_back(std::make_unique<Replica>());
+  }
+  m_speed_history.resize(n);
+  m_comm = std::make_unique<InProcessCommunicator>();
+  if (!m_options.trace_path.empty()) {
+    std::vector<std::string> names;
+    for (const auto& d : m_devices) names.push_back(d->name());
+    m_trace = std::make_unique<TraceWriter>(m_options.trace_path, std::move(names));
+  }
+  SchedulerOptions so;
+  so.workers = n;
+  so.schedule = m_options.policy;
+  so.seed = m_options.seed;
+  so.on_worker_start = [this](std::size_t w) { m_devices[w]->bind(); };
+  m_sched = std::make_unique<Scheduler>(std::move(so));
+}
+
+Runtime::~Runtime() {
+  m_sched.reset();  // workers stop first; then the trace is closed with everything they recorded
+  if (m_trace) m_trace->close();
+}
+
+void Runtime::register_parameters(ParameterLayout layout, std::span<const float> initial) {
+  if (initial.size() != layout.size()) {
+    throw ConfigError("register_parameters: " + std::to_string(initial.size()) + " initial values for a layout of " +
+                      std::to_string(layout.size()) + " floats");
+  }
+  m_layout = std::move(layout);
+  for (auto& r : m_replicas) {
+    r->params.assign(initial.begin(), initial.end());
+    r->grad.assign(initial.size(), 0.0f);
+    r->optimizer = std::make_unique<Optimizer>(m_options.optimizer, initial.size());
+  }
+  m_mean_grad.assign(initial.size(), 0.0f);
+}
+
+std::span<const float> Runtime::parameters(std::size_t device) const { return m_replicas.at(device)->params; }
+
+std::vector<double> Runtime::throughput_estimates() const {
+  std::vector<double> out;
+  for (const auto& h : m_speed_history) {
+    if (h.empty()) return {};
+    std::vector<double> sorted = h;
+    std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2), sorted.end());
+    out.push_back(sorted[sorted.size() / 2]);
+  }
+  return out;
+}
+
+std::uint64_t Runtime::trace_events_dropped() const noexcept { return m_trace ? m_trace->dropped() : 0; }
+
+std::vector<ChunkRange> Runtime::placement(std::size_t chunks) const {
+  if (m_options.policy == SchedulePolicy::kSteal && m_options.placement == PlacementPolicy::kThroughput) {
+    const std::vector<double> w = throughput_estimates();
+    bool usable = !w.empty();
+    for (double x : w) usable = usable && std::isfinite(x) && x > 0;
+    if (usable) return place_proportional(chunks, w);
+  }
+  return place_equal(chunks, m_devices.size());
+}
+
+StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
+  if (samples.empty()) throw ConfigError("batch = 0 samples; a step needs at least 1");
+  if (m_layout.size() == 0) throw ConfigError("step: no parameters registered; call register_parameters() first");
+  const auto t_start = Clock::now();
+  const std::size_t n = m_devices.size();
+  const std::size_t cs = m_options.chunk_size;
+  const std::size_t chunks = (samples.size() + cs - 1) / cs;
+  const std::vector<ChunkRange> ranges = placement(chunks);
+  std::vector<std::uint32_t> home(chunks);  // where each chunk was placed, to count the ones that moved
+  for (std::size_t d = 0; d < n; ++d) {
+    for (ChunkId c = ranges[d].begin; c < ranges[d].end; ++c) home[c] = static_cast<std::uint32_t>(d);
+  }
+  std::vector<std::uint32_t> ran_on(chunks);
+
+  tbb::parallel_for(std::size_t{0}, n, [&](std::size_t d) {
+    Replica& r = *m_replicas[d];
+    std::fill(r.grad.begin(), r.grad.end(), 0.0f);
+    r.loss = 0;
+    r.samples = 0;
+  });
+
+  const StepStats st = m_sched->run(ranges, [&](std::size_t w, ChunkId c) {
+    Replica& r = *m_replicas[w];
+    const std::size_t begin = static_cast<std::size_t>(c) * cs;
+    ChunkContext ctx;
+    ctx.device = w;
+    ctx.chunk = c;
+    ctx.samples = samples.subspan(begin, std::min(cs, samples.size() - begin));
+    ctx.params = r.params;
+    ctx.grad = r.grad;
+    ctx.layout = &m_layout;
+    ctx.loss_sum = &r.loss;
+    const auto t0 = m_trace ? Clock::now() : Clock::time_point{};
+    m_devices[w]->run_chunk(ctx, fn);
+    r.samples += ctx.samples.size();
+    ran_on[c] = static_cast<std::uint32_t>(w);
+    if (m_trace) {
+      m_trace->push(w, {static_cast<std::uint32_t>(w), c, (t0 - m_epoch).count(), (Clock::now() - m_epoch).count(), 0});
+    }
+  });
+  const auto t_chunks = Clock::now();
+
+  std::vector<float*> bufs(n);
+  for (std::size_t d = 0; d < n; ++d) bufs[d] = m_replicas[d]->grad.data();
+  m_comm->allreduce_sum(bufs, m_layout.size());
+  // The full-batch mean: the sum over every sample, divided by the true sample count (a partial last chunk
+  // weighs what it holds). Never a mean of per-device means.
+  const float scale = 1.0f / static_cast<float>(samples.size());
+  const std::vector<float>& sum = m_replicas[0]->grad;
+  for (std::size_t i = 0; i < sum.size(); ++i) m_mean_grad[i] = sum[i] * scale;
+  const auto t_reduced = Clock::now();
+
+  StepReport rep;
+  rep.step = ++m_steps;
+  rep.chunks_s = seconds(t_chunks - t_start);
+  rep.reduce_s = seconds(t_reduced - t_chunks);
+  rep.samples = samples.size();
+  rep.chunks = chunks;
+  double loss = 0;
+  rep.devices.resize(n);
+  for (std::size_t d = 0; d < n; ++d) {
+    const WorkerCounters& wc = st.workers[d];
+    DeviceReport& dr = rep.devices[d];
+    dr.name = m_devices[d]->name();
+    dr.busy_s = seconds(wc.busy);
+    dr.barrier_wait_s = wc.chunks_run > 0 ? std::max(0.0, seconds(st.wall - wc.last_end)) : seconds(st.wall);
+    dr.chunks_run = wc.chunks_run;
+    dr.samples = m_replicas[d]->samples;
+    loss += m_replicas[d]->loss;
+    if (wc.busy.count() > 0 && dr.samples > 0) {
+      auto& h = m_speed_history[d];
+      if (h.size() == kSpeedHistory) h.erase(h.begin());
+      h.push_back(static_cast<double>(dr.samples) / seconds(wc.busy));
+    }
+  }
+  for (std::size_t c = 0; c < chunks; ++c) {
+    if (ran_on[c] != home[c]) ++rep.steals, ++rep.devices[ran_on[c]].chunks_stolen;
+  }
+  rep.loss = loss / static_cast<double>(samples.size());
+  if (m_trace) {
+    m_trace->add({static_cast<std::uint32_t>(n), 0, (t_chunks - m_epoch).count(), (t_reduced - m_epoch).count(), 1});
+  }
+  return rep;
+}
+
+namespace {
+
+void finish(StepReport& rep, Clock::time_point t_start) {
+  rep.step_s = seconds(Clock::now() - t_start);
+  for (DeviceReport& d : rep.devices) {
+    d.idle_s = std::max(0.0, rep.step_s - d.busy_s);
+    d.utilization = rep.step_s > 0 ? d.busy_s / rep.step_s : 0;
+  }
+}
+
+}  // namespace
+
+StepReport Runtime::compute_gradient(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
+  const auto t0 = Clock::now();
+  StepReport rep = run_chunks(samples, fn);
+  finish(rep, t0);
+  if (m_trace) m_trace->drain();
+  return rep;
+}
+
+StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
+  const auto t0 = Clock::now();
+  StepReport rep = run_chunks(samples, fn);
+  const auto t_opt = Clock::now();
+  // Every replica applies the same update to the same values in the same order: the replicas stay identical.
+  const float scale = 1.0f / static_cast<float>(samples.size());
+  tbb::parallel_for(std::size_t{0}, m_replicas.size(), [&](std::size_t d) {
+    Replica& r = *m_replicas[d];
+    r.optimizer->step(r.params, r.grad, scale);
+  });
+  const auto t_end = Clock::now();
+  rep.optimizer_s = seconds(t_end - t_opt);
+  if (m_trace) {
+    m_trace->add({static_cast<std::uint32_t>(m_devices.size()), 0, (t_opt - m_epoch).count(), (t_end - m_epoch).count(), 2});
+    m_trace->drain();
+  }
+  finish(rep, t0);
+  return rep;
+}
+
+}  // namespace stealbatch

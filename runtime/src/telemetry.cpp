@@ -1,0 +1,109 @@
+// Step-report arithmetic, the dashboard text and the Chrome trace writer.
+#include <stealbatch/error.hpp>
+#include <stealbatch/runtime/telemetry.hpp>
+
+#include <algorithm>
+#include <cstdio>
+
+namespace stealbatch {
+
+StepReport accumulate(std::span<const StepReport> steps) {
+  StepReport sum;
+  for (const StepReport& s : steps) {
+    sum.step = std::max(sum.step, s.step);
+    sum.step_s += s.step_s, sum.chunks_s += s.chunks_s, sum.reduce_s += s.reduce_s, sum.optimizer_s += s.optimizer_s;
+    sum.samples += s.samples, sum.chunks += s.chunks, sum.steals += s.steals;
+    sum.loss += s.loss * static_cast<double>(s.samples);
+    if (sum.devices.size() < s.devices.size()) sum.devices.resize(s.devices.size());
+    for (std::size_t d = 0; d < s.devices.size(); ++d) {
+      DeviceReport& a = sum.devices[d];
+      const DeviceReport& b = s.devices[d];
+      a.name = b.name;
+      a.busy_s += b.busy_s, a.idle_s += b.idle_s, a.barrier_wait_s += b.barrier_wait_s;
+      a.chunks_run += b.chunks_run, a.chunks_stolen += b.chunks_stolen, a.samples += b.samples;
+    }
+  }
+  if (sum.samples > 0) sum.loss /= static_cast<double>(sum.samples);
+  for (DeviceReport& d : sum.devices) d.utilization = sum.step_s > 0 ? d.busy_s / sum.step_s : 0;
+  return sum;
+}
+
+std::string format_dashboard(const StepReport& r, const std::string& title) {
+  constexpr int kBar = 20;
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line, "+-- %s: %llu steps, %.3f s, %llu samples, %llu chunks, %llu stolen\n", title.c_str(),
+                static_cast<unsigned long long>(r.step), r.step_s, static_cast<unsigned long long>(r.samples),
+                static_cast<unsigned long long>(r.chunks), static_cast<unsigned long long>(r.steals));
+  out += line;
+  std::snprintf(line, sizeof line, "| time: chunks %.3f s, allreduce %.3f s, optimizer %.3f s, other %.3f s\n", r.chunks_s, r.reduce_s,
+                r.optimizer_s, std::max(0.0, r.step_s - r.chunks_s - r.reduce_s - r.optimizer_s));
+  out += line;
+  std::snprintf(line, sizeof line, "| %-6s %5s  %-*s  %8s %8s %7s %7s %8s\n", "dev", "util", kBar + 2, "", "busy(s)", "wait(s)", "chunks",
+                "stolen", "samples");
+  out += line;
+  for (const DeviceReport& d : r.devices) {
+    const int filled = std::clamp(static_cast<int>(d.utilization * kBar + 0.5), 0, kBar);
+    std::string bar = "|" + std::string(static_cast<std::size_t>(filled), '#') + std::string(static_cast<std::size_t>(kBar - filled), ' ') + "|";
+    std::snprintf(line, sizeof line, "| %-6s %4.0f%%  %s  %8.3f %8.3f %7llu %7llu %8llu\n", d.name.c_str(), d.utilization * 100, bar.c_str(),
+                  d.busy_s, d.barrier_wait_s, static_cast<unsigned long long>(d.chunks_run),
+                  static_cast<unsigned long long>(d.chunks_stolen), static_cast<unsigned long long>(d.samples));
+    out += line;
+  }
+  return out;
+}
+
+TraceWriter::TraceWriter(const std::string& path, std::vector<std::string> device_names)
+    : m_out(path), m_names(std::move(device_names)), m_worker_dropped(m_names.size(), 0) {
+  if (!m_out) throw Error("trace: cannot open '" + path + "' for writing");
+  for (std::size_t i = 0; i < m_names.size(); ++i) {
+    m_queues.push_back(std::make_unique<boost::lockfree::spsc_queue<TraceEvent>>(1 << 16));
+  }
+  m_out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  for (std::size_t i = 0; i < m_names.size(); ++i) {
+    m_out << (i ? ",\n" : "") << R"({"name":"thread_name","ph":"M","pid":0,"tid":)" << i << R"(,"args":{"name":")" << m_names[i] << "\"}}";
+    m_first = false;
+  }
+  // The caller's spans (reduction, optimizer) go on a row of their own, after the devices.
+  m_out << (m_first ? "" : ",\n") << R"({"name":"thread_name","ph":"M","pid":0,"tid":)" << m_names.size() << R"(,"args":{"name":"host"}})";
+  m_first = false;
+}
+
+TraceWriter::~TraceWriter() {
+  try {
+    close();
+  } catch (...) {  // a destructor never throws; a failed final write only loses the trace's tail
+  }
+}
+
+void TraceWriter::push(std::size_t worker, const TraceEvent& e) noexcept {
+  if (!m_queues[worker]->push(e)) ++m_worker_dropped[worker];
+}
+
+void TraceWriter::add(const TraceEvent& e) { write(e); }
+
+void TraceWriter::drain() {
+  for (auto& q : m_queues) q->consume_all([this](const TraceEvent& e) { write(e); });
+  m_dropped = 0;
+  for (std::uint64_t d : m_worker_dropped) m_dropped += d;
+}
+
+void TraceWriter::write(const TraceEvent& e) {
+  static const char* const kNames[] = {"chunk", "allreduce", "optimizer"};
+  const char* kind = kNames[std::min<std::uint32_t>(e.kind, 2)];
+  m_out << (m_first ? "" : ",\n") << "{\"name\":\"" << kind;
+  if (e.kind == 0) m_out << ' ' << e.chunk;
+  m_out << "\",\"cat\":\"" << kind << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << e.device << ",\"ts\":" << static_cast<double>(e.begin_ns) / 1e3
+        << ",\"dur\":" << static_cast<double>(e.end_ns - e.begin_ns) / 1e3 << "}";
+  m_first = false;
+}
+
+void TraceWriter::close() {
+  if (m_closed) return;
+  m_closed = true;
+  drain();
+  m_out << "\n]}\n";
+  m_out.flush();
+}
+
+}  // namespace stealbatch

@@ -1,0 +1,242 @@
+// Runtime: the reduced gradient equals the sequential one, replicas stay identical, failures reach the caller,
+// bad configuration names its field, and a short training run on Fashion-MNIST learns.
+#include "mlp_model.hpp"
+
+#include <stealbatch/error.hpp>
+#include <stealbatch/runtime/idx.hpp>
+#include <stealbatch/runtime/runtime.hpp>
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+#include <test_support.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+
+using namespace stealbatch;
+using examples::DenseData;
+using examples::MlpModel;
+
+namespace {
+
+// A small random classification set: dense features in [-1, 1], labels in [0, classes).
+struct Synthetic {
+  std::vector<float> x;
+  std::vector<std::uint8_t> y;
+  DenseData data;
+  Synthetic(std::size_t count, std::size_t features, std::size_t classes, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    x.resize(count * features);
+    for (float& v : x) v = u(rng);
+    y.resize(count);
+    for (auto& v : y) v = static_cast<std::uint8_t>(rng() % classes);
+    data = {count, features, x, y};
+  }
+};
+
+// max |a - b| / max |b|: the error relative to the gradient's scale.
+double relative_error(std::span<const float> a, std::span<const float> b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::abs(static_cast<double>(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+std::vector<float> sequential_mean_gradient(const MlpModel& m, std::span<const float> params, const DenseData& d,
+                                            std::span<const std::uint32_t> samples) {
+  std::vector<float> g(m.layout().size(), 0.0f);
+  MlpModel::Workspace ws;
+  m.accumulate_gradient(params, g, d, samples, ws);
+  for (float& v : g) v /= static_cast<float>(samples.size());
+  return g;
+}
+
+std::string config_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no ConfigError)";
+}
+
+}  // namespace
+
+TEST_CASE("Runtime.GradientEqualsSequential") {
+  examples::use_single_threaded_blas();
+  const Synthetic syn(400, 24, 5, 3);
+  std::mt19937_64 rng(11);
+  std::size_t cases = 0;
+  double worst = 0;
+  for (const std::vector<std::size_t>& sizes : {std::vector<std::size_t>{24, 16, 5}, std::vector<std::size_t>{24, 5}}) {
+    const MlpModel model(sizes);
+    const std::vector<float> init = model.initial_parameters(5);
+    for (std::size_t devices : {1, 2, 3, 5, 8}) {
+      for (std::size_t chunk : {1, 7, 16, 64}) {
+        for (SchedulePolicy policy : {SchedulePolicy::kStatic, SchedulePolicy::kSteal}) {
+          // A batch whose size leaves a partial last chunk for every chunk size above 1.
+          std::vector<std::uint32_t> batch(101 + rng() % 150);
+          for (auto& s : batch) s = static_cast<std::uint32_t>(rng() % syn.data.count);
+          std::vector<double> slowdown(devices);
+          for (auto& f : slowdown) f = (rng() % 3 == 0) ? 1.0 + static_cast<double>(rng() % 100) / 50.0 : 1.0;
+          Runtime rt({.devices = "cpu:" + std::to_string(devices), .chunk_size = chunk, .policy = policy, .slowdown = slowdown,
+                      .threads_per_device = 1});
+          rt.register_parameters(model.layout(), init);
+          std::vector<MlpModel::Workspace> ws(devices);
+          const StepReport r = rt.compute_gradient(batch, [&](ChunkContext& ctx) {
+            ctx.add_loss(model.accumulate_gradient(ctx.params, ctx.grad, syn.data, ctx.samples, ws[ctx.device]));
+          });
+          const std::vector<float> ref = sequential_mean_gradient(model, init, syn.data, batch);
+          const double err = relative_error(rt.gradient(), ref);
+          CAPTURE(sizes.size());
+          CAPTURE(devices);
+          CAPTURE(chunk);
+          CAPTURE(batch.size());
+          CHECK(err <= 1e-5);
+          CHECK(r.samples == batch.size());
+          CHECK(r.chunks == (batch.size() + chunk - 1) / chunk);
+          std::uint64_t samples = 0;
+          for (const DeviceReport& d : r.devices) samples += d.samples;
+          CHECK(samples == batch.size());
+          if (policy == SchedulePolicy::kStatic) CHECK(r.steals == 0);
+          worst = std::max(worst, err);
+          ++cases;
+        }
+      }
+    }
+  }
+  MESSAGE(cases << " configurations, worst relative error " << worst);
+}
+
+TEST_CASE("Runtime.ReplicasStayBitIdentical") {
+  examples::use_single_threaded_blas();
+  const Synthetic syn(512, 16, 4, 9);
+  const MlpModel model({16, 12, 4});
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam}) {
+    Runtime rt({.devices = "cpu:4", .chunk_size = 5, .slowdown = {1, 2, 1, 1.5}, .threads_per_device = 1,
+                .optimizer = {.kind = kind, .lr = 0.01f}});
+    rt.register_parameters(model.layout(), model.initial_parameters(1));
+    std::vector<MlpModel::Workspace> ws(4);
+    std::vector<std::uint32_t> batch(64);
+    for (int step = 0; step < 8; ++step) {
+      std::iota(batch.begin(), batch.end(), static_cast<std::uint32_t>(step * 64));
+      (void)rt.step(batch, [&](ChunkContext& ctx) {
+        ctx.add_loss(model.accumulate_gradient(ctx.params, ctx.grad, syn.data, ctx.samples, ws[ctx.device]));
+      });
+    }
+    const auto p0 = rt.parameters(0);
+    CHECK_FALSE(std::equal(p0.begin(), p0.end(), model.initial_parameters(1).begin()));  // training moved them
+    for (std::size_t d = 1; d < 4; ++d) {
+      const auto pd = rt.parameters(d);
+      CHECK(std::memcmp(p0.data(), pd.data(), p0.size_bytes()) == 0);
+    }
+  }
+}
+
+TEST_CASE("Runtime.ThrowingChunkFailsTheStepAndTheNextOneWorks") {
+  examples::use_single_threaded_blas();
+  const Synthetic syn(256, 8, 3, 4);
+  const MlpModel model({8, 3});
+  Runtime rt({.devices = "cpu:3", .chunk_size = 4, .threads_per_device = 1});
+  const std::vector<float> init = model.initial_parameters(2);
+  rt.register_parameters(model.layout(), init);
+  std::vector<MlpModel::Workspace> ws(3);
+  std::vector<std::uint32_t> batch(64);
+  std::iota(batch.begin(), batch.end(), 0u);
+  auto good = [&](ChunkContext& ctx) { model.accumulate_gradient(ctx.params, ctx.grad, syn.data, ctx.samples, ws[ctx.device]); };
+  CHECK_THROWS_WITH_AS(rt.step(batch,
+                               [&](ChunkContext& ctx) {
+                                 if (ctx.chunk == 9) throw std::runtime_error("chunk 9 is poisoned");
+                                 good(ctx);
+                               }),
+                       "chunk 9 is poisoned", std::runtime_error);
+  const auto p = rt.parameters(0);
+  CHECK(std::equal(p.begin(), p.end(), init.begin()));  // a failed step applies nothing
+  const StepReport r = rt.compute_gradient(batch, good);
+  CHECK(r.samples == 64);
+  CHECK(relative_error(rt.gradient(), sequential_mean_gradient(model, init, syn.data, batch)) <= 1e-5);
+}
+
+TEST_CASE("Runtime.ConfigErrorsNameTheField") {
+  CHECK(config_error([] { Runtime rt({.devices = "cpu:2", .chunk_size = 0}); }).find("chunk_size = 0") != std::string::npos);
+  CHECK(config_error([] { Runtime rt({.devices = "gpu:2"}); }).find("devices = 'gpu:2'") != std::string::npos);
+  CHECK(config_error([] { Runtime rt({.devices = "cpu:0"}); }).find("devices = 'cpu:0'") != std::string::npos);
+  CHECK(config_error([] { Runtime rt({.devices = "cpu:2", .slowdown = {1, 0.5}}); }).find("slowdown[1]") != std::string::npos);
+  CHECK(config_error([] { (void)parse_slowdown_list("6.6,x,1,1", 4); }).find("slowdown = '6.6,x,1,1'") != std::string::npos);
+  CHECK(config_error([] { (void)parse_slowdown_list("2,2", 4); }).find("expected one per device (4)") != std::string::npos);
+  CHECK(config_error([] { (void)parse_policy("dynamic"); }).find("policy = 'dynamic'") != std::string::npos);
+  CHECK(config_error([] { Runtime rt({.devices = "cpu:1", .optimizer = {.lr = -1.0f}}); }).find("lr = ") != std::string::npos);
+  CHECK(parse_device_spec("cuda:0,2").ids == std::vector<int>{0, 2});
+  CHECK(parse_device_spec("cuda:all").all_gpus);
+  CHECK(parse_device_spec("sim:1,0.5").speeds == std::vector<double>{1, 0.5});
+  Runtime rt({.devices = "cpu:2"});
+  const MlpModel model({4, 2});
+  rt.register_parameters(model.layout(), model.initial_parameters(0));
+  CHECK(config_error([&] { (void)rt.step({}, [](ChunkContext&) {}); }).find("batch = 0") != std::string::npos);
+}
+
+TEST_CASE("Runtime.TraceIsChromeJson") {
+  const auto path = std::filesystem::temp_directory_path() / ("sb_trace_" + std::to_string(::getpid()) + ".json");
+  {
+    const MlpModel model({4, 2});
+    const Synthetic syn(64, 4, 2, 1);
+    Runtime rt({.devices = "cpu:2", .chunk_size = 8, .threads_per_device = 1, .trace_path = path.string()});
+    rt.register_parameters(model.layout(), model.initial_parameters(0));
+    std::vector<MlpModel::Workspace> ws(2);
+    std::vector<std::uint32_t> batch(64);
+    std::iota(batch.begin(), batch.end(), 0u);
+    for (int i = 0; i < 3; ++i) {
+      (void)rt.step(batch, [&](ChunkContext& ctx) { model.accumulate_gradient(ctx.params, ctx.grad, syn.data, ctx.samples, ws[ctx.device]); });
+    }
+  }
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  std::size_t chunks = 0, reduces = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "X" && e["cat"] == "chunk") ++chunks;
+    if (e["ph"] == "X" && e["cat"] == "allreduce") ++reduces;
+  }
+  CHECK(chunks == 24);  // 3 steps x 8 chunks
+  CHECK(reduces == 3);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("Runtime.SmokeTrainingLearnsFashionMnist") {
+  const std::filesystem::path dir = "/usr/share/datasets/fashion-mnist";
+  if (!std::filesystem::exists(dir / "train-images-idx3-ubyte.gz")) {
+    std::printf("SB_SKIP: no Fashion-MNIST at %s\n", dir.c_str());
+    return;
+  }
+  examples::use_single_threaded_blas();
+  const Dataset train = load_fashion_mnist(dir, DataSplit::kTrain);
+  const Dataset test = load_fashion_mnist(dir, DataSplit::kTest);
+  const std::size_t n = 10000;
+  const DenseData train_set{n, train.features, std::span<const float>(train.x).first(n * train.features), std::span<const std::uint8_t>(train.y).first(n)};
+  const DenseData test_set{test.count, test.features, test.x, test.y};
+  const MlpModel model({784, 128, 10});
+  Runtime rt({.devices = "cpu:2", .chunk_size = 16, .optimizer = {.kind = OptimizerKind::kAdam, .lr = 0.001f}});
+  rt.register_parameters(model.layout(), model.initial_parameters(1));
+  std::vector<MlpModel::Workspace> ws(2);
+  std::vector<std::uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(7));
+  for (std::size_t start = 0; start < n; start += 64) {
+    (void)rt.step(std::span<const std::uint32_t>(order).subspan(start, std::min<std::size_t>(64, n - start)), [&](ChunkContext& ctx) {
+      ctx.add_loss(model.accumulate_gradient(ctx.params, ctx.grad, train_set, ctx.samples, ws[ctx.device]));
+    });
+  }
+  MlpModel::Workspace eval;
+  const double acc = model.accuracy(rt.parameters(0), test_set, eval);
+  MESSAGE("1 epoch on 10k samples, cpu:2: test accuracy " << acc);
+  CHECK(acc >= 0.75);
+}
