@@ -2,7 +2,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(_sb_targets stealbatch_scheduler stealbatch_runtime)
+set(_sb_targets stealbatch_scheduler stealbatch_runtime stealbatch_data)
 install(DIRECTORY scheduler/include/ runtime/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} PATTERN "*.in" EXCLUDE)
 if(STEALBATCH_CUDA)
   list(APPEND _sb_targets stealbatch_cuda)

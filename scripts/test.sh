@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The full test suite: install what is missing, then build and run every test in three configurations:
 #   build/          Release, CUDA compiled and linked (GPU tests report "skipped" without a GPU)
-#   build-tsan/     ThreadSanitizer over the scheduler tests
-#   build-asan/     AddressSanitizer + UndefinedBehaviorSanitizer over the unit tests
+#   build-tsan/     ThreadSanitizer over the scheduler and runtime tests
+#   build-asan/     AddressSanitizer + UndefinedBehaviorSanitizer over the unit tests (not the install test)
 # Exits non-zero on the first failing configuration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,10 +30,10 @@ run_suite() {  # name, build dir, ctest args..., -- cmake args...
 
 run_suite "release" build -- -DCMAKE_BUILD_TYPE=Release || status=1
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-  run_suite "tsan" build-tsan -L scheduler -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=thread \
+  run_suite "tsan" build-tsan -L "scheduler|runtime" -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=thread \
   -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
 ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1" \
-  run_suite "asan+ubsan" build-asan -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=address,undefined \
+  run_suite "asan+ubsan" build-asan -LE package -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=address,undefined \
   -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
 
 if [ $status -ne 0 ]; then echo "=== FAILED: see the configuration above"; else echo "=== all configurations passed"; fi

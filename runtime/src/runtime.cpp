@@ -3,8 +3,6 @@
 #include <stealbatch/runtime/cpu_device.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 
-#include <tbb/parallel_for.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -102,6 +100,7 @@ void Runtime::register_parameters(ParameterLayout layout, std::span<const float>
     r->optimizer = std::make_unique<Optimizer>(m_options.optimizer, initial.size());
   }
   m_mean_grad.assign(initial.size(), 0.0f);
+  m_grads_dirty = false;
 }
 
 std::span<const float> Runtime::parameters(std::size_t device) const { return m_replicas.at(device)->params; }
@@ -143,12 +142,11 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   }
   std::vector<std::uint32_t> ran_on(chunks);
 
-  tbb::parallel_for(std::size_t{0}, n, [&](std::size_t d) {
-    Replica& r = *m_replicas[d];
-    std::fill(r.grad.begin(), r.grad.end(), 0.0f);
-    r.loss = 0;
-    r.samples = 0;
-  });
+  if (m_grads_dirty) {  // after compute_gradient() or a failed step; a completed step() leaves them zeroed
+    m_sched->broadcast([&](std::size_t d) { std::fill(m_replicas[d]->grad.begin(), m_replicas[d]->grad.end(), 0.0f); });
+  }
+  for (auto& r : m_replicas) r->loss = 0, r->samples = 0;
+  m_grads_dirty = true;
 
   const StepStats st = m_sched->run(ranges, [&](std::size_t w, ChunkId c) {
     Replica& r = *m_replicas[w];
@@ -173,12 +171,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
 
   std::vector<float*> bufs(n);
   for (std::size_t d = 0; d < n; ++d) bufs[d] = m_replicas[d]->grad.data();
-  m_comm->allreduce_sum(bufs, m_layout.size());
-  // The full-batch mean: the sum over every sample, divided by the true sample count (a partial last chunk
-  // weighs what it holds). Never a mean of per-device means.
-  const float scale = 1.0f / static_cast<float>(samples.size());
-  const std::vector<float>& sum = m_replicas[0]->grad;
-  for (std::size_t i = 0; i < sum.size(); ++i) m_mean_grad[i] = sum[i] * scale;
+  m_sched->broadcast([&](std::size_t d) { m_comm->allreduce_sum(d, bufs, m_layout.size()); });
   const auto t_reduced = Clock::now();
 
   StepReport rep;
@@ -229,6 +222,11 @@ void finish(StepReport& rep, Clock::time_point t_start) {
 StepReport Runtime::compute_gradient(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
   const auto t0 = Clock::now();
   StepReport rep = run_chunks(samples, fn);
+  // The full-batch mean: the sum over every sample divided by the true sample count (a partial last chunk weighs
+  // what it holds), never a mean of per-device means.
+  const float scale = 1.0f / static_cast<float>(samples.size());
+  const std::vector<float>& sum = m_replicas[0]->grad;
+  for (std::size_t i = 0; i < sum.size(); ++i) m_mean_grad[i] = sum[i] * scale;
   finish(rep, t0);
   if (m_trace) m_trace->drain();
   return rep;
@@ -238,12 +236,16 @@ StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunc
   const auto t0 = Clock::now();
   StepReport rep = run_chunks(samples, fn);
   const auto t_opt = Clock::now();
-  // Every replica applies the same update to the same values in the same order: the replicas stay identical.
+  // Each device's worker updates its own replica from its copy of the summed gradient, scaled by 1 / the true
+  // sample count: the same update on the same values in the same order, so the replicas stay identical. Then it
+  // zeroes the gradient for the next step.
   const float scale = 1.0f / static_cast<float>(samples.size());
-  tbb::parallel_for(std::size_t{0}, m_replicas.size(), [&](std::size_t d) {
+  m_sched->broadcast([&](std::size_t d) {
     Replica& r = *m_replicas[d];
     r.optimizer->step(r.params, r.grad, scale);
+    std::fill(r.grad.begin(), r.grad.end(), 0.0f);
   });
+  m_grads_dirty = false;
   const auto t_end = Clock::now();
   rep.optimizer_s = seconds(t_end - t_opt);
   if (m_trace) {

@@ -118,6 +118,17 @@ StepStats Scheduler::run(std::span<const std::vector<ChunkId>> placement, ChunkF
   return launch(total, fn);
 }
 
+void Scheduler::broadcast(WorkerFn fn) {
+  // Published to the workers by the release bump in launch(), like the rest of the step state.
+  m_broadcast = &fn;
+  struct Reset {
+    const WorkerFn*& p;
+    ~Reset() { p = nullptr; }
+  } reset{m_broadcast};
+  // One "chunk" per worker keeps launch()'s exactly-once accounting; no deque is touched.
+  (void)launch(m_workers.size(), [](std::size_t, ChunkId) {});
+}
+
 void Scheduler::place_scratch(std::size_t w, std::uint64_t total) {
   ChunkDeque& q = m_workers[w]->deque;
   q.reclaim();        // quiescent: no worker is inside a steal between steps
@@ -187,6 +198,19 @@ void Scheduler::worker_main(std::size_t w) {
 
 void Scheduler::run_step(Worker& me) {
   me.counters = WorkerCounters{};
+  if (m_broadcast != nullptr) {
+    const auto t0 = Clock::now();
+    try {
+      (*m_broadcast)(me.index);
+    } catch (...) {
+      fail_step(std::current_exception());
+    }
+    me.counters.busy = Clock::now() - t0;
+    me.counters.last_end = me.counters.busy;
+    me.counters.chunks_run = 1;
+    m_remaining.fetch_sub(1, std::memory_order_relaxed);  // relaxed: as in execute(); nobody waits on it here
+    return;
+  }
   auto over = [&] { return step_over(); };
   for (;;) {
     // Relaxed: the abort flag guards no data (the error itself reaches the caller through m_in_step).

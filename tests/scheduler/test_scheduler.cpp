@@ -219,3 +219,32 @@ TEST_CASE("Scheduler.WorkerStartFailure") {
   Scheduler sched(std::move(ok));
   for (auto& s : started) CHECK(s.load() == 1);
 }
+
+TEST_CASE("Scheduler.BroadcastRunsOnceOnEveryWorkerThread") {
+  Scheduler sched({.workers = 5});
+  std::vector<std::thread::id> ids(5);
+  std::vector<std::atomic<int>> calls(5);
+  sched.broadcast([&](std::size_t w) {
+    calls[w].fetch_add(1);
+    ids[w] = std::this_thread::get_id();
+  });
+  for (std::size_t w = 0; w < 5; ++w) {
+    CHECK(calls[w].load() == 1);
+    CHECK(ids[w] != std::this_thread::get_id());
+    for (std::size_t v = 0; v < w; ++v) CHECK(ids[v] != ids[w]);
+  }
+  // A run and a broadcast interleave cleanly, and a broadcast lands on the same threads that ran chunks.
+  std::vector<std::thread::id> chunk_ids(5);
+  (void)sched.run(place_equal(5, 5), [&](std::size_t w, ChunkId) { chunk_ids[w] = std::this_thread::get_id(); });
+  for (std::size_t w = 0; w < 5; ++w) {
+    if (chunk_ids[w] != std::thread::id{}) CHECK(chunk_ids[w] == ids[w]);
+  }
+  sched.broadcast([&](std::size_t w) { CHECK(std::this_thread::get_id() == ids[w]); });
+  CHECK_THROWS_WITH_AS(sched.broadcast([](std::size_t w) {
+    if (w == 3) throw std::runtime_error("worker 3 failed");
+  }),
+                       "worker 3 failed", std::runtime_error);
+  std::atomic<int> after{0};
+  sched.broadcast([&](std::size_t) { after.fetch_add(1); });
+  CHECK(after.load() == 5);
+}

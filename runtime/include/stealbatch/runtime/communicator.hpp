@@ -6,21 +6,24 @@
 
 namespace stealbatch {
 
+// An in-place AllReduce (sum) over one buffer per device. Every device's worker thread calls allreduce_sum once
+// per step, concurrently, with its own device index (the way one thread per GPU calls ncclAllReduce on its own
+// communicator); when every call has returned, every buffer holds the element-wise sum of all of them.
 class Communicator {
  public:
   virtual ~Communicator() = default;
-  // An in-place AllReduce (sum): afterwards every buffer holds the element-wise sum of all of them.
-  virtual void allreduce_sum(std::span<float* const> buffers, std::size_t count) = 0;
+  virtual void allreduce_sum(std::size_t device, std::span<float* const> buffers, std::size_t count) = 0;
 };
 
-// Devices in one process that share host memory (CPU and simulated devices). The sum runs in parallel over the
-// buffer, adding the devices in a fixed order for every element, so the result does not depend on the threads.
+// Devices in one process that share host memory (CPU and simulated devices). Device d sums slice d of the buffer
+// over all devices, in device order, and writes the sum into that slice of every buffer: the result does not
+// depend on the threads' timing, and no slice is touched by two callers.
 //
 //   InProcessCommunicator comm;
-//   comm.allreduce_sum(grad_pointers, layout.size());
+//   sched.broadcast([&](std::size_t d) { comm.allreduce_sum(d, grad_pointers, layout.size()); });
 class InProcessCommunicator final : public Communicator {
  public:
-  void allreduce_sum(std::span<float* const> buffers, std::size_t count) override;
+  void allreduce_sum(std::size_t device, std::span<float* const> buffers, std::size_t count) override;
 };
 
 }  // namespace stealbatch

@@ -1,6 +1,7 @@
 // The public API for trainers: devices, parameters, step(), the exact full-batch gradient and the optimizer.
 #pragma once
 
+#include <stealbatch/error.hpp>
 #include <stealbatch/runtime/communicator.hpp>
 #include <stealbatch/runtime/device.hpp>
 #include <stealbatch/runtime/device_spec.hpp>
@@ -66,7 +67,7 @@ class Runtime {
   const Device& device(std::size_t i) const { return *m_devices.at(i); }
   const ParameterLayout& layout() const noexcept { return m_layout; }
   std::span<const float> parameters(std::size_t device = 0) const;
-  // The last step's full-batch mean gradient.
+  // The full-batch mean gradient of the last compute_gradient().
   std::span<const float> gradient() const noexcept { return m_mean_grad; }
   const RuntimeOptions& options() const noexcept { return m_options; }
   // The current placement weights (samples/s per device); empty before the first step.
@@ -88,6 +89,7 @@ class Runtime {
   std::vector<std::vector<double>> m_speed_history;  // per device, the last samples/s measurements
   std::chrono::steady_clock::time_point m_epoch;
   std::uint64_t m_steps = 0;
+  bool m_grads_dirty = false;  // the gradient buffers hold a previous step's values
   std::unique_ptr<Scheduler> m_sched;  // last: its workers stop before the devices and replicas go
 };
 

@@ -82,6 +82,7 @@ class FunctionRef<R(A...)> {
 }  // namespace detail
 
 using ChunkFn = detail::FunctionRef<void(std::size_t worker, ChunkId chunk)>;
+using WorkerFn = detail::FunctionRef<void(std::size_t worker)>;
 
 // The scheduler owns N worker threads and one ChunkDeque per worker. run() places a step's chunks, wakes the
 // workers, and returns when every chunk has run exactly once. Between steps the workers park and use no CPU.
@@ -103,6 +104,11 @@ class Scheduler {
   StepStats run(std::span<const ChunkRange> placement, ChunkFn fn);
   // Chunks placed as arbitrary lists; worker w pops its list front to back.
   StepStats run(std::span<const std::vector<ChunkId>> placement, ChunkFn fn);
+  // Runs fn(worker) once on every worker thread, concurrently, and returns when all have finished; the first
+  // exception is rethrown. For per-device work that belongs on the device's own thread: zeroing its buffers,
+  // its part of a reduction, its optimizer update.
+  //   sched.broadcast([&](std::size_t w) { zero(grad[w]); });
+  void broadcast(WorkerFn fn);
 
   std::size_t workers() const noexcept { return m_workers.size(); }
   const SchedulerOptions& options() const noexcept { return m_options; }
@@ -137,6 +143,7 @@ class Scheduler {
 
   // Step state, published to the workers by the release bump of m_step_seq.
   const ChunkFn* m_fn = nullptr;
+  const WorkerFn* m_broadcast = nullptr;  // set for a broadcast instead of a step of chunks
   std::chrono::steady_clock::time_point m_step_start;
   std::exception_ptr m_error;  // written by the first failing worker only, read by the caller after the step
 
