@@ -136,6 +136,11 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   const std::size_t cs = m_options.chunk_size;
   const std::size_t chunks = (samples.size() + cs - 1) / cs;
   const std::vector<ChunkRange> ranges = placement(chunks);
+  // The scheduler's end game uses each device's expected time per sample (the inverse of its samples/s).
+  std::vector<double> costs = throughput_estimates();
+  bool known = !costs.empty();
+  for (double& c : costs) known = known && std::isfinite(c) && c > 0, c = known ? 1.0 / c : 0.0;
+  m_sched->set_chunk_costs(known ? std::move(costs) : std::vector<double>{});
   std::vector<std::uint32_t> home(chunks);  // where each chunk was placed, to count the ones that moved
   for (std::size_t d = 0; d < n; ++d) {
     for (ChunkId c = ranges[d].begin; c < ranges[d].end; ++c) home[c] = static_cast<std::uint32_t>(d);
@@ -191,10 +196,15 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     dr.chunks_run = wc.chunks_run;
     dr.samples = m_replicas[d]->samples;
     loss += m_replicas[d]->loss;
+    auto& h = m_speed_history[d];
     if (wc.busy.count() > 0 && dr.samples > 0) {
-      auto& h = m_speed_history[d];
       if (h.size() == kSpeedHistory) h.erase(h.begin());
       h.push_back(static_cast<double>(dr.samples) / seconds(wc.busy));
+    } else {
+      // A device that ran nothing has no fresh figure, and a stale low one would keep it idle for good (few
+      // chunks placed, every chunk declined in the end game). Forget it: the next step splits equally and
+      // measures everyone again.
+      h.clear();
     }
   }
   for (std::size_t c = 0; c < chunks; ++c) {

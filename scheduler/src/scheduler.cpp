@@ -3,6 +3,7 @@
 #include <stealbatch/scheduler/scheduler.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -129,6 +130,32 @@ void Scheduler::broadcast(WorkerFn fn) {
   (void)launch(m_workers.size(), [](std::size_t, ChunkId) {});
 }
 
+void Scheduler::set_chunk_costs(std::vector<double> costs) {
+  if (!costs.empty()) {
+    check_range("chunk costs size", costs.size(), m_workers.size(), m_workers.size());
+    for (std::size_t w = 0; w < costs.size(); ++w) {
+      if (!std::isfinite(costs[w]) || !(costs[w] > 0)) {
+        throw ConfigError("scheduler: chunk cost of worker " + std::to_string(w) + " = " + std::to_string(costs[w]) +
+                          "; need a finite value > 0");
+      }
+    }
+  }
+  m_costs = std::move(costs);
+  m_rate_sum = 0;
+  m_min_cost = m_costs.empty() ? 0 : *std::min_element(m_costs.begin(), m_costs.end());
+  for (double c : m_costs) m_rate_sum += 1.0 / c;
+}
+
+bool Scheduler::worth_taking(std::size_t w) const noexcept {
+  if (m_costs.empty() || m_options.schedule != SchedulePolicy::kSteal) return true;
+  const double mine = m_costs[w];
+  if (mine <= 1.5 * m_min_cost) return true;  // the fastest workers always take: the step always ends
+  const double others = m_rate_sum - 1.0 / mine;
+  // Relaxed: an estimate; the chunks still running elsewhere are counted as left, which only makes this take more.
+  const auto left = static_cast<double>(m_remaining.load(std::memory_order_relaxed));
+  return others <= 0 || mine <= left / others;
+}
+
 void Scheduler::place_scratch(std::size_t w, std::uint64_t total) {
   ChunkDeque& q = m_workers[w]->deque;
   q.reclaim();        // quiescent: no worker is inside a steal between steps
@@ -215,6 +242,14 @@ void Scheduler::run_step(Worker& me) {
   for (;;) {
     // Relaxed: the abort flag guards no data (the error itself reaches the caller through m_in_step).
     if (m_abort.load(std::memory_order_relaxed)) break;
+    if (!worth_taking(me.index)) {
+      // The end game: the others finish what is left sooner. Whatever is still in this deque, they steal.
+      const auto t0 = Clock::now();
+      me.counters.endgame_declines = 1;
+      wait_until(over, over, &me.counters.parks);
+      me.counters.idle += Clock::now() - t0;
+      break;
+    }
     if (auto c = me.deque.pop()) {
       execute(me, *c);
       continue;
@@ -279,6 +314,10 @@ Scheduler::Found Scheduler::find_work(Worker& me, ChunkId& out) {
   auto steal_round = [&] {
     for (;;) {
       if (step_over()) return true;
+      if (!worth_taking(me.index)) {  // the end game, as in run_step(): wait for the others to finish
+        me.counters.endgame_declines = 1;
+        return true;
+      }
       bool retry = false;
       std::size_t v = me.victims.first(m_stealers);
       for (std::size_t i = 0; i + 1 < n; ++i, v = me.victims.after(v)) {
@@ -315,6 +354,10 @@ Scheduler::Found Scheduler::find_work(Worker& me, ChunkId& out) {
   };
   auto ready = [&] { return step_over() || work_visible(me.index); };
   wait_until(steal_round, ready, &me.counters.parks);
+  if (found == Found::kStepOver && !step_over()) {
+    auto over = [&] { return step_over(); };
+    wait_until(over, over, &me.counters.parks);  // declined: idle until the step ends
+  }
   return found;
 }
 

@@ -61,7 +61,7 @@ TEST_CASE("Scheduler.ExactlyOnceRandomSteps") {
       {8, VictimPolicy::kSticky, StealPolicy::kHalf},
   };
   std::mt19937_64 rng(2024);
-  std::size_t steps_done = 0, chunks_done = 0, stolen = 0;
+  std::size_t steps_done = 0, chunks_done = 0, stolen = 0, declines = 0;
   for (std::size_t ci = 0; ci < configs.size(); ++ci) {
     const Config& cfg = configs[ci];
     CAPTURE(cfg.workers);
@@ -72,6 +72,13 @@ TEST_CASE("Scheduler.ExactlyOnceRandomSteps") {
     for (std::size_t step = 0; step < steps; ++step) {
       const std::size_t chunks = rng() % 300;
       for (std::size_t i = 0; i < chunks; ++i) runs[i].store(0, std::memory_order_relaxed);
+      // Every third step runs with random chunk costs, so the end-game rule declines chunks on the slow workers.
+      std::vector<double> costs;
+      if (step % 3 == 0) {
+        costs.resize(cfg.workers);
+        for (auto& c : costs) c = 1.0 + static_cast<double>(rng() % 10);
+      }
+      sched.set_chunk_costs(costs);
       std::vector<std::uint32_t> delay_ns(chunks);
       for (auto& d : delay_ns) d = (rng() % 4 == 0) ? static_cast<std::uint32_t>(rng() % 20000) : 0;
       auto fn = [&](std::size_t, ChunkId c) {
@@ -93,15 +100,17 @@ TEST_CASE("Scheduler.ExactlyOnceRandomSteps") {
       for (std::size_t i = 0; i < chunks; ++i) wrong += runs[i].load(std::memory_order_relaxed) != 1;
       REQUIRE(wrong == 0);
       std::uint64_t ran = 0;
-      for (const auto& wc : st.workers) ran += wc.chunks_run, stolen += wc.chunks_stolen;
+      for (const auto& wc : st.workers) ran += wc.chunks_run, stolen += wc.chunks_stolen, declines += wc.endgame_declines;
       REQUIRE(ran == chunks);
       ++steps_done;
       chunks_done += chunks;
     }
   }
   CHECK(steps_done == total_steps);
-  CHECK(stolen > 0);  // the random placements did make workers steal
-  MESSAGE(steps_done << " steps, " << chunks_done << " chunks, " << stolen << " stolen, each run exactly once");
+  CHECK(stolen > 0);    // the random placements did make workers steal
+  CHECK(declines > 0);  // and the end-game rule did decline chunks
+  MESSAGE(steps_done << " steps, " << chunks_done << " chunks, " << stolen << " stolen, " << declines
+                     << " end-game declines, each chunk run exactly once");
 }
 
 TEST_CASE("Scheduler.ExceptionReachesCallerAndNextStepRuns") {
@@ -247,4 +256,29 @@ TEST_CASE("Scheduler.BroadcastRunsOnceOnEveryWorkerThread") {
   std::atomic<int> after{0};
   sched.broadcast([&](std::size_t) { after.fetch_add(1); });
   CHECK(after.load() == 5);
+}
+
+TEST_CASE("Scheduler.EndGameLeavesTheTailToFastWorkers") {
+  // Worker 0 is 10x slower. Without the rule it would start one of the last chunks and hold the step up; with it,
+  // it stops once the fast workers would finish the rest sooner, and they run what is left in its deque.
+  Scheduler sched({.workers = 3});
+  sched.set_chunk_costs({10, 1, 1});
+  std::vector<std::atomic<int>> runs(60);
+  const StepStats st = sched.run(place_equal(60, 3), [&](std::size_t w, ChunkId c) {
+    runs[c].fetch_add(1);
+    std::this_thread::sleep_for(w == 0 ? 2000us : 200us);
+  });
+  int wrong = 0;
+  for (auto& r : runs) wrong += r.load() != 1;
+  CHECK(wrong == 0);
+  CHECK(st.workers[0].endgame_declines == 1);
+  CHECK(st.workers[1].endgame_declines == 0);  // the fastest always take
+  CHECK(st.workers[0].chunks_run < 20);        // it gave part of its equal share to the fast workers
+  MESSAGE("slow worker ran " << st.workers[0].chunks_run << " of its 20 chunks");
+
+  CHECK_THROWS_AS(sched.set_chunk_costs({1, 2}), ConfigError);
+  CHECK_THROWS_AS(sched.set_chunk_costs({1, 0, 1}), ConfigError);
+  sched.set_chunk_costs({});  // off again
+  const StepStats st2 = sched.run(place_equal(30, 3), [](std::size_t, ChunkId) {});
+  for (const auto& wc : st2.workers) CHECK(wc.endgame_declines == 0);
 }

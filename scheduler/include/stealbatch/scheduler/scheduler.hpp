@@ -51,6 +51,7 @@ struct WorkerCounters {
   std::chrono::nanoseconds busy{0};  // inside chunk callbacks
   std::chrono::nanoseconds idle{0};  // looking for work or parked, while the step had chunks left
   std::chrono::nanoseconds last_end{0};  // from the step's start to the end of this worker's last chunk
+  std::uint64_t endgame_declines = 0;  // 1 if it left the rest of the step to faster workers (see set_chunk_costs)
 };
 
 struct StepStats {
@@ -110,6 +111,16 @@ class Scheduler {
   //   sched.broadcast([&](std::size_t w) { zero(grad[w]); });
   void broadcast(WorkerFn fn);
 
+  // The end game on unequal workers. costs[w] is worker w's expected time for one chunk (any unit, > 0). With
+  // costs set, a stealing worker stops taking chunks once the others would finish everything left sooner than it
+  // would finish one more: with R chunks left, it takes one only while its cost <= max(1.5 * the smallest cost,
+  // R / (the sum of the other workers' chunk rates)). So a slow device does not hold the step up with a last chunk
+  // that a fast one would have finished first, and the fastest workers always take, so the step always ends.
+  // An empty list turns the rule off (the default). Call between steps. Throws ConfigError for a list whose size
+  // is not the worker count or that holds a value that is not finite and > 0.
+  //   sched.set_chunk_costs({6.6, 6.6, 1, 1});
+  void set_chunk_costs(std::vector<double> costs);
+
   std::size_t workers() const noexcept { return m_workers.size(); }
   const SchedulerOptions& options() const noexcept { return m_options; }
   // Workers asleep right now; racy, for tests and diagnostics.
@@ -127,6 +138,7 @@ class Scheduler {
   void wait_until(Poll&& poll, Ready&& ready, std::uint64_t* parks);
   Found find_work(Worker& me, ChunkId& out);
   bool step_over() const noexcept;
+  bool worth_taking(std::size_t w) const noexcept;
   bool work_visible(std::size_t self) const noexcept;
   void execute(Worker& me, ChunkId c);
   void fail_step(std::exception_ptr e) noexcept;
@@ -144,6 +156,9 @@ class Scheduler {
   // Step state, published to the workers by the release bump of m_step_seq.
   const ChunkFn* m_fn = nullptr;
   const WorkerFn* m_broadcast = nullptr;  // set for a broadcast instead of a step of chunks
+  std::vector<double> m_costs;             // per worker; empty: no end-game rule
+  double m_rate_sum = 0;                   // the sum of 1 / cost
+  double m_min_cost = 0;
   std::chrono::steady_clock::time_point m_step_start;
   std::exception_ptr m_error;  // written by the first failing worker only, read by the caller after the step
 
