@@ -17,6 +17,7 @@ using Clock = std::chrono::steady_clock;
 double seconds(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
 
 constexpr std::size_t kSpeedHistory = 5;
+constexpr std::size_t kStaleAfterIdleSteps = 10;
 
 }  // namespace
 
@@ -69,6 +70,7 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
     m_replicas.push_back(std::make_unique<Replica>());
   }
   m_speed_history.resize(n);
+  m_idle_steps.assign(n, 0);
   m_comm = std::make_unique<InProcessCommunicator>();
   if (!m_options.trace_path.empty()) {
     std::vector<std::string> names;
@@ -137,7 +139,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   const std::size_t chunks = (samples.size() + cs - 1) / cs;
   const std::vector<ChunkRange> ranges = placement(chunks);
   // The scheduler's end game uses each device's expected time per sample (the inverse of its samples/s).
-  std::vector<double> costs = throughput_estimates();
+  std::vector<double> costs = m_options.endgame == EndGame::kOn ? throughput_estimates() : std::vector<double>{};
   bool known = !costs.empty();
   for (double& c : costs) known = known && std::isfinite(c) && c > 0, c = known ? 1.0 / c : 0.0;
   m_sched->set_chunk_costs(known ? std::move(costs) : std::vector<double>{});
@@ -200,11 +202,13 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     if (wc.busy.count() > 0 && dr.samples > 0) {
       if (h.size() == kSpeedHistory) h.erase(h.begin());
       h.push_back(static_cast<double>(dr.samples) / seconds(wc.busy));
-    } else {
-      // A device that ran nothing has no fresh figure, and a stale low one would keep it idle for good (few
-      // chunks placed, every chunk declined in the end game). Forget it: the next step splits equally and
-      // measures everyone again.
+      m_idle_steps[d] = 0;
+    } else if (++m_idle_steps[d] >= kStaleAfterIdleSteps) {
+      // A device that runs nothing gets no fresh figure, and a wrong low one (a slow first step, a passing
+      // stall) would keep it idle for good: few chunks placed, every chunk declined in the end game. After a
+      // while, forget it; the next step splits equally and measures every device again.
       h.clear();
+      m_idle_steps[d] = 0;
     }
   }
   for (std::size_t c = 0; c < chunks; ++c) {

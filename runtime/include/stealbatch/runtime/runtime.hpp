@@ -25,11 +25,17 @@ namespace stealbatch {
 // not move the placement). The static policy always splits equally, as DDP does.
 enum class PlacementPolicy { kEqual, kThroughput };
 
+// kOn: once devices' speeds are measured, a slow device stops taking chunks when the faster ones would finish
+// the rest of the step sooner (Scheduler::set_chunk_costs). This shortens the step and lowers the slow device's
+// utilization. kOff: every device takes chunks until none is left.
+enum class EndGame { kOn, kOff };
+
 struct RuntimeOptions {
   std::string devices{};                           // "cpu:4", "cuda:all", "cuda:0,1", "sim:..."; empty = every CPU core as one device each, up to 4
   std::size_t chunk_size = 32;                     // samples per chunk, [1, 1048576]
   SchedulePolicy policy = SchedulePolicy::kSteal;  // kStatic: no stealing (the DDP baseline)
   PlacementPolicy placement = PlacementPolicy::kThroughput;
+  EndGame endgame = EndGame::kOn;
   std::vector<double> slowdown{};                  // per device, each in [1, 1000]; empty = all 1 (CPU devices only)
   int threads_per_device = 0;                      // CPU devices; 0 = cores / devices, at least 1
   OptimizerOptions optimizer{};
@@ -87,6 +93,7 @@ class Runtime {
   ParameterLayout m_layout;
   std::vector<float> m_mean_grad;
   std::vector<std::vector<double>> m_speed_history;  // per device, the last samples/s measurements
+  std::vector<std::size_t> m_idle_steps;             // per device, consecutive steps in which it ran nothing
   std::chrono::steady_clock::time_point m_epoch;
   std::uint64_t m_steps = 0;
   bool m_grads_dirty = false;  // the gradient buffers hold a previous step's values
