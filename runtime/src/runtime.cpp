@@ -178,7 +178,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
 
   std::vector<float*> bufs(n);
   for (std::size_t d = 0; d < n; ++d) bufs[d] = m_replicas[d]->grad.data();
-  m_sched->broadcast([&](std::size_t d) { m_comm->allreduce_sum(d, bufs, m_layout.size()); });
+  const StepStats reduce = m_sched->broadcast([&](std::size_t d) { m_comm->allreduce_sum(d, bufs, m_layout.size()); });
   const auto t_reduced = Clock::now();
 
   StepReport rep;
@@ -193,7 +193,8 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     const WorkerCounters& wc = st.workers[d];
     DeviceReport& dr = rep.devices[d];
     dr.name = m_devices[d]->name();
-    dr.busy_s = seconds(wc.busy);
+    // Busy: its chunks and its part of the AllReduce (as a GPU's utilization counts its NCCL kernels).
+    dr.busy_s = seconds(wc.busy) + seconds(reduce.workers[d].busy);
     dr.barrier_wait_s = wc.chunks_run > 0 ? std::max(0.0, seconds(st.wall - wc.last_end)) : seconds(st.wall);
     dr.chunks_run = wc.chunks_run;
     dr.samples = m_replicas[d]->samples;
@@ -216,6 +217,10 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   }
   rep.loss = loss / static_cast<double>(samples.size());
   if (m_trace) {
+    for (std::size_t d = 0; d < n; ++d) {  // each device's wait for the others, from its last chunk to the barrier
+      const auto from = t_start + (st.workers[d].chunks_run > 0 ? st.workers[d].last_end : std::chrono::nanoseconds(0));
+      m_trace->add({static_cast<std::uint32_t>(d), 0, (from - m_epoch).count(), (t_chunks - m_epoch).count(), 3});
+    }
     m_trace->add({static_cast<std::uint32_t>(n), 0, (t_chunks - m_epoch).count(), (t_reduced - m_epoch).count(), 1});
   }
   return rep;
@@ -254,11 +259,12 @@ StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunc
   // sample count: the same update on the same values in the same order, so the replicas stay identical. Then it
   // zeroes the gradient for the next step.
   const float scale = 1.0f / static_cast<float>(samples.size());
-  m_sched->broadcast([&](std::size_t d) {
+  const StepStats opt = m_sched->broadcast([&](std::size_t d) {
     Replica& r = *m_replicas[d];
     r.optimizer->step(r.params, r.grad, scale);
     std::fill(r.grad.begin(), r.grad.end(), 0.0f);
   });
+  for (std::size_t d = 0; d < rep.devices.size(); ++d) rep.devices[d].busy_s += seconds(opt.workers[d].busy);
   m_grads_dirty = false;
   const auto t_end = Clock::now();
   rep.optimizer_s = seconds(t_end - t_opt);

@@ -89,8 +89,8 @@ void TraceWriter::drain() {
 }
 
 void TraceWriter::write(const TraceEvent& e) {
-  static const char* const kNames[] = {"chunk", "allreduce", "optimizer"};
-  const char* kind = kNames[std::min<std::uint32_t>(e.kind, 2)];
+  static const char* const kNames[] = {"chunk", "allreduce", "optimizer", "barrier"};
+  const char* kind = kNames[std::min<std::uint32_t>(e.kind, 3)];
   m_out << (m_first ? "" : ",\n") << "{\"name\":\"" << kind;
   if (e.kind == 0) m_out << ' ' << e.chunk;
   m_out << "\",\"cat\":\"" << kind << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << e.device << ",\"ts\":" << static_cast<double>(e.begin_ns) / 1e3

@@ -119,7 +119,7 @@ StepStats Scheduler::run(std::span<const std::vector<ChunkId>> placement, ChunkF
   return launch(total, fn);
 }
 
-void Scheduler::broadcast(WorkerFn fn) {
+StepStats Scheduler::broadcast(WorkerFn fn) {
   // Published to the workers by the release bump in launch(), like the rest of the step state.
   m_broadcast = &fn;
   struct Reset {
@@ -127,7 +127,7 @@ void Scheduler::broadcast(WorkerFn fn) {
     ~Reset() { p = nullptr; }
   } reset{m_broadcast};
   // One "chunk" per worker keeps launch()'s exactly-once accounting; no deque is touched.
-  (void)launch(m_workers.size(), [](std::size_t, ChunkId) {});
+  return launch(m_workers.size(), [](std::size_t, ChunkId) {});
 }
 
 void Scheduler::set_chunk_costs(std::vector<double> costs) {

@@ -201,13 +201,18 @@ TEST_CASE("Runtime.TraceIsChromeJson") {
   }
   std::ifstream in(path);
   const nlohmann::json j = nlohmann::json::parse(in);
-  std::size_t chunks = 0, reduces = 0;
+  std::size_t chunks = 0, reduces = 0, barriers = 0;
   for (const auto& e : j["traceEvents"]) {
     if (e["ph"] == "X" && e["cat"] == "chunk") ++chunks;
     if (e["ph"] == "X" && e["cat"] == "allreduce") ++reduces;
+    if (e["ph"] == "X" && e["cat"] == "barrier") {
+      ++barriers;
+      CHECK(e["dur"].get<double>() >= 0);
+    }
   }
   CHECK(chunks == 24);  // 3 steps x 8 chunks
   CHECK(reduces == 3);
+  CHECK(barriers == 6);  // 3 steps x 2 devices
   std::filesystem::remove(path);
 }
 

@@ -15,7 +15,8 @@ namespace stealbatch {
 
 struct DeviceReport {
   std::string name;
-  double busy_s = 0;          // running chunks (a slowed-down device counts its idling as busy: it emulates compute)
+  double busy_s = 0;          // running chunks, its part of the AllReduce and its optimizer update (a slowed-down
+                              // device counts its idling as busy: it emulates compute)
   double idle_s = 0;          // step_s - busy_s
   double barrier_wait_s = 0;  // from the end of its last chunk to the end of the chunk phase: waiting for the others
   double utilization = 0;     // busy_s / step_s
@@ -44,13 +45,13 @@ StepReport accumulate(std::span<const StepReport> steps);
 //   dev    util  |bar                 |  busy(s)  wait(s)  chunks  stolen  samples
 std::string format_dashboard(const StepReport& report, const std::string& title);
 
-// One span of the trace: a chunk on a device, or the reduction.
+// One span of the trace: a chunk or a barrier wait on a device, or the reduction or optimizer on the host row.
 struct TraceEvent {
   std::uint32_t device = 0;
   std::uint32_t chunk = 0;
   std::int64_t begin_ns = 0;  // since the runtime's creation
   std::int64_t end_ns = 0;
-  std::uint32_t kind = 0;     // 0: chunk, 1: reduce, 2: optimizer
+  std::uint32_t kind = 0;     // 0: chunk, 1: AllReduce, 2: optimizer, 3: barrier (a device waiting for the others)
 };
 
 // Per-worker single-producer queues of trace events. Workers push on the hot path (a few stores, never a lock);

@@ -105,11 +105,11 @@ class Scheduler {
   StepStats run(std::span<const ChunkRange> placement, ChunkFn fn);
   // Chunks placed as arbitrary lists; worker w pops its list front to back.
   StepStats run(std::span<const std::vector<ChunkId>> placement, ChunkFn fn);
-  // Runs fn(worker) once on every worker thread, concurrently, and returns when all have finished; the first
-  // exception is rethrown. For per-device work that belongs on the device's own thread: zeroing its buffers,
-  // its part of a reduction, its optimizer update.
+  // Runs fn(worker) once on every worker thread, concurrently, and returns when all have finished (each worker's
+  // busy time is its call's duration); the first exception is rethrown. For per-device work that belongs on the
+  // device's own thread: zeroing its buffers, its part of a reduction, its optimizer update.
   //   sched.broadcast([&](std::size_t w) { zero(grad[w]); });
-  void broadcast(WorkerFn fn);
+  StepStats broadcast(WorkerFn fn);
 
   // The end game on unequal workers. costs[w] is worker w's expected time for one chunk (any unit, > 0). With
   // costs set, a stealing worker stops taking chunks once the others would finish everything left sooner than it
