@@ -1,5 +1,6 @@
 // CpuDevice: the chunk runs inside the device's arena; a slowdown idles the device after the chunk.
 #include <stealbatch/error.hpp>
+#include <stealbatch/runtime/detail/timer_slack.hpp>
 #include <stealbatch/runtime/cpu_device.hpp>
 
 #include <chrono>
@@ -16,6 +17,8 @@ CpuDevice::CpuDevice(std::size_t index, int threads, double slowdown)
     throw ConfigError("cpu device: slowdown = " + std::to_string(slowdown) + "; need a finite factor >= 1");
   }
 }
+
+void CpuDevice::bind() { detail::tighten_timer_slack(); }
 
 std::string CpuDevice::name() const { return "cpu" + std::to_string(m_index); }
 

@@ -2,6 +2,7 @@
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/cpu_device.hpp>
 #include <stealbatch/runtime/runtime.hpp>
+#include <stealbatch/runtime/sim_device.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -45,10 +46,8 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
     throw ConfigError("chunk_size = " + std::to_string(m_options.chunk_size) + "; valid range is [1, 1048576]");
   }
   validate(m_options.optimizer);
-  if (spec.kind != DeviceKind::kCpu) {
-    throw ConfigError("devices = '" + spec.text + "': this build's runtime drives CPU devices only (cpu:N); " +
-                      (spec.kind == DeviceKind::kCuda ? "the CUDA device is not wired into the runtime yet"
-                                                      : "simulated devices are not wired into the runtime yet"));
+  if (spec.kind == DeviceKind::kCuda) {
+    throw ConfigError("devices = '" + spec.text + "': this build's runtime drives cpu:N and sim:... devices; the CUDA device is not wired into the runtime yet");
   }
   const std::size_t n = spec.count;
   if (m_options.slowdown.empty()) m_options.slowdown.assign(n, 1.0);
@@ -66,7 +65,12 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
     if (!std::isfinite(f) || f < 1.0 || f > 1000.0) {
       throw ConfigError("slowdown[" + std::to_string(i) + "] = " + std::to_string(f) + "; valid range is [1, 1000]");
     }
-    m_devices.push_back(std::make_unique<CpuDevice>(i, threads, f));
+    if (spec.kind == DeviceKind::kSim) {
+      // A simulated device's speed is its spec'd speed divided by its slowdown factor.
+      m_devices.push_back(std::make_unique<SimDevice>(i, spec.speeds[i] / f, m_options.sim_sample_seconds));
+    } else {
+      m_devices.push_back(std::make_unique<CpuDevice>(i, threads, f));
+    }
     m_replicas.push_back(std::make_unique<Replica>());
   }
   m_speed_history.resize(n);

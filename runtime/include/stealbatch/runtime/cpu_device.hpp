@@ -15,6 +15,7 @@ class CpuDevice final : public Device {
  public:
   CpuDevice(std::size_t index, int threads, double slowdown);
   std::string name() const override;
+  void bind() override;
   void run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override;
   int threads() const noexcept { return m_threads; }
   double slowdown() const noexcept { return m_slowdown; }

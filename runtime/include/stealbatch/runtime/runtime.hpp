@@ -31,13 +31,14 @@ enum class PlacementPolicy { kEqual, kThroughput };
 enum class EndGame { kOn, kOff };
 
 struct RuntimeOptions {
-  std::string devices{};                           // "cpu:4", "cuda:all", "cuda:0,1", "sim:..."; empty = every CPU core as one device each, up to 4
+  std::string devices{};                           // "cpu:4", "sim:1,1,0.5" ("cuda:..." is not wired in yet); empty = one CPU device per core, up to 4
   std::size_t chunk_size = 32;                     // samples per chunk, [1, 1048576]
   SchedulePolicy policy = SchedulePolicy::kSteal;  // kStatic: no stealing (the DDP baseline)
   PlacementPolicy placement = PlacementPolicy::kThroughput;
   EndGame endgame = EndGame::kOn;
   std::vector<double> slowdown{};                  // per device, each in [1, 1000]; empty = all 1 (CPU devices only)
   int threads_per_device = 0;                      // CPU devices; 0 = cores / devices, at least 1
+  double sim_sample_seconds = 100e-6;              // simulated devices: seconds per sample at speed 1, [0, 1]
   OptimizerOptions optimizer{};
   std::string trace_path{};                        // Chrome Trace Event JSON; empty = no trace
   std::uint64_t seed = 0x5eedba7c;                 // victim order

@@ -1,0 +1,33 @@
+// SimDevice: the chunk's simulated duration is samples * sample_seconds / speed, slept out after the real work.
+#include <stealbatch/error.hpp>
+#include <stealbatch/runtime/detail/timer_slack.hpp>
+#include <stealbatch/runtime/sim_device.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <thread>
+
+namespace stealbatch {
+
+SimDevice::SimDevice(std::size_t index, double speed, double sample_seconds)
+    : m_index(index), m_speed(speed), m_sample_seconds(sample_seconds) {
+  if (!std::isfinite(speed) || !(speed > 0)) throw ConfigError("sim device: speed = " + std::to_string(speed) + "; need a finite value > 0");
+  if (!std::isfinite(sample_seconds) || sample_seconds < 0 || sample_seconds > 1) {
+    throw ConfigError("sim_sample_seconds = " + std::to_string(sample_seconds) + "; valid range is [0, 1]");
+  }
+}
+
+void SimDevice::bind() { detail::tighten_timer_slack(); }
+
+std::string SimDevice::name() const { return "sim" + std::to_string(m_index); }
+
+void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn(ctx);
+  const auto due = t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(static_cast<double>(ctx.samples.size()) * m_sample_seconds / m_speed));
+  std::this_thread::sleep_until(due);
+}
+
+}  // namespace stealbatch
