@@ -41,6 +41,7 @@ struct Flags {
   std::uint64_t seed = 1;
   std::string hidden = "256,128";
   std::string endgame = "on";
+  std::string chunk_sizing = "speed";
 };
 
 struct RunResult {
@@ -71,6 +72,7 @@ RunResult train(const Flags& f, SchedulePolicy policy, const MlpModel& model, co
   ro.trace_path = f.trace.empty() ? "" : (f.compare ? f.trace + (policy == SchedulePolicy::kSteal ? ".steal.json" : ".static.json") : f.trace);
   ro.seed = f.seed;
   ro.endgame = f.endgame == "on" ? EndGame::kOn : EndGame::kOff;
+  ro.chunk_sizing = f.chunk_sizing == "speed" ? ChunkSizing::kBySpeed : ChunkSizing::kFixed;
   const DeviceSpec spec = parse_device_spec(f.devices);
   ro.slowdown = parse_slowdown_list(f.slowdown, spec.count);
   Runtime rt(ro);
@@ -137,6 +139,8 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", f.hidden, "hidden layer sizes")->capture_default_str();
   app.add_option("--endgame", f.endgame, "on: slow devices leave a step's last chunks to faster ones (shorter steps); off: every device takes chunks until none is left")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
+  app.add_option("--chunk-sizing", f.chunk_sizing, "fixed: every chunk holds --chunk samples; speed: each device's chunks are sized to its measured speed (--chunk on the fastest)")
+      ->check(CLI::IsMember({"fixed", "speed"}))->capture_default_str();
   app.add_flag("--compare", f.compare, "run static and steal on the same work and print both dashboards and the speedup");
   app.add_option("--json", f.json, "write the results as JSON to this file");
   app.add_option("--trace", f.trace, "write a Chrome trace (with --compare: FILE.static.json and FILE.steal.json)");
@@ -162,9 +166,9 @@ int main(int argc, char** argv) {
 
     std::printf("# mlp: %zu train / %zu test samples, model", n_train, test_set.count);
     for (std::size_t s : sizes) std::printf(" %zu", s);
-    std::printf(", devices %s, slowdown %s, batch %zu, chunk %zu, %s lr %g, %zu epochs, end game %s\n", f.devices.c_str(),
+    std::printf(", devices %s, slowdown %s, batch %zu, chunk %zu, %s lr %g, %zu epochs, end game %s, chunk sizing %s\n", f.devices.c_str(),
                 f.slowdown.empty() ? "none" : f.slowdown.c_str(), f.batch, f.chunk, f.optimizer.c_str(), static_cast<double>(f.lr), f.epochs,
-                f.endgame.c_str());
+                f.endgame.c_str(), f.chunk_sizing.c_str());
 
     std::vector<SchedulePolicy> policies;
     if (f.compare) {

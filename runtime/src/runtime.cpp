@@ -124,29 +124,53 @@ std::vector<double> Runtime::throughput_estimates() const {
 
 std::uint64_t Runtime::trace_events_dropped() const noexcept { return m_trace ? m_trace->dropped() : 0; }
 
-std::vector<ChunkRange> Runtime::placement(std::size_t chunks) const {
-  if (m_options.policy == SchedulePolicy::kSteal && m_options.placement == PlacementPolicy::kThroughput) {
-    const std::vector<double> w = throughput_estimates();
-    bool usable = !w.empty();
-    for (double x : w) usable = usable && std::isfinite(x) && x > 0;
-    if (usable) return place_proportional(chunks, w);
-  }
-  return place_equal(chunks, m_devices.size());
-}
-
 StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
   if (samples.empty()) throw ConfigError("batch = 0 samples; a step needs at least 1");
   if (m_layout.size() == 0) throw ConfigError("step: no parameters registered; call register_parameters() first");
   const auto t_start = Clock::now();
   const std::size_t n = m_devices.size();
   const std::size_t cs = m_options.chunk_size;
-  const std::size_t chunks = (samples.size() + cs - 1) / cs;
-  const std::vector<ChunkRange> ranges = placement(chunks);
-  // The scheduler's end game uses each device's expected time per sample (the inverse of its samples/s).
-  std::vector<double> costs = m_options.endgame == EndGame::kOn ? throughput_estimates() : std::vector<double>{};
-  bool known = !costs.empty();
-  for (double& c : costs) known = known && std::isfinite(c) && c > 0, c = known ? 1.0 / c : 0.0;
-  m_sched->set_chunk_costs(known ? std::move(costs) : std::vector<double>{});
+  const std::vector<double> speeds = throughput_estimates();  // samples/s per device; empty until measured
+  bool known = !speeds.empty();
+  for (double v : speeds) known = known && std::isfinite(v) && v > 0;
+  const bool adaptive = known && m_options.policy == SchedulePolicy::kSteal && m_options.placement == PlacementPolicy::kThroughput;
+  const bool by_speed = adaptive && m_options.chunk_sizing == ChunkSizing::kBySpeed;
+
+  // The chunk table: chunk c covers samples [spans[c].begin, spans[c].begin + spans[c].size).
+  std::vector<ChunkSpan>& spans = m_spans;
+  spans.clear();
+  std::vector<ChunkRange> ranges(n);
+  std::vector<std::size_t> size_of(n, cs);  // each device's own chunk size
+  if (by_speed) {
+    // Samples in proportion to speed, and chunks sized to it: a device at a sixth of the fastest one's speed
+    // gets a sixth of the samples in chunks a sixth as large, so its chunks take about as long as anyone's and
+    // the step's tail stays about one fast chunk long.
+    const double fastest = *std::max_element(speeds.begin(), speeds.end());
+    const std::vector<ChunkRange> share = place_proportional(samples.size(), speeds);
+    for (std::size_t d = 0; d < n; ++d) {
+      size_of[d] = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(static_cast<double>(cs) * speeds[d] / fastest)));
+      ranges[d].begin = static_cast<ChunkId>(spans.size());
+      for (std::size_t at = share[d].begin; at < share[d].end; at += size_of[d]) {
+        spans.push_back({static_cast<std::uint32_t>(at), static_cast<std::uint32_t>(std::min(size_of[d], share[d].end - at))});
+      }
+      ranges[d].end = static_cast<ChunkId>(spans.size());
+    }
+  } else {
+    for (std::size_t at = 0; at < samples.size(); at += cs) {
+      spans.push_back({static_cast<std::uint32_t>(at), static_cast<std::uint32_t>(std::min(cs, samples.size() - at))});
+    }
+    ranges = adaptive ? place_proportional(spans.size(), speeds) : place_equal(spans.size(), n);
+  }
+  const std::size_t chunks = spans.size();
+  // The scheduler's end game: each device's expected time for one of its own chunks, and for a stolen one (at
+  // most a full-size chunk).
+  if (known && m_options.endgame == EndGame::kOn) {
+    std::vector<double> own(n), stolen(n);
+    for (std::size_t d = 0; d < n; ++d) own[d] = static_cast<double>(size_of[d]) / speeds[d], stolen[d] = static_cast<double>(cs) / speeds[d];
+    m_sched->set_chunk_costs(std::move(own), std::move(stolen));
+  } else {
+    m_sched->set_chunk_costs({});
+  }
   std::vector<std::uint32_t> home(chunks);  // where each chunk was placed, to count the ones that moved
   for (std::size_t d = 0; d < n; ++d) {
     for (ChunkId c = ranges[d].begin; c < ranges[d].end; ++c) home[c] = static_cast<std::uint32_t>(d);
@@ -161,11 +185,10 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
 
   const StepStats st = m_sched->run(ranges, [&](std::size_t w, ChunkId c) {
     Replica& r = *m_replicas[w];
-    const std::size_t begin = static_cast<std::size_t>(c) * cs;
     ChunkContext ctx;
     ctx.device = w;
     ctx.chunk = c;
-    ctx.samples = samples.subspan(begin, std::min(cs, samples.size() - begin));
+    ctx.samples = samples.subspan(spans[c].begin, spans[c].size);
     ctx.params = r.params;
     ctx.grad = r.grad;
     ctx.layout = &m_layout;

@@ -131,26 +131,34 @@ StepStats Scheduler::broadcast(WorkerFn fn) {
 }
 
 void Scheduler::set_chunk_costs(std::vector<double> costs) {
-  if (!costs.empty()) {
-    check_range("chunk costs size", costs.size(), m_workers.size(), m_workers.size());
-    for (std::size_t w = 0; w < costs.size(); ++w) {
-      if (!std::isfinite(costs[w]) || !(costs[w] > 0)) {
-        throw ConfigError("scheduler: chunk cost of worker " + std::to_string(w) + " = " + std::to_string(costs[w]) +
+  std::vector<double> copy = costs;
+  set_chunk_costs(std::move(costs), std::move(copy));
+}
+
+void Scheduler::set_chunk_costs(std::vector<double> own, std::vector<double> stolen) {
+  if (own.empty() != stolen.empty()) throw ConfigError("scheduler: chunk costs: give both lists or neither");
+  for (const std::vector<double>* list : {&own, &stolen}) {
+    if (list->empty()) continue;
+    check_range("chunk costs size", list->size(), m_workers.size(), m_workers.size());
+    for (std::size_t w = 0; w < list->size(); ++w) {
+      if (!std::isfinite((*list)[w]) || !((*list)[w] > 0)) {
+        throw ConfigError("scheduler: chunk cost of worker " + std::to_string(w) + " = " + std::to_string((*list)[w]) +
                           "; need a finite value > 0");
       }
     }
   }
-  m_costs = std::move(costs);
+  m_own_costs = std::move(own);
+  m_costs = std::move(stolen);
   m_rate_sum = 0;
   m_min_cost = m_costs.empty() ? 0 : *std::min_element(m_costs.begin(), m_costs.end());
   for (double c : m_costs) m_rate_sum += 1.0 / c;
 }
 
-bool Scheduler::worth_taking(std::size_t w) const noexcept {
+bool Scheduler::worth_taking(std::size_t w, Source from) const noexcept {
   if (m_costs.empty() || m_options.schedule != SchedulePolicy::kSteal) return true;
-  const double mine = m_costs[w];
+  const double mine = from == Source::kOwn ? m_own_costs[w] : m_costs[w];
   if (mine <= 1.5 * m_min_cost) return true;  // the fastest workers always take: the step always ends
-  const double others = m_rate_sum - 1.0 / mine;
+  const double others = m_rate_sum - 1.0 / m_costs[w];
   // Relaxed: an estimate; the chunks still running elsewhere are counted as left, which only makes this take more.
   const auto left = static_cast<double>(m_remaining.load(std::memory_order_relaxed));
   return others <= 0 || mine <= left / others;
@@ -242,7 +250,7 @@ void Scheduler::run_step(Worker& me) {
   for (;;) {
     // Relaxed: the abort flag guards no data (the error itself reaches the caller through m_in_step).
     if (m_abort.load(std::memory_order_relaxed)) break;
-    if (!worth_taking(me.index)) {
+    if (!me.deque.empty() ? !worth_taking(me.index, Source::kOwn) : !worth_taking(me.index, Source::kStolen)) {
       // The end game: the others finish what is left sooner. Whatever is still in this deque, they steal.
       const auto t0 = Clock::now();
       me.counters.endgame_declines = 1;
@@ -314,7 +322,7 @@ Scheduler::Found Scheduler::find_work(Worker& me, ChunkId& out) {
   auto steal_round = [&] {
     for (;;) {
       if (step_over()) return true;
-      if (!worth_taking(me.index)) {  // the end game, as in run_step(): wait for the others to finish
+      if (!worth_taking(me.index, Source::kStolen)) {  // the end game, as in run_step(): wait for the others to finish
         me.counters.endgame_declines = 1;
         return true;
       }

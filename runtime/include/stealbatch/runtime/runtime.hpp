@@ -25,6 +25,11 @@ namespace stealbatch {
 // not move the placement). The static policy always splits equally, as DDP does.
 enum class PlacementPolicy { kEqual, kThroughput };
 
+// kFixed: every chunk holds chunk_size samples (the last may hold fewer). kBySpeed (with kThroughput placement and
+// stealing, once speeds are measured): each device's samples are cut into chunks sized to its speed, chunk_size
+// on the fastest device and proportionally fewer (at least 1) on slower ones, so every chunk takes about as long.
+enum class ChunkSizing { kFixed, kBySpeed };
+
 // kOn: once devices' speeds are measured, a slow device stops taking chunks when the faster ones would finish
 // the rest of the step sooner (Scheduler::set_chunk_costs). This shortens the step and lowers the slow device's
 // utilization. kOff: every device takes chunks until none is left.
@@ -36,6 +41,7 @@ struct RuntimeOptions {
   SchedulePolicy policy = SchedulePolicy::kSteal;  // kStatic: no stealing (the DDP baseline)
   PlacementPolicy placement = PlacementPolicy::kThroughput;
   EndGame endgame = EndGame::kOn;
+  ChunkSizing chunk_sizing = ChunkSizing::kBySpeed;
   std::vector<double> slowdown{};                  // per device, each in [1, 1000]; empty = all 1 (CPU devices only)
   int threads_per_device = 0;                      // CPU devices; 0 = cores / devices, at least 1
   double sim_sample_seconds = 100e-6;              // simulated devices: seconds per sample at speed 1, [0, 1]
@@ -83,8 +89,11 @@ class Runtime {
 
  private:
   struct Replica;
+  struct ChunkSpan {
+    std::uint32_t begin;
+    std::uint32_t size;
+  };
   StepReport run_chunks(std::span<const std::uint32_t> samples, const ChunkFunction& fn);
-  std::vector<ChunkRange> placement(std::size_t chunks) const;
 
   RuntimeOptions m_options;
   std::vector<std::unique_ptr<Device>> m_devices;
@@ -97,7 +106,8 @@ class Runtime {
   std::vector<std::size_t> m_idle_steps;             // per device, consecutive steps in which it ran nothing
   std::chrono::steady_clock::time_point m_epoch;
   std::uint64_t m_steps = 0;
-  bool m_grads_dirty = false;  // the gradient buffers hold a previous step's values
+  bool m_grads_dirty = false;
+  std::vector<ChunkSpan> m_spans;  // this step's chunk table, reused  // the gradient buffers hold a previous step's values
   std::unique_ptr<Scheduler> m_sched;  // last: its workers stop before the devices and replicas go
 };
 

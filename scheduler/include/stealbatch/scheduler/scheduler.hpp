@@ -120,6 +120,10 @@ class Scheduler {
   // is not the worker count or that holds a value that is not finite and > 0.
   //   sched.set_chunk_costs({6.6, 6.6, 1, 1});
   void set_chunk_costs(std::vector<double> costs);
+  // As above, with separate costs for a chunk from the worker's own deque and for one it steals: placement may
+  // give each worker chunks sized to its speed, so a slow worker's own chunks are small and a stolen one may not be.
+  // The rule's rates use the stolen costs. `own[w] <= stolen[w]` is expected.
+  void set_chunk_costs(std::vector<double> own, std::vector<double> stolen);
 
   std::size_t workers() const noexcept { return m_workers.size(); }
   const SchedulerOptions& options() const noexcept { return m_options; }
@@ -138,7 +142,8 @@ class Scheduler {
   void wait_until(Poll&& poll, Ready&& ready, std::uint64_t* parks);
   Found find_work(Worker& me, ChunkId& out);
   bool step_over() const noexcept;
-  bool worth_taking(std::size_t w) const noexcept;
+  enum class Source { kOwn, kStolen };
+  bool worth_taking(std::size_t w, Source from) const noexcept;
   bool work_visible(std::size_t self) const noexcept;
   void execute(Worker& me, ChunkId c);
   void fail_step(std::exception_ptr e) noexcept;
@@ -156,7 +161,8 @@ class Scheduler {
   // Step state, published to the workers by the release bump of m_step_seq.
   const ChunkFn* m_fn = nullptr;
   const WorkerFn* m_broadcast = nullptr;  // set for a broadcast instead of a step of chunks
-  std::vector<double> m_costs;             // per worker; empty: no end-game rule
+  std::vector<double> m_costs;             // per worker, a stolen chunk's cost; empty: no end-game rule
+  std::vector<double> m_own_costs;         // per worker, the cost of a chunk from its own deque
   double m_rate_sum = 0;                   // the sum of 1 / cost
   double m_min_cost = 0;
   std::chrono::steady_clock::time_point m_step_start;
