@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -31,7 +32,7 @@ struct Flags {
   std::size_t batch = 256;
   std::size_t chunk = 32;
   std::size_t limit = 0;  // train on the first N samples only (0 = all)
-  float lr = 0.05f;
+  float lr = 0.1f;
   std::string optimizer = "sgd";
   std::string policy = "steal";
   std::string slowdown;
@@ -42,6 +43,7 @@ struct Flags {
   std::string hidden = "256,128";
   std::string endgame = "on";
   std::string chunk_sizing = "speed";
+  std::string schedule = "cosine";
 };
 
 struct RunResult {
@@ -83,6 +85,9 @@ RunResult train(const Flags& f, SchedulePolicy policy, const MlpModel& model, co
     ctx.add_loss(model.accumulate_gradient(ctx.params, ctx.grad, train_set, ctx.samples, ws[ctx.device]));
   };
 
+  const std::size_t steps_per_epoch = (train_set.count + f.batch - 1) / f.batch;
+  const std::size_t total_steps = steps_per_epoch * f.epochs;
+  std::size_t step_no = 0;
   RunResult res;
   res.policy = policy == SchedulePolicy::kSteal ? "steal" : "static";
   std::vector<std::uint32_t> order(train_set.count);
@@ -96,6 +101,11 @@ RunResult train(const Flags& f, SchedulePolicy policy, const MlpModel& model, co
     std::size_t done = 0;
     for (std::size_t start = 0; start < order.size(); start += f.batch) {
       const std::size_t b = std::min(f.batch, order.size() - start);
+      if (f.schedule == "cosine") {  // cosine decay from --lr towards 0 over the whole run
+        const double progress = static_cast<double>(step_no) / static_cast<double>(total_steps);
+        rt.set_learning_rate(std::max(1e-6f, static_cast<float>(f.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * progress)))));
+      }
+      ++step_no;
       const StepReport r = rt.step(std::span<const std::uint32_t>(order).subspan(start, b), fn);
       loss_sum += r.loss * static_cast<double>(r.samples);
       done += b;
@@ -137,6 +147,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"static", "steal"}))->capture_default_str();
   app.add_option("--slowdown", f.slowdown, "per-device slowdown factors, e.g. 6.6,6.6,1,1 (1 = full speed)");
   app.add_option("--hidden", f.hidden, "hidden layer sizes")->capture_default_str();
+  app.add_option("--schedule", f.schedule, "learning rate: cosine (decays --lr to 0 over the run) or constant")
+      ->check(CLI::IsMember({"cosine", "constant"}))->capture_default_str();
   app.add_option("--endgame", f.endgame, "on: slow devices leave a step's last chunks to faster ones (shorter steps); off: every device takes chunks until none is left")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_option("--chunk-sizing", f.chunk_sizing, "fixed: every chunk holds --chunk samples; speed: each device's chunks are sized to its measured speed (--chunk on the fastest)")

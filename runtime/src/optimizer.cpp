@@ -39,6 +39,11 @@ Optimizer::Optimizer(const OptimizerOptions& options, std::size_t size) : m_o(op
   if (m_o.kind == OptimizerKind::kAdam) m_v.assign(size, 0.0f);
 }
 
+void Optimizer::set_lr(float lr) {
+  check("lr", lr, 0, true, 10, false);
+  m_o.lr = lr;
+}
+
 void Optimizer::step(std::span<float> params, std::span<const float> grad_sum, float grad_scale) {
   ++m_t;
   const std::size_t n = params.size();

@@ -109,6 +109,14 @@ void Runtime::register_parameters(ParameterLayout layout, std::span<const float>
   m_grads_dirty = false;
 }
 
+void Runtime::set_learning_rate(float lr) {
+  for (auto& r : m_replicas) {
+    if (!r->optimizer) throw ConfigError("set_learning_rate: no parameters registered; call register_parameters() first");
+    r->optimizer->set_lr(lr);
+  }
+  m_options.optimizer.lr = lr;
+}
+
 std::span<const float> Runtime::parameters(std::size_t device) const { return m_replicas.at(device)->params; }
 
 std::vector<double> Runtime::throughput_estimates() const {

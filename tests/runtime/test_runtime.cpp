@@ -185,6 +185,9 @@ TEST_CASE("Runtime.ConfigErrorsNameTheField") {
   const MlpModel model({4, 2});
   rt.register_parameters(model.layout(), model.initial_parameters(0));
   CHECK(config_error([&] { (void)rt.step({}, [](ChunkContext&) {}); }).find("batch = 0") != std::string::npos);
+  CHECK(config_error([&] { rt.set_learning_rate(0.0f); }).find("lr = 0") != std::string::npos);
+  rt.set_learning_rate(0.5f);
+  CHECK(rt.options().optimizer.lr == 0.5f);
 }
 
 TEST_CASE("Runtime.TraceIsChromeJson") {

@@ -34,6 +34,8 @@ class Optimizer {
   // params -= update(grad_sum * grad_scale): grad_scale turns the reduced sum into the full-batch mean.
   void step(std::span<float> params, std::span<const float> grad_sum, float grad_scale);
   std::uint64_t steps() const noexcept { return m_t; }
+  // For learning-rate schedules; throws ConfigError outside (0, 10].
+  void set_lr(float lr);
 
  private:
   OptimizerOptions m_o;

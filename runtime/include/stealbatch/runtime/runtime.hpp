@@ -76,6 +76,9 @@ class Runtime {
   // As step(), without the update: the reduced mean gradient is left in gradient().
   StepReport compute_gradient(std::span<const std::uint32_t> samples, const ChunkFunction& fn);
 
+  // Sets every replica's learning rate for the following steps (a schedule); throws ConfigError outside (0, 10].
+  void set_learning_rate(float lr);
+
   std::size_t device_count() const noexcept { return m_devices.size(); }
   const Device& device(std::size_t i) const { return *m_devices.at(i); }
   const ParameterLayout& layout() const noexcept { return m_layout; }
