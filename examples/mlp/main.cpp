@@ -178,8 +178,8 @@ int main(int argc, char** argv) {
 
     std::printf("# mlp: %zu train / %zu test samples, model", n_train, test_set.count);
     for (std::size_t s : sizes) std::printf(" %zu", s);
-    std::printf(", devices %s, slowdown %s, batch %zu, chunk %zu, %s lr %g, %zu epochs, end game %s, chunk sizing %s\n", f.devices.c_str(),
-                f.slowdown.empty() ? "none" : f.slowdown.c_str(), f.batch, f.chunk, f.optimizer.c_str(), static_cast<double>(f.lr), f.epochs,
+    std::printf(", devices %s, slowdown %s, batch %zu, chunk %zu, %s lr %g (%s), %zu epochs, end game %s, chunk sizing %s\n", f.devices.c_str(),
+                f.slowdown.empty() ? "none" : f.slowdown.c_str(), f.batch, f.chunk, f.optimizer.c_str(), static_cast<double>(f.lr), f.schedule.c_str(), f.epochs,
                 f.endgame.c_str(), f.chunk_sizing.c_str());
 
     std::vector<SchedulePolicy> policies;

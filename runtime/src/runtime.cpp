@@ -134,6 +134,9 @@ std::uint64_t Runtime::trace_events_dropped() const noexcept { return m_trace ? 
 
 StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
   if (samples.empty()) throw ConfigError("batch = 0 samples; a step needs at least 1");
+  if (samples.size() > std::numeric_limits<std::uint32_t>::max()) {
+    throw ConfigError("batch = " + std::to_string(samples.size()) + " samples; at most 4294967295 per step");
+  }
   if (m_layout.size() == 0) throw ConfigError("step: no parameters registered; call register_parameters() first");
   const auto t_start = Clock::now();
   const std::size_t n = m_devices.size();
