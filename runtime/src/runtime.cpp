@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <thread>
 
 namespace stealbatch {
@@ -187,6 +188,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     for (ChunkId c = ranges[d].begin; c < ranges[d].end; ++c) home[c] = static_cast<std::uint32_t>(d);
   }
   std::vector<std::uint32_t> ran_on(chunks);
+  std::vector<std::uint8_t> runs(chunks, 0);  // each chunk's run count: the exactly-once check, chunk by chunk
 
   if (m_grads_dirty) {  // after compute_gradient() or a failed step; a completed step() leaves them zeroed
     m_sched->broadcast([&](std::size_t d) { std::fill(m_replicas[d]->grad.begin(), m_replicas[d]->grad.end(), 0.0f); });
@@ -208,11 +210,18 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     m_devices[w]->run_chunk(ctx, fn);
     r.samples += ctx.samples.size();
     ran_on[c] = static_cast<std::uint32_t>(w);
+    ++runs[c];
     if (m_trace) {
       m_trace->push(w, {static_cast<std::uint32_t>(w), c, (t0 - m_epoch).count(), (Clock::now() - m_epoch).count(), 0});
     }
   });
   const auto t_chunks = Clock::now();
+  for (std::size_t c = 0; c < chunks; ++c) {
+    if (runs[c] != 1) {
+      throw std::logic_error("runtime: chunk " + std::to_string(c) + " ran " + std::to_string(runs[c]) + " times in step " +
+                             std::to_string(m_steps + 1) + ": exactly-once violated");
+    }
+  }
 
   std::vector<float*> bufs(n);
   for (std::size_t d = 0; d < n; ++d) bufs[d] = m_replicas[d]->grad.data();

@@ -99,12 +99,11 @@ StepStats Scheduler::run(std::span<const ChunkRange> placement, ChunkFn fn) {
     if (r.end < r.begin) throw ConfigError("scheduler: a placement range has end < begin");
     total += r.size();
   }
-  for (std::size_t w = 0; w < placement.size(); ++w) {
+  place_all(total, [&](std::size_t w) {
     // Pushed high to low, so the owner pops ascending and thieves take the high end.
     m_scratch.resize(placement[w].size());
     for (std::size_t i = 0; i < m_scratch.size(); ++i) m_scratch[i] = static_cast<ChunkId>(placement[w].end - 1 - i);
-    place_scratch(w, total);
-  }
+  });
   return launch(total, fn);
 }
 
@@ -112,11 +111,28 @@ StepStats Scheduler::run(std::span<const std::vector<ChunkId>> placement, ChunkF
   check_range("placement.size()", placement.size(), m_workers.size(), m_workers.size());
   std::uint64_t total = 0;
   for (const auto& list : placement) total += list.size();
-  for (std::size_t w = 0; w < placement.size(); ++w) {
-    m_scratch.assign(placement[w].rbegin(), placement[w].rend());
-    place_scratch(w, total);
-  }
+  place_all(total, [&](std::size_t w) { m_scratch.assign(placement[w].rbegin(), placement[w].rend()); });
   return launch(total, fn);
+}
+
+template <class Fill>
+void Scheduler::place_all(std::uint64_t total, Fill&& fill) {
+  try {
+    for (std::size_t w = 0; w < m_workers.size(); ++w) {
+      fill(w);
+      place_scratch(w, total);
+    }
+  } catch (...) {
+    discard_all();  // an allocation failed part-way: leave no chunk of this step behind for the next one
+    throw;
+  }
+}
+
+void Scheduler::discard_all() noexcept {
+  for (auto& w : m_workers) {
+    while (w->deque.pop()) {
+    }
+  }
 }
 
 StepStats Scheduler::broadcast(WorkerFn fn) {
@@ -147,6 +163,14 @@ void Scheduler::set_chunk_costs(std::vector<double> own, std::vector<double> sto
       }
     }
   }
+  for (std::size_t w = 0; w < own.size(); ++w) {
+    // A worker's own chunks must not cost more than a stolen one: the guarantee that the fastest workers always
+    // take (so the step ends) is stated on the stolen costs.
+    if (own[w] > stolen[w]) {
+      throw ConfigError("scheduler: chunk cost of worker " + std::to_string(w) + ": own " + std::to_string(own[w]) + " > stolen " +
+                        std::to_string(stolen[w]) + "; need own <= stolen");
+    }
+  }
   m_own_costs = std::move(own);
   m_costs = std::move(stolen);
   m_rate_sum = 0;
@@ -162,6 +186,18 @@ bool Scheduler::worth_taking(std::size_t w, Source from) const noexcept {
   // Relaxed: an estimate; the chunks still running elsewhere are counted as left, which only makes this take more.
   const auto left = static_cast<double>(m_remaining.load(std::memory_order_relaxed));
   return others <= 0 || mine <= left / others;
+}
+
+std::size_t Scheduler::steal_cap(std::size_t w) const noexcept {
+  if (m_options.steal == StealPolicy::kOne) return 1;
+  std::size_t cap = m_options.steal_batch_cap;
+  if (m_costs.empty() || m_costs[w] <= 1.5 * m_min_cost) return cap;
+  // A batch lands in the thief's deque and is then run at its own-chunk cost: cap it at what the end game would
+  // still let this worker take, so a slow worker cannot carry a long tail out of a fast one's deque.
+  const double others = m_rate_sum - 1.0 / m_costs[w];
+  const auto left = static_cast<double>(m_remaining.load(std::memory_order_relaxed));  // relaxed: an estimate
+  const double worth = others > 0 ? left / others / m_costs[w] : static_cast<double>(cap);
+  return std::clamp<std::size_t>(static_cast<std::size_t>(worth), 1, cap);
 }
 
 void Scheduler::place_scratch(std::size_t w, std::uint64_t total) {
@@ -208,6 +244,7 @@ StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn) {
   bool drained = true;
   for (const auto& w : m_workers) drained = drained && w->deque.empty();
   if (ran != chunks || !drained) {
+    discard_all();
     throw std::logic_error("scheduler: a step placed " + std::to_string(chunks) + " chunks but ran " +
                            std::to_string(ran) + (drained ? "" : " and left some queued") + ": exactly-once violated");
   }
@@ -251,9 +288,11 @@ void Scheduler::run_step(Worker& me) {
     // Relaxed: the abort flag guards no data (the error itself reaches the caller through m_in_step).
     if (m_abort.load(std::memory_order_relaxed)) break;
     if (!me.deque.empty() ? !worth_taking(me.index, Source::kOwn) : !worth_taking(me.index, Source::kStolen)) {
-      // The end game: the others finish what is left sooner. Whatever is still in this deque, they steal.
+      // The end game: the others finish what is left sooner. Whatever is still in this deque, they steal; wake
+      // them, since a worker that parked before these chunks were visible might otherwise sleep through them.
       const auto t0 = Clock::now();
       me.counters.endgame_declines = 1;
+      if (!me.deque.empty()) m_event.notify_all();
       wait_until(over, over, &me.counters.parks);
       me.counters.idle += Clock::now() - t0;
       break;
@@ -334,7 +373,7 @@ Scheduler::Found Scheduler::find_work(Worker& me, ChunkId& out) {
         ChunkId c = 0;
         std::size_t moved = 0;
         if (m_options.steal == StealPolicy::kHalf) {
-          const StolenBatch s = m_stealers[v].steal_batch_and_pop(me.deque, m_options.steal_batch_cap);
+          const StolenBatch s = m_stealers[v].steal_batch_and_pop(me.deque, steal_cap(me.index));
           status = s.status, c = s.chunk, moved = s.moved;
         } else {
           const Stolen s = m_stealers[v].steal();
@@ -346,7 +385,8 @@ Scheduler::Found Scheduler::find_work(Worker& me, ChunkId& out) {
           out = c;
           found = Found::kChunk;
           // The batch in our deque is stealable work that a parked worker may be waiting for.
-          if (moved > 0) m_event.notify_one();
+          // With the end game on, a parked worker may be one that declined and will not take it, so wake all.
+          if (moved > 0) m_costs.empty() ? m_event.notify_one() : m_event.notify_all();
           return true;
         }
         ++me.counters.failed_steals;

@@ -282,3 +282,35 @@ TEST_CASE("Scheduler.EndGameLeavesTheTailToFastWorkers") {
   const StepStats st2 = sched.run(place_equal(30, 3), [](std::size_t, ChunkId) {});
   for (const auto& wc : st2.workers) CHECK(wc.endgame_declines == 0);
 }
+
+TEST_CASE("Scheduler.ChunkCostsAreValidated") {
+  Scheduler sched({.workers = 2});
+  // Own chunks dearer than stolen ones would let the fastest worker refuse its own chunks while the other refuses
+  // to steal them: a hang. It is refused at the door.
+  CHECK_THROWS_WITH_AS(sched.set_chunk_costs({10, 1}, {1, 10}),
+                       "scheduler: chunk cost of worker 0: own 10.000000 > stolen 1.000000; need own <= stolen", ConfigError);
+  CHECK_THROWS_AS(sched.set_chunk_costs({1, 1}, {}), ConfigError);
+  sched.set_chunk_costs({1, 2}, {1, 8});
+  std::atomic<int> n{0};
+  (void)sched.run(place_equal(40, 2), [&](std::size_t, ChunkId) { n.fetch_add(1); });
+  CHECK(n.load() == 40);
+}
+
+TEST_CASE("Scheduler.SlowThiefStealsSmallBatches") {
+  // Everything is placed on fast worker 1; slow worker 0 (10x) steals, but with the end game on its batches are
+  // capped at what it would still finish in time, so it never carries off a long tail.
+  Scheduler sched({.workers = 3, .steal_batch_cap = 8});
+  sched.set_chunk_costs({10, 1, 1});
+  std::vector<std::atomic<int>> runs(60);
+  const StepStats st = sched.run(place_proportional(60, std::vector<double>{0, 1, 0}), [&](std::size_t w, ChunkId c) {
+    runs[c].fetch_add(1);
+    std::this_thread::sleep_for(w == 0 ? 2000us : 200us);
+  });
+  int wrong = 0;
+  for (auto& r : runs) wrong += r.load() != 1;
+  CHECK(wrong == 0);
+  // With 60 chunks left and the two others draining 2 chunks per cost unit, the first steal is worth at most
+  // 60 / 2 / 10 = 3 chunks; later ones fewer. An uncapped half-steal would have taken 8.
+  CHECK(st.workers[0].chunks_run <= 6);
+  MESSAGE("slow thief ran " << st.workers[0].chunks_run << " chunks, stole " << st.workers[0].chunks_stolen);
+}

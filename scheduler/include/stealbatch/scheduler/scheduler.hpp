@@ -122,7 +122,8 @@ class Scheduler {
   void set_chunk_costs(std::vector<double> costs);
   // As above, with separate costs for a chunk from the worker's own deque and for one it steals: placement may
   // give each worker chunks sized to its speed, so a slow worker's own chunks are small and a stolen one may not be.
-  // The rule's rates use the stolen costs. `own[w] <= stolen[w]` is expected.
+  // The rule's rates use the stolen costs. Throws ConfigError unless own[w] <= stolen[w]. With costs set, a slow
+  // worker's batch steal is also capped at the chunks the rule would still let it take.
   void set_chunk_costs(std::vector<double> own, std::vector<double> stolen);
 
   std::size_t workers() const noexcept { return m_workers.size(); }
@@ -149,6 +150,11 @@ class Scheduler {
   void fail_step(std::exception_ptr e) noexcept;
   // Pushes m_scratch (already in pop-last order) onto worker w's deque, between steps.
   void place_scratch(std::size_t w, std::uint64_t total);
+  // fill(w) fills m_scratch for worker w; on any exception every deque is emptied before it propagates.
+  template <class Fill>
+  void place_all(std::uint64_t total, Fill&& fill);
+  void discard_all() noexcept;  // the caller, between steps only
+  std::size_t steal_cap(std::size_t w) const noexcept;
   StepStats launch(std::uint64_t chunks, ChunkFn fn);
 
   SchedulerOptions m_options;
