@@ -68,11 +68,18 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
     }
     if (spec.kind == DeviceKind::kSim) {
       // A simulated device's speed is its spec'd speed divided by its slowdown factor.
-      m_devices.push_back(std::make_unique<SimDevice>(i, spec.speeds[i] / f, m_options.sim_sample_seconds));
+      m_devices.push_back(std::make_unique<SimDevice>(i, spec.speeds[i] / f, m_options.sim_sample_seconds, m_options.sim_sample_cost));
     } else {
       m_devices.push_back(std::make_unique<CpuDevice>(i, threads, f));
     }
     m_replicas.push_back(std::make_unique<Replica>());
+  }
+  if (m_options.placement == PlacementPolicy::kGiven) {
+    if (m_options.placement_weights.size() != n) {
+      throw ConfigError("placement_weights has " + std::to_string(m_options.placement_weights.size()) + " values; expected one per device (" +
+                        std::to_string(n) + ")");
+    }
+    (void)place_proportional(1, m_options.placement_weights);  // validates: finite, >= 0, not all 0
   }
   m_speed_history.resize(n);
   m_idle_steps.assign(n, 0);
@@ -171,7 +178,11 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     for (std::size_t at = 0; at < samples.size(); at += cs) {
       spans.push_back({static_cast<std::uint32_t>(at), static_cast<std::uint32_t>(std::min(cs, samples.size() - at))});
     }
-    ranges = adaptive ? place_proportional(spans.size(), speeds) : place_equal(spans.size(), n);
+    if (m_options.placement == PlacementPolicy::kGiven) {
+      ranges = place_proportional(spans.size(), m_options.placement_weights);
+    } else {
+      ranges = adaptive ? place_proportional(spans.size(), speeds) : place_equal(spans.size(), n);
+    }
   }
   const std::size_t chunks = spans.size();
   // The scheduler's end game: each device's expected time for one of its own chunks, and for a stolen one (at

@@ -10,8 +10,8 @@
 
 namespace stealbatch {
 
-SimDevice::SimDevice(std::size_t index, double speed, double sample_seconds)
-    : m_index(index), m_speed(speed), m_sample_seconds(sample_seconds) {
+SimDevice::SimDevice(std::size_t index, double speed, double sample_seconds, std::function<double(std::uint32_t)> sample_cost)
+    : m_index(index), m_speed(speed), m_sample_seconds(sample_seconds), m_sample_cost(std::move(sample_cost)) {
   if (!std::isfinite(speed) || !(speed > 0)) throw ConfigError("sim device: speed = " + std::to_string(speed) + "; need a finite value > 0");
   if (!std::isfinite(sample_seconds) || sample_seconds < 0 || sample_seconds > 1) {
     throw ConfigError("sim_sample_seconds = " + std::to_string(sample_seconds) + "; valid range is [0, 1]");
@@ -25,8 +25,13 @@ std::string SimDevice::name() const { return "sim" + std::to_string(m_index); }
 void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   const auto t0 = std::chrono::steady_clock::now();
   fn(ctx);
+  double work = static_cast<double>(ctx.samples.size());
+  if (m_sample_cost) {
+    work = 0;
+    for (std::uint32_t s : ctx.samples) work += m_sample_cost(s);
+  }
   const auto due = t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(static_cast<double>(ctx.samples.size()) * m_sample_seconds / m_speed));
+                            std::chrono::duration<double>(work * m_sample_seconds / m_speed));
   std::this_thread::sleep_until(due);
 }
 

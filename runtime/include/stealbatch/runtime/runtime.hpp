@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -23,7 +24,9 @@ namespace stealbatch {
 // kEqual: every step starts from an equal split. kThroughput: after the first step, chunks are placed in
 // proportion to each device's measured samples/s (the median of its last five steps, so one outlier step does
 // not move the placement). The static policy always splits equally, as DDP does.
-enum class PlacementPolicy { kEqual, kThroughput };
+// kGiven: in proportion to placement_weights, every step (for instance true speeds known in advance: the
+// "oracle" static split of the perf harness).
+enum class PlacementPolicy { kEqual, kThroughput, kGiven };
 
 // kFixed: every chunk holds chunk_size samples (the last may hold fewer). kBySpeed (with kThroughput placement and
 // stealing, once speeds are measured): each device's samples are cut into chunks sized to its speed, chunk_size
@@ -45,6 +48,8 @@ struct RuntimeOptions {
   std::vector<double> slowdown{};                  // per device, each in [1, 1000]; empty = all 1 (CPU devices only)
   int threads_per_device = 0;                      // CPU devices; 0 = cores / devices, at least 1
   double sim_sample_seconds = 100e-6;              // simulated devices: seconds per sample at speed 1, [0, 1]
+  std::function<double(std::uint32_t)> sim_sample_cost{};  // simulated devices: a sample's relative cost (default 1)
+  std::vector<double> placement_weights{};         // kGiven: one weight >= 0 per device
   OptimizerOptions optimizer{};
   std::string trace_path{};                        // Chrome Trace Event JSON; empty = no trace
   std::uint64_t seed = 0x5eedba7c;                 // victim order

@@ -1,0 +1,217 @@
+// stealbench: the real runtime on simulated devices, scenario by policy, against the ideal step time.
+#include <stealbatch/runtime/detail/timer_slack.hpp>
+#include <stealbatch/runtime/runtime.hpp>
+#include <stealbatch/runtime/version.hpp>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace stealbatch;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Scenario {
+  std::string name;
+  std::vector<double> speeds;                     // true relative speeds
+  std::function<double(std::uint32_t)> cost;      // relative cost of a sample (empty: 1)
+};
+
+std::vector<double> repeat(const std::vector<double>& pattern, std::size_t n) {
+  std::vector<double> out(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = pattern[i % pattern.size()];
+  return out;
+}
+
+// seed-skew: equal devices, but under an equal split the first half of the devices get samples 6.6x as costly as
+// the second half's, so static busy times are 1, 1, 0.15, 0.15.
+Scenario make_scenario(const std::string& name, std::size_t n, std::size_t batch) {
+  if (name == "seed-slow") return {name, repeat({1 / 6.6, 1 / 6.6, 1, 1}, n), {}};
+  if (name == "hetero") return {name, repeat({1.0, 0.8, 0.5, 0.25}, n), {}};
+  if (name == "seed-skew") {
+    const std::size_t heavy = (batch / n) * (n / 2);  // the shards of the first n/2 devices under an equal split
+    return {name, std::vector<double>(n, 1.0), [heavy, batch](std::uint32_t s) { return (s % batch) < heavy ? 1.0 : 0.15; }};
+  }
+  throw ConfigError("scenario = '" + name + "': expected seed-slow, seed-skew, hetero or scale");
+}
+
+struct PolicySetup {
+  std::string name;
+  RuntimeOptions options;
+};
+
+PolicySetup make_policy(const std::string& name, const Scenario& sc) {
+  RuntimeOptions o;
+  if (name == "static") {
+    o.policy = SchedulePolicy::kStatic, o.placement = PlacementPolicy::kEqual;
+  } else if (name == "oracle") {
+    o.policy = SchedulePolicy::kStatic, o.placement = PlacementPolicy::kGiven, o.placement_weights = sc.speeds;
+  } else if (name == "steal") {
+    o.policy = SchedulePolicy::kSteal, o.placement = PlacementPolicy::kEqual, o.endgame = EndGame::kOff;
+    o.chunk_sizing = ChunkSizing::kFixed;
+  } else if (name == "steal-adaptive") {
+    o.policy = SchedulePolicy::kSteal, o.placement = PlacementPolicy::kThroughput, o.endgame = EndGame::kOn;
+    o.chunk_sizing = ChunkSizing::kBySpeed;
+  } else {
+    throw ConfigError("policy = '" + name + "': expected static, oracle, steal or steal-adaptive");
+  }
+  return {name, o};
+}
+
+struct Row {
+  std::string scenario, policy;
+  std::size_t devices = 0, chunk = 0, steps = 0;
+  double step_ms = 0, ideal_ms = 0, efficiency = 0, speedup = 0, steals = 0, util_min = 0, util_max = 0;
+  std::uint64_t wrong = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// The machine's sleep overshoot, with the 1 us timer slack the device threads use: what the ideal cannot include.
+// Median and p99 over 200 sleeps of 1 ms.
+std::pair<double, double> timer_jitter_us() {
+  detail::tighten_timer_slack();
+  std::vector<double> over;
+  for (int i = 0; i < 200; ++i) {
+    const auto due = Clock::now() + std::chrono::milliseconds(1);
+    std::this_thread::sleep_until(due);
+    over.push_back(std::chrono::duration<double, std::micro>(Clock::now() - due).count());
+  }
+  std::sort(over.begin(), over.end());
+  return {over[over.size() / 2], over[over.size() * 99 / 100]};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string scenarios_arg = "all", policies_arg = "all", json_path;
+  std::size_t devices = 4, steps = 20, warmup = 3, chunk = 16, batch = 1024;
+  double time_scale = 4.0;
+  CLI::App app{"stealbench: the runtime on simulated devices, scenario by policy, against the ideal"};
+  app.add_option("--scenario", scenarios_arg, "seed-slow,seed-skew,hetero,scale or all")->capture_default_str();
+  app.add_option("--policy", policies_arg, "static,oracle,steal,steal-adaptive or all")->capture_default_str();
+  app.add_option("--devices", devices, "simulated devices (scale uses 4 to 64)")->check(CLI::Range(2, 1024))->capture_default_str();
+  app.add_option("--steps", steps, "timed steps per row")->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps first (they also measure the devices)")->check(CLI::Range(0, 1000))->capture_default_str();
+  app.add_option("--chunk", chunk, "samples per chunk (on the fastest device)")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--batch", batch, "samples per step (scale: per --devices devices, grown with the device count)")->check(CLI::Range(1, 1 << 24))->capture_default_str();
+  app.add_option("--time-scale", time_scale, "simulated cost per sample = 5 us x this (larger: less timer noise, slower runs)")
+      ->check(CLI::Range(0.01, 1000.0))->capture_default_str();
+  app.add_option("--json", json_path, "write the rows as JSON to this file");
+  CLI11_PARSE(app, argc, argv);
+
+  auto split = [](const std::string& s) {
+    std::vector<std::string> out;
+    std::size_t at = 0;
+    for (std::size_t comma; (comma = s.find(',', at)) != std::string::npos; at = comma + 1) out.push_back(s.substr(at, comma - at));
+    out.push_back(s.substr(at));
+    return out;
+  };
+  std::vector<std::string> scen = scenarios_arg == "all" ? std::vector<std::string>{"seed-slow", "seed-skew", "hetero", "scale"} : split(scenarios_arg);
+  std::vector<std::string> pols = policies_arg == "all" ? std::vector<std::string>{"static", "oracle", "steal", "steal-adaptive"} : split(policies_arg);
+  const double sample_seconds = 5e-6 * time_scale;
+
+  const auto [jit50, jit99] = timer_jitter_us();
+  std::printf("# stealbench, stealbatch %s: batch %zu, chunk %zu, %zu warm-up + %zu timed steps per row, %.1f us per sample at speed 1\n",
+              kVersionString, batch, chunk, warmup, steps, sample_seconds * 1e6);
+  std::printf("# timer overshoot of a 1 ms sleep on this machine: median %.1f us, p99 %.1f us (the ideal does not include it)\n", jit50, jit99);
+  std::printf("# ideal = sum of sample costs / sum of device speeds (no AllReduce is modelled); efficiency = ideal / step (median)\n");
+  std::printf("# speedup = static step / this step, same scenario and devices; steals per step; util = busy / step (min and max over devices)\n#\n");
+  std::printf("%-10s %-15s %5s %10s %10s %6s %8s %8s %6s %6s %7s\n", "# scenario", "policy", "devs", "step(ms)", "ideal(ms)", "eff", "speedup",
+              "steals", "umin", "umax", "#wrong");
+
+  std::vector<Row> rows;
+  try {
+    for (const std::string& sname : scen) {
+      const std::vector<std::size_t> counts = sname == "scale" ? std::vector<std::size_t>{4, 8, 16, 32, 64} : std::vector<std::size_t>{devices};
+      for (std::size_t n : counts) {
+        // scale keeps the samples per device of --devices (weak scaling, as a data-parallel run grows its batch).
+        const std::size_t step_batch = sname == "scale" ? std::max<std::size_t>(1, batch * n / devices) : batch;
+        const Scenario sc = make_scenario(sname == "scale" ? "hetero" : sname, n, step_batch);
+        double static_ms = 0;
+        for (const std::string& pname : pols) {
+          PolicySetup ps = make_policy(pname, sc);
+          std::string spec = "sim:";
+          for (std::size_t i = 0; i < n; ++i) spec += (i ? "," : "") + std::to_string(sc.speeds[i]);
+          ps.options.devices = spec;
+          ps.options.chunk_size = chunk;
+          ps.options.sim_sample_seconds = sample_seconds;
+          ps.options.sim_sample_cost = sc.cost;
+          Runtime rt(ps.options);
+          ParameterLayout layout;
+          layout.add("counts", 1);
+          rt.register_parameters(layout, std::vector<float>{0.0f});
+          std::vector<std::uint32_t> samples(step_batch);
+          std::iota(samples.begin(), samples.end(), 0u);
+          std::vector<std::atomic<std::uint32_t>> seen(step_batch);
+          double work = 0;
+          for (std::uint32_t s : samples) work += sc.cost ? sc.cost(s) : 1.0;
+          const double ideal_s = work * sample_seconds / std::accumulate(sc.speeds.begin(), sc.speeds.end(), 0.0);
+          std::vector<double> step_s, umin, umax, steals;
+          std::uint64_t wrong = 0;
+          for (std::size_t i = 0; i < warmup + steps; ++i) {
+            for (auto& c : seen) c.store(0, std::memory_order_relaxed);
+            const StepReport r = rt.compute_gradient(samples, [&](ChunkContext& ctx) {
+              for (std::uint32_t s : ctx.samples) seen[s].fetch_add(1, std::memory_order_relaxed);
+              ctx.grad[0] += static_cast<float>(ctx.samples.size());
+            });
+            for (auto& c : seen) wrong += c.load(std::memory_order_relaxed) != 1;
+            if (i < warmup) continue;
+            step_s.push_back(r.step_s);
+            steals.push_back(static_cast<double>(r.steals));
+            double lo = 1e9, hi = 0;
+            for (const DeviceReport& d : r.devices) lo = std::min(lo, d.utilization), hi = std::max(hi, d.utilization);
+            umin.push_back(lo), umax.push_back(hi);
+            std::fprintf(stderr, "\r%s %s n=%zu: step %zu/%zu   ", sname.c_str(), pname.c_str(), n, i + 1 - warmup, steps);
+          }
+          std::fprintf(stderr, "\r%60s\r", "");
+          Row row{sname, pname, n, chunk, steps};
+          row.step_ms = median(step_s) * 1e3;
+          row.ideal_ms = ideal_s * 1e3;
+          row.efficiency = row.ideal_ms / row.step_ms;
+          if (pname == "static") static_ms = row.step_ms;
+          row.speedup = static_ms > 0 ? static_ms / row.step_ms : 0;
+          row.steals = median(steals);
+          row.util_min = median(umin);
+          row.util_max = median(umax);
+          row.wrong = wrong;
+          rows.push_back(row);
+          std::printf("%-10s %-15s %5zu %10.3f %10.3f %6.3f %8.2f %8.1f %6.2f %6.2f %7llu\n", row.scenario.c_str(), row.policy.c_str(), row.devices,
+                      row.step_ms, row.ideal_ms, row.efficiency, row.speedup, row.steals, row.util_min, row.util_max,
+                      static_cast<unsigned long long>(row.wrong));
+          std::fflush(stdout);
+        }
+      }
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "stealbench: %s\n", e.what());
+    return 2;
+  }
+  std::uint64_t wrong = 0;
+  for (const Row& r : rows) wrong += r.wrong;
+  std::printf("#\n# summary: %zu rows, #wrong total %llu\n", rows.size(), static_cast<unsigned long long>(wrong));
+  if (!json_path.empty()) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const Row& r : rows) {
+      j.push_back({{"scenario", r.scenario}, {"policy", r.policy}, {"devices", r.devices}, {"chunk", r.chunk}, {"steps", r.steps},
+                   {"step_ms_median", r.step_ms}, {"ideal_ms", r.ideal_ms}, {"efficiency", r.efficiency}, {"speedup_vs_static", r.speedup},
+                   {"steals_per_step", r.steals}, {"util_min", r.util_min}, {"util_max", r.util_max}, {"wrong", r.wrong}});
+    }
+    std::ofstream(json_path) << j.dump(2) << "\n";
+    std::printf("# wrote %s\n", json_path.c_str());
+  }
+  return wrong == 0 ? 0 : 1;
+}
