@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,7 +26,9 @@ namespace {
 struct Scenario {
   std::string name;
   std::vector<double> speeds;                     // true relative speeds
-  std::function<double(std::uint32_t)> cost;      // relative cost of a sample (empty: 1)
+  std::function<double(std::uint32_t)> cost{};    // relative cost of a sample (empty: 1)
+  // A factor on a device's speed at (step, seconds into the step); empty: constant speeds.
+  std::function<double(std::size_t, std::uint64_t, double)> speed_factor{};
 };
 
 std::vector<double> repeat(const std::vector<double>& pattern, std::size_t n) {
@@ -35,14 +39,28 @@ std::vector<double> repeat(const std::vector<double>& pattern, std::size_t n) {
 
 // seed-skew: equal devices, but under an equal split the first half of the devices get samples 6.6x as costly as
 // the second half's, so static busy times are 1, 1, 0.15, 0.15.
-Scenario make_scenario(const std::string& name, std::size_t n, std::size_t batch) {
+// Step i runs samples [i * batch, (i + 1) * batch): a fresh batch every step, as in training. `total` is the
+// number of samples over all steps.
+Scenario make_scenario(const std::string& name, std::size_t n, std::size_t batch, std::size_t total) {
   if (name == "seed-slow") return {name, repeat({1 / 6.6, 1 / 6.6, 1, 1}, n), {}};
   if (name == "hetero") return {name, repeat({1.0, 0.8, 0.5, 0.25}, n), {}};
   if (name == "seed-skew") {
     const std::size_t heavy = (batch / n) * (n / 2);  // the shards of the first n/2 devices under an equal split
     return {name, std::vector<double>(n, 1.0), [heavy, batch](std::uint32_t s) { return (s % batch) < heavy ? 1.0 : 0.15; }};
   }
-  throw ConfigError("scenario = '" + name + "': expected seed-slow, seed-skew, hetero or scale");
+  if (name == "varcost") {
+    // Per-sample cost lognormal with sigma 1 (like variable sequence lengths), fixed per sample index.
+    auto costs = std::make_shared<std::vector<double>>(total);
+    std::mt19937_64 rng(7);
+    std::lognormal_distribution<double> ln(0.0, 1.0);
+    for (double& c : *costs) c = ln(rng);
+    return {name, std::vector<double>(n, 1.0), [costs](std::uint32_t s) { return (*costs)[s % costs->size()]; }};
+  }
+  if (name == "slowdown") {
+    // Equal devices; every third step, device 0 drops to 30% of its speed a third of the way into the step.
+    return {name, std::vector<double>(n, 1.0)};
+  }
+  throw ConfigError("scenario = '" + name + "': expected seed-slow, seed-skew, hetero, varcost, slowdown or scale");
 }
 
 struct PolicySetup {
@@ -56,6 +74,9 @@ PolicySetup make_policy(const std::string& name, const Scenario& sc) {
     o.policy = SchedulePolicy::kStatic, o.placement = PlacementPolicy::kEqual;
   } else if (name == "oracle") {
     o.policy = SchedulePolicy::kStatic, o.placement = PlacementPolicy::kGiven, o.placement_weights = sc.speeds;
+  } else if (name == "lbbsp") {
+    // LB-BSP / DBS: static, with every step's shares resized from the previous step's measured throughput.
+    o.policy = SchedulePolicy::kStatic, o.placement = PlacementPolicy::kPreviousStep;
   } else if (name == "steal") {
     o.policy = SchedulePolicy::kSteal, o.placement = PlacementPolicy::kEqual, o.endgame = EndGame::kOff;
     o.chunk_sizing = ChunkSizing::kFixed;
@@ -63,7 +84,7 @@ PolicySetup make_policy(const std::string& name, const Scenario& sc) {
     o.policy = SchedulePolicy::kSteal, o.placement = PlacementPolicy::kThroughput, o.endgame = EndGame::kOn;
     o.chunk_sizing = ChunkSizing::kBySpeed;
   } else {
-    throw ConfigError("policy = '" + name + "': expected static, oracle, steal or steal-adaptive");
+    throw ConfigError("policy = '" + name + "': expected static, oracle, lbbsp, steal or steal-adaptive");
   }
   return {name, o};
 }
@@ -120,15 +141,19 @@ int main(int argc, char** argv) {
     out.push_back(s.substr(at));
     return out;
   };
-  std::vector<std::string> scen = scenarios_arg == "all" ? std::vector<std::string>{"seed-slow", "seed-skew", "hetero", "scale"} : split(scenarios_arg);
-  std::vector<std::string> pols = policies_arg == "all" ? std::vector<std::string>{"static", "oracle", "steal", "steal-adaptive"} : split(policies_arg);
+  std::vector<std::string> scen = scenarios_arg == "all"
+                                      ? std::vector<std::string>{"seed-slow", "seed-skew", "hetero", "varcost", "slowdown", "scale"}
+                                      : split(scenarios_arg);
+  std::vector<std::string> pols = policies_arg == "all" ? std::vector<std::string>{"static", "oracle", "lbbsp", "steal", "steal-adaptive"}
+                                                         : split(policies_arg);
   const double sample_seconds = 5e-6 * time_scale;
 
   const auto [jit50, jit99] = timer_jitter_us();
   std::printf("# stealbench, stealbatch %s: batch %zu, chunk %zu, %zu warm-up + %zu timed steps per row, %.1f us per sample at speed 1\n",
               kVersionString, batch, chunk, warmup, steps, sample_seconds * 1e6);
   std::printf("# timer overshoot of a 1 ms sleep on this machine: median %.1f us, p99 %.1f us (the ideal does not include it)\n", jit50, jit99);
-  std::printf("# ideal = sum of sample costs / sum of device speeds (no AllReduce is modelled); efficiency = ideal / step (median)\n");
+  std::printf("# ideal = the step's sample costs / the devices' summed speed (no AllReduce modelled), median over steps;\n");
+  std::printf("# efficiency = ideal / step (medians)\n");
   std::printf("# speedup = static step / this step, same scenario and devices; steals per step; util = busy / step (min and max over devices)\n#\n");
   std::printf("%-10s %-15s %5s %10s %10s %6s %8s %8s %6s %6s %7s\n", "# scenario", "policy", "devs", "step(ms)", "ideal(ms)", "eff", "speedup",
               "steals", "umin", "umax", "#wrong");
@@ -140,7 +165,14 @@ int main(int argc, char** argv) {
       for (std::size_t n : counts) {
         // scale keeps the samples per device of --devices (weak scaling, as a data-parallel run grows its batch).
         const std::size_t step_batch = sname == "scale" ? std::max<std::size_t>(1, batch * n / devices) : batch;
-        const Scenario sc = make_scenario(sname == "scale" ? "hetero" : sname, n, step_batch);
+        Scenario sc = make_scenario(sname == "scale" ? "hetero" : sname, n, step_batch, step_batch * (warmup + steps));
+        if (sname == "slowdown") {
+          // A third of the way into the ideal step, device 0 drops to 30%, every third step.
+          const double drop_at = 1.0 / 3.0 * static_cast<double>(step_batch) * sample_seconds / static_cast<double>(n);
+          sc.speed_factor = [drop_at](std::size_t d, std::uint64_t step, double t) {
+            return (d == 0 && step % 3 == 0 && t >= drop_at) ? 0.3 : 1.0;
+          };
+        }
         double static_ms = 0;
         for (const std::string& pname : pols) {
           PolicySetup ps = make_policy(pname, sc);
@@ -150,26 +182,30 @@ int main(int argc, char** argv) {
           ps.options.chunk_size = chunk;
           ps.options.sim_sample_seconds = sample_seconds;
           ps.options.sim_sample_cost = sc.cost;
+          ps.options.sim_speed_factor = sc.speed_factor;
           Runtime rt(ps.options);
           ParameterLayout layout;
           layout.add("counts", 1);
           rt.register_parameters(layout, std::vector<float>{0.0f});
           std::vector<std::uint32_t> samples(step_batch);
-          std::iota(samples.begin(), samples.end(), 0u);
           std::vector<std::atomic<std::uint32_t>> seen(step_batch);
-          double work = 0;
-          for (std::uint32_t s : samples) work += sc.cost ? sc.cost(s) : 1.0;
-          const double ideal_s = work * sample_seconds / std::accumulate(sc.speeds.begin(), sc.speeds.end(), 0.0);
-          std::vector<double> step_s, umin, umax, steals;
+          const double speed_sum = std::accumulate(sc.speeds.begin(), sc.speeds.end(), 0.0);
+          std::vector<double> step_s, ideal_s, umin, umax, steals;
           std::uint64_t wrong = 0;
           for (std::size_t i = 0; i < warmup + steps; ++i) {
+            const auto first = static_cast<std::uint32_t>(i * step_batch);
+            std::iota(samples.begin(), samples.end(), first);
+            double work = 0;
+            for (std::uint32_t s : samples) work += sc.cost ? sc.cost(s) : 1.0;
             for (auto& c : seen) c.store(0, std::memory_order_relaxed);
             const StepReport r = rt.compute_gradient(samples, [&](ChunkContext& ctx) {
-              for (std::uint32_t s : ctx.samples) seen[s].fetch_add(1, std::memory_order_relaxed);
+              for (std::uint32_t s : ctx.samples) seen[s - first].fetch_add(1, std::memory_order_relaxed);
               ctx.grad[0] += static_cast<float>(ctx.samples.size());
             });
             for (auto& c : seen) wrong += c.load(std::memory_order_relaxed) != 1;
             if (i < warmup) continue;
+            // slowdown: the ideal is the full-speed one; the drop steps are one in three, so not the median.
+            ideal_s.push_back(work * sample_seconds / speed_sum);
             step_s.push_back(r.step_s);
             steals.push_back(static_cast<double>(r.steals));
             double lo = 1e9, hi = 0;
@@ -180,7 +216,7 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "\r%60s\r", "");
           Row row{sname, pname, n, chunk, steps};
           row.step_ms = median(step_s) * 1e3;
-          row.ideal_ms = ideal_s * 1e3;
+          row.ideal_ms = median(ideal_s) * 1e3;
           row.efficiency = row.ideal_ms / row.step_ms;
           if (pname == "static") static_ms = row.step_ms;
           row.speedup = static_ms > 0 ? static_ms / row.step_ms : 0;

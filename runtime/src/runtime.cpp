@@ -18,7 +18,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
 
-constexpr std::size_t kSpeedHistory = 5;
 constexpr std::size_t kStaleAfterIdleSteps = 10;
 
 }  // namespace
@@ -69,10 +68,18 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
     if (spec.kind == DeviceKind::kSim) {
       // A simulated device's speed is its spec'd speed divided by its slowdown factor.
       m_devices.push_back(std::make_unique<SimDevice>(i, spec.speeds[i] / f, m_options.sim_sample_seconds, m_options.sim_sample_cost));
+      if (m_options.sim_speed_factor) {
+        static_cast<SimDevice&>(*m_devices.back()).set_speed_factor([this, i](std::uint64_t step, double t) {
+          return m_options.sim_speed_factor(i, step, t);
+        });
+      }
     } else {
       m_devices.push_back(std::make_unique<CpuDevice>(i, threads, f));
     }
     m_replicas.push_back(std::make_unique<Replica>());
+  }
+  if (m_options.throughput_window < 1 || m_options.throughput_window > 100) {
+    throw ConfigError("throughput_window = " + std::to_string(m_options.throughput_window) + "; valid range is [1, 100]");
   }
   if (m_options.placement == PlacementPolicy::kGiven) {
     if (m_options.placement_weights.size() != n) {
@@ -149,11 +156,15 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   const auto t_start = Clock::now();
   const std::size_t n = m_devices.size();
   const std::size_t cs = m_options.chunk_size;
-  const std::vector<double> speeds = throughput_estimates();  // samples/s per device; empty until measured
+  std::vector<double> speeds = throughput_estimates();  // samples/s per device; empty until measured
+  if (m_options.placement == PlacementPolicy::kPreviousStep && !speeds.empty()) {
+    for (std::size_t d = 0; d < n; ++d) speeds[d] = m_speed_history[d].back();
+  }
   bool known = !speeds.empty();
   for (double v : speeds) known = known && std::isfinite(v) && v > 0;
-  const bool adaptive = known && m_options.policy == SchedulePolicy::kSteal && m_options.placement == PlacementPolicy::kThroughput;
-  const bool by_speed = adaptive && m_options.chunk_sizing == ChunkSizing::kBySpeed;
+  const bool adaptive = known && ((m_options.placement == PlacementPolicy::kThroughput && m_options.policy == SchedulePolicy::kSteal) ||
+                                  m_options.placement == PlacementPolicy::kPreviousStep);
+  const bool by_speed = adaptive && m_options.policy == SchedulePolicy::kSteal && m_options.chunk_sizing == ChunkSizing::kBySpeed;
 
   // The chunk table: chunk c covers samples [spans[c].begin, spans[c].begin + spans[c].size).
   std::vector<ChunkSpan>& spans = m_spans;
@@ -178,7 +189,10 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     for (std::size_t at = 0; at < samples.size(); at += cs) {
       spans.push_back({static_cast<std::uint32_t>(at), static_cast<std::uint32_t>(std::min(cs, samples.size() - at))});
     }
-    if (m_options.placement == PlacementPolicy::kGiven) {
+    if (m_options.throughput_window < 1 || m_options.throughput_window > 100) {
+    throw ConfigError("throughput_window = " + std::to_string(m_options.throughput_window) + "; valid range is [1, 100]");
+  }
+  if (m_options.placement == PlacementPolicy::kGiven) {
       ranges = place_proportional(spans.size(), m_options.placement_weights);
     } else {
       ranges = adaptive ? place_proportional(spans.size(), speeds) : place_equal(spans.size(), n);
@@ -207,6 +221,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   for (auto& r : m_replicas) r->loss = 0, r->samples = 0;
   m_grads_dirty = true;
 
+  for (auto& d : m_devices) d->begin_step(m_steps + 1, t_start);
   const StepStats st = m_sched->run(ranges, [&](std::size_t w, ChunkId c) {
     Replica& r = *m_replicas[w];
     ChunkContext ctx;
@@ -259,7 +274,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     loss += m_replicas[d]->loss;
     auto& h = m_speed_history[d];
     if (wc.busy.count() > 0 && dr.samples > 0) {
-      if (h.size() == kSpeedHistory) h.erase(h.begin());
+      if (h.size() >= m_options.throughput_window) h.erase(h.begin(), h.end() - static_cast<std::ptrdiff_t>(m_options.throughput_window - 1));
       h.push_back(static_cast<double>(dr.samples) / seconds(wc.busy));
       m_idle_steps[d] = 0;
     } else if (++m_idle_steps[d] >= kStaleAfterIdleSteps) {

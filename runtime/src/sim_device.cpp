@@ -22,8 +22,18 @@ void SimDevice::bind() { detail::tighten_timer_slack(); }
 
 std::string SimDevice::name() const { return "sim" + std::to_string(m_index); }
 
+void SimDevice::begin_step(std::uint64_t step, std::chrono::steady_clock::time_point start) {
+  m_step = step;
+  m_step_start = start;
+}
+
 void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   const auto t0 = std::chrono::steady_clock::now();
+  double speed = m_speed;
+  if (m_factor) {
+    const double f = m_factor(m_step, std::chrono::duration<double>(t0 - m_step_start).count());
+    if (std::isfinite(f) && f > 0) speed *= f;
+  }
   fn(ctx);
   double work = static_cast<double>(ctx.samples.size());
   if (m_sample_cost) {
@@ -31,7 +41,7 @@ void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
     for (std::uint32_t s : ctx.samples) work += m_sample_cost(s);
   }
   const auto due = t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(work * m_sample_seconds / m_speed));
+                            std::chrono::duration<double>(work * m_sample_seconds / speed));
   std::this_thread::sleep_until(due);
 }
 

@@ -4,6 +4,7 @@
 #include <stealbatch/runtime/parameters.hpp>
 #include <stealbatch/scheduler/chunk_deque.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -44,6 +45,8 @@ class Device {
   virtual void bind() {}
   // Runs one chunk; returns once its gradient is in ctx.grad.
   virtual void run_chunk(ChunkContext& ctx, const ChunkFunction& fn) = 0;
+  // Called by the runtime's thread before each step's chunks, with the step's number (from 1) and start time.
+  virtual void begin_step(std::uint64_t /*step*/, std::chrono::steady_clock::time_point /*start*/) {}
 };
 
 }  // namespace stealbatch

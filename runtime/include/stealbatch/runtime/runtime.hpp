@@ -21,12 +21,13 @@
 
 namespace stealbatch {
 
-// kEqual: every step starts from an equal split. kThroughput: after the first step, chunks are placed in
-// proportion to each device's measured samples/s (the median of its last five steps, so one outlier step does
-// not move the placement). The static policy always splits equally, as DDP does.
+// kEqual: every step starts from an equal split. kThroughput (stealing only; a static run always splits
+// equally, as DDP does): after the first step, chunks are placed in proportion to each device's measured
+// samples/s, the median of its last throughput_window steps, so one outlier step does not move the placement.
 // kGiven: in proportion to placement_weights, every step (for instance true speeds known in advance: the
-// "oracle" static split of the perf harness).
-enum class PlacementPolicy { kEqual, kThroughput, kGiven };
+// "oracle" static split of the perf harness). kPreviousStep: in proportion to each device's samples/s in the
+// previous step alone, with either policy (with kStatic, the per-step resizing of LB-BSP and DBS).
+enum class PlacementPolicy { kEqual, kThroughput, kGiven, kPreviousStep };
 
 // kFixed: every chunk holds chunk_size samples (the last may hold fewer). kBySpeed (with kThroughput placement and
 // stealing, once speeds are measured): each device's samples are cut into chunks sized to its speed, chunk_size
@@ -47,9 +48,13 @@ struct RuntimeOptions {
   ChunkSizing chunk_sizing = ChunkSizing::kBySpeed;
   std::vector<double> slowdown{};                  // per device, each in [1, 1000]; empty = all 1 (CPU devices only)
   int threads_per_device = 0;                      // CPU devices; 0 = cores / devices, at least 1
+  std::size_t throughput_window = 5;               // steps in the throughput median, [1, 100]
   double sim_sample_seconds = 100e-6;              // simulated devices: seconds per sample at speed 1, [0, 1]
   std::function<double(std::uint32_t)> sim_sample_cost{};  // simulated devices: a sample's relative cost (default 1)
   std::vector<double> placement_weights{};         // kGiven: one weight >= 0 per device
+  // Simulated devices: a factor on device d's speed at (step, seconds into the step), for speed changes during a
+  // run (default 1). Called on the device's thread at each chunk's start.
+  std::function<double(std::size_t device, std::uint64_t step, double seconds_into_step)> sim_speed_factor{};
   OptimizerOptions optimizer{};
   std::string trace_path{};                        // Chrome Trace Event JSON; empty = no trace
   std::uint64_t seed = 0x5eedba7c;                 // victim order

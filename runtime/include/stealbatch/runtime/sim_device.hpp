@@ -3,6 +3,7 @@
 
 #include <stealbatch/runtime/device.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 
@@ -21,12 +22,20 @@ class SimDevice final : public Device {
   void bind() override;
   void run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override;
   double speed() const noexcept { return m_speed; }
+  void begin_step(std::uint64_t step, std::chrono::steady_clock::time_point start) override;
+  // A factor on the speed at (step, seconds into the step), evaluated at each chunk's start. Set before the runtime runs.
+  void set_speed_factor(std::function<double(std::uint64_t, double)> f) { m_factor = std::move(f); }
 
  private:
   std::size_t m_index;
   double m_speed;
   double m_sample_seconds;
   std::function<double(std::uint32_t)> m_sample_cost;
+  std::function<double(std::uint64_t, double)> m_factor;
+  // Written by the runtime's thread before a step and read by this device's worker during it: ordered by the
+  // scheduler's step hand-off (its release/acquire of the step sequence).
+  std::uint64_t m_step = 0;
+  std::chrono::steady_clock::time_point m_step_start{};
 };
 
 }  // namespace stealbatch
