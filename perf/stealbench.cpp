@@ -92,7 +92,7 @@ PolicySetup make_policy(const std::string& name, const Scenario& sc) {
 struct Row {
   std::string scenario, policy;
   std::size_t devices = 0, chunk = 0, steps = 0;
-  double step_ms = 0, ideal_ms = 0, efficiency = 0, speedup = 0, steals = 0, util_min = 0, util_max = 0;
+  double step_ms = 0, ideal_ms = 0, efficiency = 0, speedup = 0, steals = 0, moved_mb = 0, util_min = 0, util_max = 0;
   std::uint64_t wrong = 0;
 };
 
@@ -121,6 +121,7 @@ int main(int argc, char** argv) {
   std::string scenarios_arg = "all", policies_arg = "all", json_path;
   std::size_t devices = 4, steps = 20, warmup = 3, chunk = 16, batch = 1024;
   double time_scale = 4.0;
+  double bytes_per_sample = 150e3, link_gbps = 25, allreduce_mb = 100, busbw_gbps = 100, latency_us = 10;
   CLI::App app{"stealbench: the runtime on simulated devices, scenario by policy, against the ideal"};
   app.add_option("--scenario", scenarios_arg, "seed-slow,seed-skew,hetero,scale or all")->capture_default_str();
   app.add_option("--policy", policies_arg, "static,oracle,steal,steal-adaptive or all")->capture_default_str();
@@ -131,6 +132,13 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "samples per step (scale: per --devices devices, grown with the device count)")->check(CLI::Range(1, 1 << 24))->capture_default_str();
   app.add_option("--time-scale", time_scale, "simulated cost per sample = 5 us x this (larger: less timer noise, slower runs)")
       ->check(CLI::Range(0.01, 1000.0))->capture_default_str();
+  app.add_option("--bytes-per-sample", bytes_per_sample, "input bytes a stolen sample moves (150 kB: a 224x224 RGB image)")
+      ->check(CLI::Range(0.0, 1e9))->capture_default_str();
+  app.add_option("--link-gbps", link_gbps, "link bandwidth for stolen inputs, GB/s")->check(CLI::Range(0.001, 1e6))->capture_default_str();
+  app.add_option("--allreduce-mb", allreduce_mb, "gradient bytes reduced per step, MB (100: 25M fp32 parameters)")
+      ->check(CLI::Range(0.0, 1e6))->capture_default_str();
+  app.add_option("--busbw-gbps", busbw_gbps, "AllReduce bus bandwidth, GB/s")->check(CLI::Range(0.001, 1e6))->capture_default_str();
+  app.add_option("--latency-us", latency_us, "latency of a transfer and of the AllReduce, us")->check(CLI::Range(0.0, 1e6))->capture_default_str();
   app.add_option("--json", json_path, "write the rows as JSON to this file");
   CLI11_PARSE(app, argc, argv);
 
@@ -152,11 +160,14 @@ int main(int argc, char** argv) {
   std::printf("# stealbench, stealbatch %s: batch %zu, chunk %zu, %zu warm-up + %zu timed steps per row, %.1f us per sample at speed 1\n",
               kVersionString, batch, chunk, warmup, steps, sample_seconds * 1e6);
   std::printf("# timer overshoot of a 1 ms sleep on this machine: median %.1f us, p99 %.1f us (the ideal does not include it)\n", jit50, jit99);
-  std::printf("# ideal = the step's sample costs / the devices' summed speed (no AllReduce modelled), median over steps;\n");
+  std::printf("# stolen inputs: %.0f bytes per sample over %.0f GB/s + %.0f us; AllReduce: %.0f MB at busbw %.0f GB/s, ring model\n",
+              bytes_per_sample, link_gbps, latency_us, allreduce_mb, busbw_gbps);
+  std::printf("# ideal = the step's sample costs / the devices' summed speed + 2(n-1)/n x AllReduce bytes / busbw + latency,\n");
+  std::printf("#   median over steps;\n");
   std::printf("# efficiency = ideal / step (medians)\n");
   std::printf("# speedup = static step / this step, same scenario and devices; steals per step; util = busy / step (min and max over devices)\n#\n");
-  std::printf("%-10s %-15s %5s %10s %10s %6s %8s %8s %6s %6s %7s\n", "# scenario", "policy", "devs", "step(ms)", "ideal(ms)", "eff", "speedup",
-              "steals", "umin", "umax", "#wrong");
+  std::printf("%-10s %-15s %5s %10s %10s %6s %8s %8s %9s %6s %6s %7s\n", "# scenario", "policy", "devs", "step(ms)", "ideal(ms)", "eff",
+              "speedup", "steals", "moved(MB)", "umin", "umax", "#wrong");
 
   std::vector<Row> rows;
   try {
@@ -183,6 +194,14 @@ int main(int argc, char** argv) {
           ps.options.sim_sample_seconds = sample_seconds;
           ps.options.sim_sample_cost = sc.cost;
           ps.options.sim_speed_factor = sc.speed_factor;
+          ps.options.sim_bytes_per_sample = bytes_per_sample;
+          ps.options.sim_link_bw = link_gbps * 1e9;
+          ps.options.sim_link_latency = latency_us * 1e-6;
+          ps.options.sim_allreduce_bytes = allreduce_mb * 1e6;
+          ps.options.sim_busbw = busbw_gbps * 1e9;
+          // The ring AllReduce floor of nccl-tests' PERFORMANCE.md, plus its latency: part of the ideal.
+          const double nd = static_cast<double>(n);
+          const double t_ar = allreduce_mb > 0 ? 2.0 * (nd - 1.0) / nd * allreduce_mb * 1e6 / (busbw_gbps * 1e9) + latency_us * 1e-6 : 0.0;
           Runtime rt(ps.options);
           ParameterLayout layout;
           layout.add("counts", 1);
@@ -190,7 +209,7 @@ int main(int argc, char** argv) {
           std::vector<std::uint32_t> samples(step_batch);
           std::vector<std::atomic<std::uint32_t>> seen(step_batch);
           const double speed_sum = std::accumulate(sc.speeds.begin(), sc.speeds.end(), 0.0);
-          std::vector<double> step_s, ideal_s, umin, umax, steals;
+          std::vector<double> step_s, ideal_s, umin, umax, steals, moved;
           std::uint64_t wrong = 0;
           for (std::size_t i = 0; i < warmup + steps; ++i) {
             const auto first = static_cast<std::uint32_t>(i * step_batch);
@@ -205,9 +224,10 @@ int main(int argc, char** argv) {
             for (auto& c : seen) wrong += c.load(std::memory_order_relaxed) != 1;
             if (i < warmup) continue;
             // slowdown: the ideal is the full-speed one; the drop steps are one in three, so not the median.
-            ideal_s.push_back(work * sample_seconds / speed_sum);
+            ideal_s.push_back(work * sample_seconds / speed_sum + t_ar);
             step_s.push_back(r.step_s);
             steals.push_back(static_cast<double>(r.steals));
+            moved.push_back(r.bytes_moved);
             double lo = 1e9, hi = 0;
             for (const DeviceReport& d : r.devices) lo = std::min(lo, d.utilization), hi = std::max(hi, d.utilization);
             umin.push_back(lo), umax.push_back(hi);
@@ -221,13 +241,14 @@ int main(int argc, char** argv) {
           if (pname == "static") static_ms = row.step_ms;
           row.speedup = static_ms > 0 ? static_ms / row.step_ms : 0;
           row.steals = median(steals);
+          row.moved_mb = median(moved) / 1e6;
           row.util_min = median(umin);
           row.util_max = median(umax);
           row.wrong = wrong;
           rows.push_back(row);
-          std::printf("%-10s %-15s %5zu %10.3f %10.3f %6.3f %8.2f %8.1f %6.2f %6.2f %7llu\n", row.scenario.c_str(), row.policy.c_str(), row.devices,
-                      row.step_ms, row.ideal_ms, row.efficiency, row.speedup, row.steals, row.util_min, row.util_max,
-                      static_cast<unsigned long long>(row.wrong));
+          std::printf("%-10s %-15s %5zu %10.3f %10.3f %6.3f %8.2f %8.1f %9.2f %6.2f %6.2f %7llu\n", row.scenario.c_str(), row.policy.c_str(),
+                      row.devices, row.step_ms, row.ideal_ms, row.efficiency, row.speedup, row.steals, row.moved_mb, row.util_min,
+                      row.util_max, static_cast<unsigned long long>(row.wrong));
           std::fflush(stdout);
         }
       }
@@ -244,7 +265,7 @@ int main(int argc, char** argv) {
     for (const Row& r : rows) {
       j.push_back({{"scenario", r.scenario}, {"policy", r.policy}, {"devices", r.devices}, {"chunk", r.chunk}, {"steps", r.steps},
                    {"step_ms_median", r.step_ms}, {"ideal_ms", r.ideal_ms}, {"efficiency", r.efficiency}, {"speedup_vs_static", r.speedup},
-                   {"steals_per_step", r.steals}, {"util_min", r.util_min}, {"util_max", r.util_max}, {"wrong", r.wrong}});
+                   {"steals_per_step", r.steals}, {"bytes_moved_per_step", r.moved_mb * 1e6}, {"util_min", r.util_min}, {"util_max", r.util_max}, {"wrong", r.wrong}});
     }
     std::ofstream(json_path) << j.dump(2) << "\n";
     std::printf("# wrote %s\n", json_path.c_str());

@@ -68,6 +68,7 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
     if (spec.kind == DeviceKind::kSim) {
       // A simulated device's speed is its spec'd speed divided by its slowdown factor.
       m_devices.push_back(std::make_unique<SimDevice>(i, spec.speeds[i] / f, m_options.sim_sample_seconds, m_options.sim_sample_cost));
+      static_cast<SimDevice&>(*m_devices.back()).set_link(m_options.sim_bytes_per_sample, m_options.sim_link_bw, m_options.sim_link_latency);
       if (m_options.sim_speed_factor) {
         static_cast<SimDevice&>(*m_devices.back()).set_speed_factor([this, i](std::uint64_t step, double t) {
           return m_options.sim_speed_factor(i, step, t);
@@ -77,6 +78,21 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
       m_devices.push_back(std::make_unique<CpuDevice>(i, threads, f));
     }
     m_replicas.push_back(std::make_unique<Replica>());
+  }
+  auto check = [](const char* field, double v, double lo, double hi) {
+    if (!std::isfinite(v) || v < lo || v > hi) {
+      throw ConfigError(std::string(field) + " = " + std::to_string(v) + "; valid range is [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+  };
+  check("sim_bytes_per_sample", m_options.sim_bytes_per_sample, 0, 1e9);
+  check("sim_link_bw", m_options.sim_link_bw, 1, 1e15);
+  check("sim_link_latency", m_options.sim_link_latency, 0, 1);
+  check("sim_allreduce_bytes", m_options.sim_allreduce_bytes, 0, 1e12);
+  check("sim_busbw", m_options.sim_busbw, 1, 1e15);
+  m_is_sim = spec.kind == DeviceKind::kSim;
+  if (m_is_sim && n > 1 && m_options.sim_allreduce_bytes > 0) {
+    const double nd = static_cast<double>(n);
+    m_sim_allreduce_s = 2.0 * (nd - 1.0) / nd * m_options.sim_allreduce_bytes / m_options.sim_busbw + m_options.sim_link_latency;
   }
   if (m_options.throughput_window < 1 || m_options.throughput_window > 100) {
     throw ConfigError("throughput_window = " + std::to_string(m_options.throughput_window) + "; valid range is [1, 100]");
@@ -189,10 +205,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     for (std::size_t at = 0; at < samples.size(); at += cs) {
       spans.push_back({static_cast<std::uint32_t>(at), static_cast<std::uint32_t>(std::min(cs, samples.size() - at))});
     }
-    if (m_options.throughput_window < 1 || m_options.throughput_window > 100) {
-    throw ConfigError("throughput_window = " + std::to_string(m_options.throughput_window) + "; valid range is [1, 100]");
-  }
-  if (m_options.placement == PlacementPolicy::kGiven) {
+    if (m_options.placement == PlacementPolicy::kGiven) {
       ranges = place_proportional(spans.size(), m_options.placement_weights);
     } else {
       ranges = adaptive ? place_proportional(spans.size(), speeds) : place_equal(spans.size(), n);
@@ -227,6 +240,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     ChunkContext ctx;
     ctx.device = w;
     ctx.chunk = c;
+    ctx.home_device = home[c];
     ctx.samples = samples.subspan(spans[c].begin, spans[c].size);
     ctx.params = r.params;
     ctx.grad = r.grad;
@@ -251,7 +265,10 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
 
   std::vector<float*> bufs(n);
   for (std::size_t d = 0; d < n; ++d) bufs[d] = m_replicas[d]->grad.data();
-  const StepStats reduce = m_sched->broadcast([&](std::size_t d) { m_comm->allreduce_sum(d, bufs, m_layout.size()); });
+  const StepStats reduce = m_sched->broadcast([&](std::size_t d) {
+    m_comm->allreduce_sum(d, bufs, m_layout.size());
+    if (m_sim_allreduce_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(m_sim_allreduce_s));  // the ring model
+  });
   const auto t_reduced = Clock::now();
 
   StepReport rep;
@@ -286,7 +303,10 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     }
   }
   for (std::size_t c = 0; c < chunks; ++c) {
-    if (ran_on[c] != home[c]) ++rep.steals, ++rep.devices[ran_on[c]].chunks_stolen;
+    if (ran_on[c] != home[c]) {
+      ++rep.steals, ++rep.devices[ran_on[c]].chunks_stolen;
+      if (m_is_sim) rep.bytes_moved += m_options.sim_bytes_per_sample * spans[c].size;
+    }
   }
   rep.loss = loss / static_cast<double>(samples.size());
   if (m_trace) {

@@ -40,8 +40,11 @@ void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
     work = 0;
     for (std::uint32_t s : ctx.samples) work += m_sample_cost(s);
   }
-  const auto due = t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(work * m_sample_seconds / speed));
+  double seconds = work * m_sample_seconds / speed;
+  if (ctx.home_device != m_index && m_bytes_per_sample > 0) {
+    seconds += m_bytes_per_sample * static_cast<double>(ctx.samples.size()) / m_link_bw + m_latency;
+  }
+  const auto due = t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
   std::this_thread::sleep_until(due);
 }
 

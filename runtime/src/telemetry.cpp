@@ -12,7 +12,7 @@ StepReport accumulate(std::span<const StepReport> steps) {
   for (const StepReport& s : steps) {
     sum.step = std::max(sum.step, s.step);
     sum.step_s += s.step_s, sum.chunks_s += s.chunks_s, sum.reduce_s += s.reduce_s, sum.optimizer_s += s.optimizer_s;
-    sum.samples += s.samples, sum.chunks += s.chunks, sum.steals += s.steals;
+    sum.samples += s.samples, sum.chunks += s.chunks, sum.steals += s.steals, sum.bytes_moved += s.bytes_moved;
     sum.loss += s.loss * static_cast<double>(s.samples);
     if (sum.devices.size() < s.devices.size()) sum.devices.resize(s.devices.size());
     for (std::size_t d = 0; d < s.devices.size(); ++d) {

@@ -24,6 +24,7 @@ namespace stealbatch {
 //   };
 struct ChunkContext {
   std::size_t device = 0;
+  std::size_t home_device = 0;   // where the chunk was placed; != device when it was stolen (its inputs moved)
   ChunkId chunk = 0;
   std::span<const std::uint32_t> samples;
   std::span<const float> params;

@@ -52,6 +52,14 @@ struct RuntimeOptions {
   double sim_sample_seconds = 100e-6;              // simulated devices: seconds per sample at speed 1, [0, 1]
   std::function<double(std::uint32_t)> sim_sample_cost{};  // simulated devices: a sample's relative cost (default 1)
   std::vector<double> placement_weights{};         // kGiven: one weight >= 0 per device
+  // Simulated devices: a stolen chunk's inputs cross a link first: sim_bytes_per_sample * samples / sim_link_bw
+  // + sim_link_latency seconds. And the AllReduce of sim_allreduce_bytes follows the ring model
+  // 2 (n - 1) / n * bytes / sim_busbw + sim_link_latency. Zero bytes: no cost.
+  double sim_bytes_per_sample = 0;                 // [0, 1e9]
+  double sim_link_bw = 25e9;                       // bytes/s, > 0
+  double sim_link_latency = 10e-6;                 // seconds, [0, 1]
+  double sim_allreduce_bytes = 0;                  // [0, 1e12]
+  double sim_busbw = 100e9;                        // bytes/s, > 0
   // Simulated devices: a factor on device d's speed at (step, seconds into the step), for speed changes during a
   // run (default 1). Called on the device's thread at each chunk's start.
   std::function<double(std::size_t device, std::uint64_t step, double seconds_into_step)> sim_speed_factor{};
@@ -120,7 +128,9 @@ class Runtime {
   std::chrono::steady_clock::time_point m_epoch;
   std::uint64_t m_steps = 0;
   bool m_grads_dirty = false;
-  std::vector<ChunkSpan> m_spans;  // this step's chunk table, reused  // the gradient buffers hold a previous step's values
+  std::vector<ChunkSpan> m_spans;  // this step's chunk table, reused
+  bool m_is_sim = false;
+  double m_sim_allreduce_s = 0;    // the simulated AllReduce time per step (ring model)  // the gradient buffers hold a previous step's values
   std::unique_ptr<Scheduler> m_sched;  // last: its workers stop before the devices and replicas go
 };
 

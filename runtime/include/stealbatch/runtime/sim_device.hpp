@@ -25,6 +25,11 @@ class SimDevice final : public Device {
   void begin_step(std::uint64_t step, std::chrono::steady_clock::time_point start) override;
   // A factor on the speed at (step, seconds into the step), evaluated at each chunk's start. Set before the runtime runs.
   void set_speed_factor(std::function<double(std::uint64_t, double)> f) { m_factor = std::move(f); }
+  // A stolen chunk (ctx.home_device != this device) first waits for its inputs: bytes_per_sample * samples /
+  // link_bw + latency seconds.
+  void set_link(double bytes_per_sample, double link_bw, double latency) {
+    m_bytes_per_sample = bytes_per_sample, m_link_bw = link_bw, m_latency = latency;
+  }
 
  private:
   std::size_t m_index;
@@ -32,6 +37,7 @@ class SimDevice final : public Device {
   double m_sample_seconds;
   std::function<double(std::uint32_t)> m_sample_cost;
   std::function<double(std::uint64_t, double)> m_factor;
+  double m_bytes_per_sample = 0, m_link_bw = 1, m_latency = 0;
   // Written by the runtime's thread before a step and read by this device's worker during it: ordered by the
   // scheduler's step hand-off (its release/acquire of the step sequence).
   std::uint64_t m_step = 0;

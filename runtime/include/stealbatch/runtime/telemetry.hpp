@@ -34,6 +34,7 @@ struct StepReport {
   std::uint64_t samples = 0;
   std::uint64_t chunks = 0;
   std::uint64_t steals = 0;   // chunks that ran on a device other than the one they were placed on
+  double bytes_moved = 0;     // inputs of stolen chunks that crossed a link (simulated devices; 0 otherwise)
   double loss = 0;            // mean loss over the step's samples (what the chunk functions reported)
   std::vector<DeviceReport> devices;
 };
