@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs the stealbench sweeps behind the README's charts and draws them into perf/charts/ (SVG).
+# Usage: perf/stealbench_charts.sh [BUILD_DIR]   (about a minute on 2 cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+out=perf/charts
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$out"
+"$build/perf/stealbench" --scenario scale --policy static,lbbsp,steal,steal-adaptive --json "$tmp/scale.json" >/dev/null 2>&1
+python3 perf/plot_stealbench.py "$tmp/scale.json" --x devices --y efficiency --logx \
+  --title "hetero (1, 0.8, 0.5, 0.25 repeated), weak scaling, 320 us chunks" --out "$out/efficiency_vs_devices.svg"
+# The tail-versus-overhead curve: chunk size against efficiency and step time, hetero on 4 devices.
+echo "[" > "$tmp/chunks.json"
+first=1
+for c in 2 4 8 16 32 64 128; do
+  "$build/perf/stealbench" --scenario hetero --policy steal,steal-adaptive --chunk "$c" --time-scale 4 --steps 12 --json "$tmp/c$c.json" >/dev/null 2>&1
+  python3 - "$tmp/c$c.json" "$first" >>"$tmp/chunks.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+print(("" if sys.argv[2] == "1" else ",") + ",".join(json.dumps(r) for r in rows))
+PY
+  first=0
+done
+echo "]" >> "$tmp/chunks.json"
+python3 perf/plot_stealbench.py "$tmp/chunks.json" --x chunk --y efficiency --y2 step_ms_median --logx --mark 16 \
+  --title "hetero, 4 devices, batch 1024: chunk size against efficiency and step time" --out "$out/chunk_size.svg"
+echo "wrote $out/efficiency_vs_devices.svg $out/chunk_size.svg"
