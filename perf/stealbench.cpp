@@ -77,6 +77,10 @@ PolicySetup make_policy(const std::string& name, const Scenario& sc) {
   } else if (name == "lbbsp") {
     // LB-BSP / DBS: static, with every step's shares resized from the previous step's measured throughput.
     o.policy = SchedulePolicy::kStatic, o.placement = PlacementPolicy::kPreviousStep;
+  } else if (name == "central") {
+    // One shared lock-free queue (boost::lockfree::queue) that every device takes from: no placement, no locality.
+    o.policy = SchedulePolicy::kCentral, o.placement = PlacementPolicy::kEqual, o.endgame = EndGame::kOff;
+    o.chunk_sizing = ChunkSizing::kFixed;
   } else if (name == "steal") {
     o.policy = SchedulePolicy::kSteal, o.placement = PlacementPolicy::kEqual, o.endgame = EndGame::kOff;
     o.chunk_sizing = ChunkSizing::kFixed;
@@ -84,7 +88,7 @@ PolicySetup make_policy(const std::string& name, const Scenario& sc) {
     o.policy = SchedulePolicy::kSteal, o.placement = PlacementPolicy::kThroughput, o.endgame = EndGame::kOn;
     o.chunk_sizing = ChunkSizing::kBySpeed;
   } else {
-    throw ConfigError("policy = '" + name + "': expected static, oracle, lbbsp, steal or steal-adaptive");
+    throw ConfigError("policy = '" + name + "': expected static, oracle, lbbsp, central, steal or steal-adaptive");
   }
   return {name, o};
 }
@@ -124,7 +128,7 @@ int main(int argc, char** argv) {
   double bytes_per_sample = 150e3, link_gbps = 25, allreduce_mb = 100, busbw_gbps = 100, latency_us = 10;
   CLI::App app{"stealbench: the runtime on simulated devices, scenario by policy, against the ideal"};
   app.add_option("--scenario", scenarios_arg, "seed-slow,seed-skew,hetero,scale or all")->capture_default_str();
-  app.add_option("--policy", policies_arg, "static,oracle,steal,steal-adaptive or all")->capture_default_str();
+  app.add_option("--policy", policies_arg, "static,oracle,lbbsp,central,steal,steal-adaptive or all")->capture_default_str();
   app.add_option("--devices", devices, "simulated devices (scale uses 4 to 64)")->check(CLI::Range(2, 1024))->capture_default_str();
   app.add_option("--steps", steps, "timed steps per row")->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first (they also measure the devices)")->check(CLI::Range(0, 1000))->capture_default_str();
@@ -152,7 +156,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> scen = scenarios_arg == "all"
                                       ? std::vector<std::string>{"seed-slow", "seed-skew", "hetero", "varcost", "slowdown", "scale"}
                                       : split(scenarios_arg);
-  std::vector<std::string> pols = policies_arg == "all" ? std::vector<std::string>{"static", "oracle", "lbbsp", "steal", "steal-adaptive"}
+  std::vector<std::string> pols = policies_arg == "all" ? std::vector<std::string>{"static", "oracle", "lbbsp", "central", "steal", "steal-adaptive"}
                                                          : split(policies_arg);
   const double sample_seconds = 5e-6 * time_scale;
 

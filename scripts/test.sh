@@ -29,7 +29,7 @@ run_suite() {  # name, build dir, ctest args..., -- cmake args...
 }
 
 run_suite "release" build -- -DCMAKE_BUILD_TYPE=Release || status=1
-TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
   run_suite "tsan" build-tsan -L "scheduler|runtime" -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=thread \
   -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
 ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1" \

@@ -89,7 +89,7 @@ RunResult train(const Flags& f, SchedulePolicy policy, const MlpModel& model, co
   const std::size_t total_steps = steps_per_epoch * f.epochs;
   std::size_t step_no = 0;
   RunResult res;
-  res.policy = policy == SchedulePolicy::kSteal ? "steal" : "static";
+  res.policy = policy == SchedulePolicy::kSteal ? "steal" : policy == SchedulePolicy::kStatic ? "static" : "central";
   std::vector<std::uint32_t> order(train_set.count);
   std::vector<StepReport> all;
   for (std::size_t epoch = 1; epoch <= f.epochs; ++epoch) {
@@ -143,8 +143,8 @@ int main(int argc, char** argv) {
   app.add_option("--limit", f.limit, "train on the first N training samples only (0 = all)")->capture_default_str();
   app.add_option("--lr", f.lr, "learning rate")->capture_default_str();
   app.add_option("--optimizer", f.optimizer, "sgd (momentum 0.9) or adam")->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
-  app.add_option("--policy", f.policy, "static (equal split, no stealing: the DDP baseline) or steal")
-      ->check(CLI::IsMember({"static", "steal"}))->capture_default_str();
+  app.add_option("--policy", f.policy, "static (equal split, no stealing: the DDP baseline), steal, or central (one shared queue)")
+      ->check(CLI::IsMember({"static", "steal", "central"}))->capture_default_str();
   app.add_option("--slowdown", f.slowdown, "per-device slowdown factors, e.g. 6.6,6.6,1,1 (1 = full speed)");
   app.add_option("--hidden", f.hidden, "hidden layer sizes")->capture_default_str();
   app.add_option("--schedule", f.schedule, "learning rate: cosine (decays --lr to 0 over the run) or constant")

@@ -35,7 +35,8 @@ struct alignas(detail::kCacheLine) Runtime::Replica {
 SchedulePolicy parse_policy(std::string_view name) {
   if (name == "steal") return SchedulePolicy::kSteal;
   if (name == "static") return SchedulePolicy::kStatic;
-  throw ConfigError("policy = '" + std::string(name) + "': expected static or steal");
+  if (name == "central") return SchedulePolicy::kCentral;
+  throw ConfigError("policy = '" + std::string(name) + "': expected static, steal or central");
 }
 
 Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoch(Clock::now()) {

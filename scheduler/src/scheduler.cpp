@@ -2,6 +2,8 @@
 #include <stealbatch/error.hpp>
 #include <stealbatch/scheduler/scheduler.hpp>
 
+#include <boost/lockfree/queue.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -22,6 +24,11 @@ void check_range(const char* field, std::size_t value, std::size_t lo, std::size
 
 }  // namespace
 
+struct Scheduler::Central {
+  boost::lockfree::queue<ChunkId> queue{1024};
+  std::size_t reserved = 1024;  // nodes in the queue's free list; reserve() adds, so only the shortfall is asked for
+};
+
 struct alignas(detail::kCacheLine) Scheduler::Worker {
   Worker(std::size_t i, const SchedulerOptions& o)
       : index(i), deque(o.deque_capacity), victims(i, o.workers, o.victim, o.seed) {}
@@ -40,6 +47,7 @@ Scheduler::Scheduler(SchedulerOptions options) : m_options(std::move(options)), 
   check_range("deque_capacity", m_options.deque_capacity, 2, std::size_t{1} << 30);
 
   const std::size_t n = m_options.workers;
+  if (m_options.schedule == SchedulePolicy::kCentral) m_central = std::make_unique<Central>();
   m_workers.reserve(n);
   m_stealers.reserve(n);
   for (std::size_t w = 0; w < n; ++w) {
@@ -118,6 +126,21 @@ StepStats Scheduler::run(std::span<const std::vector<ChunkId>> placement, ChunkF
 template <class Fill>
 void Scheduler::place_all(std::uint64_t total, Fill&& fill) {
   try {
+    if (m_central) {
+      // One shared queue, in placement order. reserve() allocates the nodes now (it is not thread-safe, and the
+      // workers are parked), so the pushes below never allocate.
+      if (total > m_central->reserved) {
+        m_central->queue.reserve(static_cast<std::size_t>(total) - m_central->reserved);
+        m_central->reserved = static_cast<std::size_t>(total);
+      }
+      for (std::size_t w = 0; w < m_workers.size(); ++w) {
+        fill(w);
+        for (auto it = m_scratch.rbegin(); it != m_scratch.rend(); ++it) {
+          if (!m_central->queue.bounded_push(*it)) m_central->queue.push(*it);  // out of nodes: allocate one
+        }
+      }
+      return;
+    }
     for (std::size_t w = 0; w < m_workers.size(); ++w) {
       fill(w);
       place_scratch(w, total);
@@ -131,6 +154,11 @@ void Scheduler::place_all(std::uint64_t total, Fill&& fill) {
 void Scheduler::discard_all() noexcept {
   for (auto& w : m_workers) {
     while (w->deque.pop()) {
+    }
+  }
+  if (m_central) {
+    ChunkId c = 0;
+    while (m_central->queue.pop(c)) {
     }
   }
 }
@@ -241,7 +269,7 @@ StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn) {
   }
   if (m_error) std::rethrow_exception(m_error);
   // The invariant the whole design rests on; cheap enough to check on every step.
-  bool drained = true;
+  bool drained = !m_central || m_central->queue.empty();
   for (const auto& w : m_workers) drained = drained && w->deque.empty();
   if (ran != chunks || !drained) {
     discard_all();
@@ -284,6 +312,19 @@ void Scheduler::run_step(Worker& me) {
     return;
   }
   auto over = [&] { return step_over(); };
+  if (m_central) {
+    // The central queue: take until it is empty, then wait for the chunks still running elsewhere.
+    ChunkId c = 0;
+    while (!m_abort.load(std::memory_order_relaxed) && m_central->queue.pop(c)) execute(me, c);  // relaxed: as below
+    const auto t0 = Clock::now();
+    wait_until(over, over, &me.counters.parks);
+    me.counters.idle += Clock::now() - t0;
+    if (m_abort.load(std::memory_order_relaxed)) {
+      while (m_central->queue.pop(c)) {  // after a failure, discard the rest (every worker may help)
+      }
+    }
+    return;
+  }
   for (;;) {
     // Relaxed: the abort flag guards no data (the error itself reaches the caller through m_in_step).
     if (m_abort.load(std::memory_order_relaxed)) break;

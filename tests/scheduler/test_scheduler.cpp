@@ -314,3 +314,28 @@ TEST_CASE("Scheduler.SlowThiefStealsSmallBatches") {
   CHECK(st.workers[0].chunks_run <= 6);
   MESSAGE("slow thief ran " << st.workers[0].chunks_run << " chunks, stole " << st.workers[0].chunks_stolen);
 }
+
+TEST_CASE("Scheduler.CentralQueueRunsEveryChunkOnce") {
+  Scheduler sched({.workers = 4, .schedule = SchedulePolicy::kCentral});
+  std::mt19937_64 rng(5);
+  std::vector<std::atomic<int>> runs(500);
+  for (int step = 0; step < static_cast<int>(scaled(1000)); ++step) {
+    const std::size_t chunks = rng() % 500;
+    for (std::size_t i = 0; i < chunks; ++i) runs[i].store(0);
+    const StepStats st = sched.run(place_equal(chunks, 4), [&](std::size_t, ChunkId c) { runs[c].fetch_add(1); });
+    int wrong = 0;
+    for (std::size_t i = 0; i < chunks; ++i) wrong += runs[i].load() != 1;
+    REQUIRE(wrong == 0);
+    REQUIRE(st.chunks == chunks);
+  }
+  // A failure stops the step, the rest is discarded, and the next step runs every chunk.
+  CHECK_THROWS_AS(sched.run(place_equal(200, 4), [](std::size_t, ChunkId c) {
+    if (c == 17) throw std::runtime_error("boom");
+  }),
+                  std::runtime_error);
+  for (auto& r : runs) r.store(0);
+  (void)sched.run(place_equal(300, 4), [&](std::size_t, ChunkId c) { runs[c].fetch_add(1); });
+  int wrong = 0;
+  for (std::size_t i = 0; i < 300; ++i) wrong += runs[i].load() != 1;
+  CHECK(wrong == 0);
+}

@@ -68,7 +68,7 @@ struct RuntimeOptions {
   std::uint64_t seed = 0x5eedba7c;                 // victim order
 };
 
-// "static" or "steal"; throws ConfigError naming the field ("policy").
+// "static", "steal" or "central"; throws ConfigError naming the field ("policy").
 SchedulePolicy parse_policy(std::string_view name);
 
 // A training runtime. One worker thread per device runs chunks; idle devices steal from busy ones; each

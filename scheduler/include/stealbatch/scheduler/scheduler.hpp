@@ -25,7 +25,9 @@ namespace stealbatch {
 enum class StealPolicy { kOne, kHalf };
 
 // kSteal: idle workers steal. kStatic: every worker runs only what it was placed (the equal-split baseline).
-enum class SchedulePolicy { kSteal, kStatic };
+// kCentral: the placement is ignored and every chunk goes into one shared lock-free MPMC queue
+// (boost::lockfree::queue) that all workers take from: the central-queue baseline, with no locality.
+enum class SchedulePolicy { kSteal, kStatic, kCentral };
 
 struct SchedulerOptions {
   std::size_t workers = 1;                         // [1, 4096]
@@ -98,6 +100,7 @@ class Scheduler {
   explicit Scheduler(SchedulerOptions options);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
+  Scheduler(Scheduler&&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Chunks placed as contiguous ranges; worker w runs its range in ascending order, and thieves take from the
@@ -133,6 +136,7 @@ class Scheduler {
 
  private:
   struct Worker;
+  struct Central;
   enum class Found { kChunk, kStepOver };
 
   void worker_main(std::size_t w);
@@ -161,6 +165,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Worker>> m_workers;
   std::vector<Stealer> m_stealers;
   std::vector<ChunkId> m_scratch;  // the caller's reversed copy of a range before a bulk push
+  std::unique_ptr<Central> m_central;  // kCentral only
   EventCount m_event;
   SpinBudget m_spin;
 
