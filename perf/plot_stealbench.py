@@ -11,7 +11,7 @@ import json
 import math
 import sys
 
-COLORS = {"static": "#d62728", "oracle": "#7f7f7f", "lbbsp": "#ff7f0e", "steal": "#1f77b4", "steal-adaptive": "#2ca02c"}
+COLORS = {"static": "#d62728", "oracle": "#7f7f7f", "lbbsp": "#ff7f0e", "central": "#9467bd", "steal": "#1f77b4", "steal-adaptive": "#2ca02c"}
 LABELS = {
     "devices": "devices",
     "chunk": "chunk size (samples on the fastest device)",
