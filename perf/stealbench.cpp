@@ -126,6 +126,8 @@ int main(int argc, char** argv) {
   std::size_t devices = 4, steps = 20, warmup = 3, chunk = 16, batch = 1024;
   double time_scale = 4.0;
   double bytes_per_sample = 150e3, link_gbps = 25, allreduce_mb = 100, busbw_gbps = 100, latency_us = 10;
+  double noise_pct = 0;                 // every chunk's speed x (1 +- noise_pct%), uniformly
+  std::vector<double> step_change;      // {step, factor}: device 0's speed x factor from that step on
   CLI::App app{"stealbench: the runtime on simulated devices, scenario by policy, against the ideal"};
   app.add_option("--scenario", scenarios_arg, "seed-slow,seed-skew,hetero,scale or all")->capture_default_str();
   app.add_option("--policy", policies_arg, "static,oracle,lbbsp,central,steal,steal-adaptive or all")->capture_default_str();
@@ -143,6 +145,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1e6))->capture_default_str();
   app.add_option("--busbw-gbps", busbw_gbps, "AllReduce bus bandwidth, GB/s")->check(CLI::Range(0.001, 1e6))->capture_default_str();
   app.add_option("--latency-us", latency_us, "latency of a transfer and of the AllReduce, us")->check(CLI::Range(0.0, 1e6))->capture_default_str();
+  app.add_option("--noise", noise_pct, "random speed noise: each chunk runs at speed x (1 +- this %), uniformly")
+      ->check(CLI::Range(0.0, 90.0))->capture_default_str();
+  app.add_option("--step-change", step_change, "STEP FACTOR: from that (timed) step on, device 0 runs at speed x FACTOR")
+      ->expected(2);
   app.add_option("--json", json_path, "write the rows as JSON to this file");
   CLI11_PARSE(app, argc, argv);
 
@@ -181,6 +187,22 @@ int main(int argc, char** argv) {
         // scale keeps the samples per device of --devices (weak scaling, as a data-parallel run grows its batch).
         const std::size_t step_batch = sname == "scale" ? std::max<std::size_t>(1, batch * n / devices) : batch;
         Scenario sc = make_scenario(sname == "scale" ? "hetero" : sname, n, step_batch, step_batch * (warmup + steps));
+        if (noise_pct > 0 || !step_change.empty()) {
+          // Speed schedules on top of the scenario's own: a step change of device 0 and per-chunk noise. The noise
+          // generator is per device, so the device threads never share one.
+          auto inner = sc.speed_factor;
+          auto rngs = std::make_shared<std::vector<std::mt19937_64>>();
+          for (std::size_t d = 0; d < n; ++d) rngs->emplace_back(1000 + d);
+          const double noise = noise_pct / 100.0;
+          const std::uint64_t change_at = step_change.empty() ? 0 : static_cast<std::uint64_t>(step_change[0]) + warmup;
+          const double change_by = step_change.empty() ? 1.0 : step_change[1];
+          sc.speed_factor = [inner, rngs, noise, change_at, change_by](std::size_t d, std::uint64_t step, double t) {
+            double f = inner ? inner(d, step, t) : 1.0;
+            if (change_at > 0 && d == 0 && step > change_at) f *= change_by;
+            if (noise > 0) f *= 1.0 + noise * std::uniform_real_distribution<double>(-1.0, 1.0)((*rngs)[d]);
+            return f;
+          };
+        }
         if (sname == "slowdown") {
           // A third of the way into the ideal step, device 0 drops to 30%, every third step.
           const double drop_at = 1.0 / 3.0 * static_cast<double>(step_batch) * sample_seconds / static_cast<double>(n);
@@ -228,7 +250,11 @@ int main(int argc, char** argv) {
             for (auto& c : seen) wrong += c.load(std::memory_order_relaxed) != 1;
             if (i < warmup) continue;
             // slowdown: the ideal is the full-speed one; the drop steps are one in three, so not the median.
-            ideal_s.push_back(work * sample_seconds / speed_sum + t_ar);
+            double speeds_now = speed_sum;  // a step change lowers device 0's speed from its step on
+            if (!step_change.empty() && i + 1 > static_cast<std::size_t>(step_change[0]) + warmup) {
+              speeds_now -= sc.speeds[0] * (1.0 - step_change[1]);
+            }
+            ideal_s.push_back(work * sample_seconds / speeds_now + t_ar);
             step_s.push_back(r.step_s);
             steals.push_back(static_cast<double>(r.steals));
             moved.push_back(r.bytes_moved);
