@@ -53,7 +53,8 @@ std::vector<double> parse_number_list(std::string_view list, std::string_view fi
 }
 
 DeviceSpec parse_device_spec(std::string_view spec) {
-  constexpr std::string_view kRule = "expected cpu:N (1..256), cuda:all, cuda:I[,J...] or sim:S1[,S2...] (speeds > 0)";
+  constexpr std::string_view kRule =
+      "expected cpu:N (1..256), cuda:all, cuda:I[,J...], vgpu:SM1[,SM2...] (SM counts >= 1) or sim:S1[,S2...] (speeds > 0)";
   DeviceSpec out;
   out.text = std::string(spec);
   const auto colon = spec.find(':');
@@ -79,6 +80,15 @@ DeviceSpec parse_device_spec(std::string_view spec) {
       }
       out.count = out.ids.size();
     }
+  } else if (kind == "vgpu") {
+    out.kind = DeviceKind::kVgpu;
+    for (std::string_view piece : split(rest)) {
+      long long sms = 0;
+      if (!parse_int(piece, sms) || sms < 1 || sms > 100000) bad("devices", spec, kRule);
+      out.ids.push_back(static_cast<int>(sms));
+    }
+    if (out.ids.size() > 64) bad("devices", spec, "at most 64 virtual GPUs");
+    out.count = out.ids.size();
   } else if (kind == "sim") {
     out.kind = DeviceKind::kSim;
     out.speeds = parse_number_list(rest, "devices");

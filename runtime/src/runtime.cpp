@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -22,15 +24,33 @@ constexpr std::size_t kStaleAfterIdleSteps = 10;
 
 }  // namespace
 
-// A device's replica: parameters, gradient buffer, optimizer state and this step's tallies. Aligned so that two
-// devices' tallies never share a cache line.
+// A device's tallies for this step (the replica itself lives in the Device). Aligned so that two devices' tallies
+// never share a cache line.
 struct alignas(detail::kCacheLine) Runtime::Replica {
-  std::vector<float> params;
-  std::vector<float> grad;
-  std::unique_ptr<Optimizer> optimizer;
   double loss = 0;
   std::uint64_t samples = 0;
 };
+
+namespace {
+
+std::mutex g_backends_mutex;
+std::map<DeviceKind, std::shared_ptr<DeviceBackend>>& backends() {
+  static std::map<DeviceKind, std::shared_ptr<DeviceBackend>> m;
+  return m;
+}
+
+}  // namespace
+
+void register_device_backend(DeviceKind kind, std::shared_ptr<DeviceBackend> backend) {
+  const std::lock_guard lock(g_backends_mutex);
+  backends()[kind] = std::move(backend);
+}
+
+std::shared_ptr<DeviceBackend> device_backend(DeviceKind kind) {
+  const std::lock_guard lock(g_backends_mutex);
+  const auto it = backends().find(kind);
+  return it == backends().end() ? nullptr : it->second;
+}
 
 SchedulePolicy parse_policy(std::string_view name) {
   if (name == "steal") return SchedulePolicy::kSteal;
@@ -41,14 +61,31 @@ SchedulePolicy parse_policy(std::string_view name) {
 
 Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoch(Clock::now()) {
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  if (m_options.devices.empty()) m_options.devices = "cpu:" + std::to_string(std::min(cores, 4u));
-  const DeviceSpec spec = parse_device_spec(m_options.devices);
+  if (m_options.devices.empty()) {
+    const auto gpus = device_backend(DeviceKind::kCuda);
+    m_options.devices = gpus && gpus->available() > 0 ? "cuda:all" : "cpu:" + std::to_string(std::min(cores, 4u));
+  }
+  DeviceSpec spec = parse_device_spec(m_options.devices);
   if (m_options.chunk_size < 1 || m_options.chunk_size > (std::size_t{1} << 20)) {
     throw ConfigError("chunk_size = " + std::to_string(m_options.chunk_size) + "; valid range is [1, 1048576]");
   }
   validate(m_options.optimizer);
-  if (spec.kind == DeviceKind::kCuda) {
-    throw ConfigError("devices = '" + spec.text + "': this build's runtime drives cpu:N and sim:... devices; the CUDA device is not wired into the runtime yet");
+  if (m_options.in_flight < 1 || m_options.in_flight > 16) {
+    throw ConfigError("in_flight = " + std::to_string(m_options.in_flight) + "; valid range is [1, 16]");
+  }
+  if (m_options.input_bytes > (std::size_t{1} << 30)) {
+    throw ConfigError("input_bytes = " + std::to_string(m_options.input_bytes) + "; valid range is [0, 1073741824]");
+  }
+  if (m_options.input_bytes > 0 && !m_options.gather) throw ConfigError("input_bytes = " + std::to_string(m_options.input_bytes) + " but no gather function is set");
+  std::shared_ptr<DeviceBackend> backend;
+  if (spec.kind == DeviceKind::kCuda || spec.kind == DeviceKind::kVgpu) {
+    backend = device_backend(spec.kind);
+    if (!backend) {
+      throw ConfigError("devices = '" + spec.text + "': no CUDA backend is enabled in this program (built without CUDA, or " +
+                        "stealbatch::cuda::enable() not called)");
+    }
+    m_devices = backend->make_devices(spec, m_options);
+    spec.count = m_devices.size();
   }
   const std::size_t n = spec.count;
   if (m_options.slowdown.empty()) m_options.slowdown.assign(n, 1.0);
@@ -66,7 +103,9 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
     if (!std::isfinite(f) || f < 1.0 || f > 1000.0) {
       throw ConfigError("slowdown[" + std::to_string(i) + "] = " + std::to_string(f) + "; valid range is [1, 1000]");
     }
-    if (spec.kind == DeviceKind::kSim) {
+    if (backend) {
+      if (f != 1.0) throw ConfigError("slowdown[" + std::to_string(i) + "] = " + std::to_string(f) + ": only CPU and simulated devices can be slowed down");
+    } else if (spec.kind == DeviceKind::kSim) {
       // A simulated device's speed is its spec'd speed divided by its slowdown factor.
       m_devices.push_back(std::make_unique<SimDevice>(i, spec.speeds[i] / f, m_options.sim_sample_seconds, m_options.sim_sample_cost));
       static_cast<SimDevice&>(*m_devices.back()).set_link(m_options.sim_bytes_per_sample, m_options.sim_link_bw, m_options.sim_link_latency);
@@ -107,7 +146,13 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
   }
   m_speed_history.resize(n);
   m_idle_steps.assign(n, 0);
-  m_comm = std::make_unique<InProcessCommunicator>();
+  if (backend) {
+    std::vector<Device*> raw;
+    for (const auto& d : m_devices) raw.push_back(d.get());
+    m_comm = backend->make_communicator(raw);
+  } else {
+    m_comm = std::make_unique<InProcessCommunicator>();
+  }
   if (!m_options.trace_path.empty()) {
     std::vector<std::string> names;
     for (const auto& d : m_devices) names.push_back(d->name());
@@ -132,24 +177,28 @@ void Runtime::register_parameters(ParameterLayout layout, std::span<const float>
                       std::to_string(layout.size()) + " floats");
   }
   m_layout = std::move(layout);
-  for (auto& r : m_replicas) {
-    r->params.assign(initial.begin(), initial.end());
-    r->grad.assign(initial.size(), 0.0f);
-    r->optimizer = std::make_unique<Optimizer>(m_options.optimizer, initial.size());
-  }
+  m_sched->broadcast([&](std::size_t d) { m_devices[d]->init_replica(initial, m_options.optimizer); });
   m_mean_grad.assign(initial.size(), 0.0f);
   m_grads_dirty = false;
 }
 
 void Runtime::set_learning_rate(float lr) {
-  for (auto& r : m_replicas) {
-    if (!r->optimizer) throw ConfigError("set_learning_rate: no parameters registered; call register_parameters() first");
-    r->optimizer->set_lr(lr);
-  }
+  if (m_layout.size() == 0) throw ConfigError("set_learning_rate: no parameters registered; call register_parameters() first");
+  OptimizerOptions check = m_options.optimizer;
+  check.lr = lr;
+  validate(check);
+  m_sched->broadcast([&](std::size_t d) { m_devices[d]->set_lr(lr); });
   m_options.optimizer.lr = lr;
 }
 
-std::span<const float> Runtime::parameters(std::size_t device) const { return m_replicas.at(device)->params; }
+std::span<const float> Runtime::parameters(std::size_t device) const {
+  m_host_params.resize(m_layout.size());
+  Device& d = *m_devices.at(device);
+  m_sched->broadcast([&](std::size_t w) {
+    if (w == device) d.copy_params(m_host_params);
+  });
+  return m_host_params;
+}
 
 std::vector<double> Runtime::throughput_estimates() const {
   std::vector<double> out;
@@ -230,7 +279,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   std::vector<std::uint8_t> runs(chunks, 0);  // each chunk's run count: the exactly-once check, chunk by chunk
 
   if (m_grads_dirty) {  // after compute_gradient() or a failed step; a completed step() leaves them zeroed
-    m_sched->broadcast([&](std::size_t d) { std::fill(m_replicas[d]->grad.begin(), m_replicas[d]->grad.end(), 0.0f); });
+    m_sched->broadcast([&](std::size_t d) { m_devices[d]->zero_grad(); });
   }
   for (auto& r : m_replicas) r->loss = 0, r->samples = 0;
   m_grads_dirty = true;
@@ -243,8 +292,9 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     ctx.chunk = c;
     ctx.home_device = home[c];
     ctx.samples = samples.subspan(spans[c].begin, spans[c].size);
-    ctx.params = r.params;
-    ctx.grad = r.grad;
+    ctx.params = m_devices[w]->params();
+    ctx.grad = m_devices[w]->grad();
+    ctx.owner = m_devices[w].get();
     ctx.layout = &m_layout;
     ctx.loss_sum = &r.loss;
     const auto t0 = m_trace ? Clock::now() : Clock::time_point{};
@@ -265,11 +315,16 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   }
 
   std::vector<float*> bufs(n);
-  for (std::size_t d = 0; d < n; ++d) bufs[d] = m_replicas[d]->grad.data();
+  for (std::size_t d = 0; d < n; ++d) bufs[d] = m_devices[d]->grad().data();
   const StepStats reduce = m_sched->broadcast([&](std::size_t d) {
+    Device& dev = *m_devices[d];
+    dev.finish_chunks();  // a GPU's chunks still in flight
+    m_replicas[d]->loss += dev.take_device_loss();
+    dev.set_sample_count(m_replicas[d]->samples);
     m_comm->allreduce_sum(d, bufs, m_layout.size());
     if (m_sim_allreduce_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(m_sim_allreduce_s));  // the ring model
   });
+  m_comm->allreduce_all(bufs, m_layout.size());  // a collective issued from one thread (NCCL's group call)
   const auto t_reduced = Clock::now();
 
   StepReport rep;
@@ -338,8 +393,10 @@ StepReport Runtime::compute_gradient(std::span<const std::uint32_t> samples, con
   // The full-batch mean: the sum over every sample divided by the true sample count (a partial last chunk weighs
   // what it holds), never a mean of per-device means.
   const float scale = 1.0f / static_cast<float>(samples.size());
-  const std::vector<float>& sum = m_replicas[0]->grad;
-  for (std::size_t i = 0; i < sum.size(); ++i) m_mean_grad[i] = sum[i] * scale;
+  m_sched->broadcast([&](std::size_t d) {
+    if (d == 0) m_devices[0]->copy_grad(m_mean_grad);
+  });
+  for (float& g : m_mean_grad) g *= scale;
   finish(rep, t0);
   if (m_trace) m_trace->drain();
   return rep;
@@ -353,11 +410,7 @@ StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunc
   // sample count: the same update on the same values in the same order, so the replicas stay identical. Then it
   // zeroes the gradient for the next step.
   const float scale = 1.0f / static_cast<float>(samples.size());
-  const StepStats opt = m_sched->broadcast([&](std::size_t d) {
-    Replica& r = *m_replicas[d];
-    r.optimizer->step(r.params, r.grad, scale);
-    std::fill(r.grad.begin(), r.grad.end(), 0.0f);
-  });
+  const StepStats opt = m_sched->broadcast([&](std::size_t d) { m_devices[d]->apply_update(scale); });
   for (std::size_t d = 0; d < rep.devices.size(); ++d) rep.devices[d].busy_s += seconds(opt.workers[d].busy);
   m_grads_dirty = false;
   const auto t_end = Clock::now();

@@ -171,7 +171,7 @@ TEST_CASE("Runtime.ConfigErrorsNameTheField") {
   CHECK(config_error([] { Runtime rt({.devices = "cpu:2", .chunk_size = 0}); }).find("chunk_size = 0") != std::string::npos);
   CHECK(config_error([] { Runtime rt({.devices = "gpu:2"}); }).find("devices = 'gpu:2'") != std::string::npos);
   CHECK(config_error([] { Runtime rt({.devices = "cpu:0"}); }).find("devices = 'cpu:0'") != std::string::npos);
-  CHECK(config_error([] { Runtime rt({.devices = "cuda:0"}); }).find("not wired into the runtime yet") != std::string::npos);
+  CHECK(config_error([] { Runtime rt({.devices = "cuda:0"}); }).find("no CUDA backend is enabled") != std::string::npos);
   CHECK(config_error([] { Runtime rt({.devices = "sim:1,0"}); }).find("devices = 'sim:1,0'") != std::string::npos);
   CHECK(config_error([] { Runtime rt({.devices = "cpu:2", .slowdown = {1, 0.5}}); }).find("slowdown[1]") != std::string::npos);
   CHECK(config_error([] { (void)parse_slowdown_list("6.6,x,1,1", 4); }).find("slowdown = '6.6,x,1,1'") != std::string::npos);

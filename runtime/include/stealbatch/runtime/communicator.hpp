@@ -13,6 +13,9 @@ class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual void allreduce_sum(std::size_t device, std::span<float* const> buffers, std::size_t count) = 0;
+  // Called once per step from the runtime's thread after every allreduce_sum call has returned: for a collective
+  // issued from one thread for all local devices (NCCL's group call). The default does nothing.
+  virtual void allreduce_all(std::span<float* const> /*buffers*/, std::size_t /*count*/) {}
 };
 
 // Devices in one process that share host memory (CPU and simulated devices). Device d sums slice d of the buffer

@@ -1,6 +1,7 @@
 // The Device interface a runtime drives, and what a chunk function is handed.
 #pragma once
 
+#include <stealbatch/runtime/optimizer.hpp>
 #include <stealbatch/runtime/parameters.hpp>
 #include <stealbatch/scheduler/chunk_deque.hpp>
 
@@ -8,10 +9,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace stealbatch {
+
+class Device;
 
 // Everything a chunk function needs: which device runs it, which samples, the device's replica of the
 // parameters (read-only during a step), and the device's gradient buffer to accumulate into (add, never assign:
@@ -30,14 +35,29 @@ struct ChunkContext {
   std::span<const float> params;
   std::span<float> grad;
   const ParameterLayout* layout = nullptr;
-  void* stream = nullptr;        // the device's compute stream (cudaStream_t) on a GPU; nullptr on a CPU device
   double* loss_sum = nullptr;    // the device's running loss for this step
   void add_loss(double sum_over_chunk) const { *loss_sum += sum_over_chunk; }
+
+  // GPU devices only (nullptr elsewhere). params and grad above then hold device addresses. The chunk enqueues its
+  // work on `stream` and returns without waiting: the runtime tracks completion with events.
+  void* stream = nullptr;        // the device's compute stream (cudaStream_t)
+  void* blas = nullptr;          // a cuBLAS handle bound to `stream` (cublasHandle_t)
+  const void* input = nullptr;   // the chunk's inputs on the device: RuntimeOptions::gather's bytes, sample after sample
+  float* device_loss = nullptr;  // a device float the chunk adds its summed loss to (atomicAdd)
+  Device* owner = nullptr;       // the device running the chunk (for workspace())
+  // Scratch memory of the running device (device memory on a GPU), at least `bytes`, reused by the device's
+  // next chunk: on a GPU its chunks run in stream order, so one workspace serves them all.
+  void* workspace(std::size_t bytes) const;
 };
 
 using ChunkFunction = std::function<void(ChunkContext&)>;
 
-// One compute device. Each device is driven by one worker thread of the runtime.
+// One compute device. Each device is driven by one worker thread of the runtime, which calls every method below
+// except name(), on that thread.
+//
+// The device also holds its replica: the parameters, the gradient buffer (the sum over this step's chunks) and
+// the optimizer state. The defaults here keep them in host memory (CPU and simulated devices); a GPU device
+// overrides them to keep them in device memory.
 class Device {
  public:
   virtual ~Device() = default;
@@ -48,6 +68,32 @@ class Device {
   virtual void run_chunk(ChunkContext& ctx, const ChunkFunction& fn) = 0;
   // Called by the runtime's thread before each step's chunks, with the step's number (from 1) and start time.
   virtual void begin_step(std::uint64_t /*step*/, std::chrono::steady_clock::time_point /*start*/) {}
+
+  // The replica. params() and grad() are addresses the chunk functions use (device memory on a GPU).
+  virtual void init_replica(std::span<const float> initial, const OptimizerOptions& options);
+  virtual std::span<const float> params() const { return m_params; }
+  virtual std::span<float> grad() { return m_grad; }
+  virtual void zero_grad();
+  // Waits until every chunk this device launched has finished (a GPU's in-flight chunks); throws on a device error.
+  virtual void finish_chunks() {}
+  // Publishes the step's sample count of this device ahead of the reduction (a GPU sends it with the gradient).
+  virtual void set_sample_count(std::uint64_t /*samples*/) {}
+  // The optimizer step from the reduced gradient sum scaled by grad_scale, then zero_grad(). Returns once done.
+  virtual void apply_update(float grad_scale);
+  virtual void set_lr(float lr);
+  // Copies to host memory (out.size() == the parameter count).
+  virtual void copy_params(std::span<float> out) const;
+  virtual void copy_grad(std::span<float> out) const;
+  // The summed loss the chunks added on the device since the last call (GPU); 0 on host devices, whose chunks use add_loss.
+  virtual double take_device_loss() { return 0; }
+  virtual void* workspace(std::size_t bytes);
+
+ protected:
+  std::vector<float> m_params, m_grad;
+  std::unique_ptr<Optimizer> m_optimizer;
+  std::vector<std::byte> m_workspace;
 };
+
+inline void* ChunkContext::workspace(std::size_t bytes) const { return owner->workspace(bytes); }
 
 }  // namespace stealbatch

@@ -1,4 +1,4 @@
-// Which devices a runtime drives, parsed from "cpu:4", "cuda:all", "cuda:0,1" or "sim:1,0.5,...".
+// Which devices a runtime drives, parsed from "cpu:4", "cuda:all", "cuda:0,1", "vgpu:64,16,16,16" or "sim:1,0.5,...".
 #pragma once
 
 #include <cstddef>
@@ -8,17 +8,20 @@
 
 namespace stealbatch {
 
-enum class DeviceKind { kCpu, kCuda, kSim };
+// kVgpu: one physical GPU (GPU 0) partitioned into parts of the given SM counts (CUDA green contexts), each part a
+// device of its own: how an uneven set of GPUs is tested on a single one.
+enum class DeviceKind { kCpu, kCuda, kSim, kVgpu };
 
 // The parsed form of a device spec.
 //   DeviceSpec s = parse_device_spec("cpu:4");        // four CPU devices sharing the machine's cores
 //   DeviceSpec g = parse_device_spec("cuda:0,2");     // GPUs 0 and 2
 //   DeviceSpec v = parse_device_spec("sim:1,1,0.5");  // three simulated devices of those relative speeds
+//   DeviceSpec p = parse_device_spec("vgpu:64,16");   // GPU 0 as two parts of 64 and 16 SMs
 struct DeviceSpec {
   DeviceKind kind = DeviceKind::kCpu;
-  std::vector<int> ids;        // kCuda: the GPU ordinals; empty with all_gpus
+  std::vector<int> ids;        // kCuda: the GPU ordinals (empty with all_gpus); kVgpu: the SM count of each part
   bool all_gpus = false;       // kCuda: "cuda:all"
-  std::size_t count = 0;       // kCpu, kSim: the number of devices (for kCuda, ids.size() unless all_gpus)
+  std::size_t count = 0;       // the number of devices (kCuda with all_gpus: 0 until the GPUs are counted)
   std::vector<double> speeds;  // kSim: relative speeds, one per device
   std::string text;            // the spec as given, for messages
 };

@@ -40,7 +40,8 @@ enum class ChunkSizing { kFixed, kBySpeed };
 enum class EndGame { kOn, kOff };
 
 struct RuntimeOptions {
-  std::string devices{};                           // "cpu:4", "sim:1,1,0.5" ("cuda:..." is not wired in yet); empty = one CPU device per core, up to 4
+  std::string devices{};                           // "cpu:4", "cuda:all", "cuda:0,1", "vgpu:64,16", "sim:1,1,0.5"; empty = every GPU if
+                                                   // there is one (with the CUDA backend enabled), else one CPU device per core, up to 4
   std::size_t chunk_size = 32;                     // samples per chunk, [1, 1048576]
   SchedulePolicy policy = SchedulePolicy::kSteal;  // kStatic: no stealing (the DDP baseline)
   PlacementPolicy placement = PlacementPolicy::kThroughput;
@@ -65,8 +66,28 @@ struct RuntimeOptions {
   std::function<double(std::size_t device, std::uint64_t step, double seconds_into_step)> sim_speed_factor{};
   OptimizerOptions optimizer{};
   std::string trace_path{};                        // Chrome Trace Event JSON; empty = no trace
+  // GPU devices: a chunk's inputs are gathered on the host, sample after sample, into pinned staging, then copied
+  // to the device (ChunkContext::input). gather(sample, dst) writes input_bytes bytes of that sample at dst.
+  std::size_t input_bytes = 0;                     // [0, 1 << 30]; 0 = no inputs travel (the chunk function finds its own)
+  std::function<void(std::uint32_t sample, std::byte* dst)> gather{};
+  std::size_t in_flight = 2;                       // GPU devices: chunks launched and not yet finished, [1, 16]
   std::uint64_t seed = 0x5eedba7c;                 // victim order
 };
+
+// A family of devices built outside this library: the CUDA backend (stealbatch::cuda) registers one for cuda:
+// and vgpu: specs (stealbatch::cuda::enable()). Without one, those specs fail with a ConfigError that says so.
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  // Devices usable now (GPUs); 0 when there are none. Never throws.
+  virtual std::size_t available() const noexcept = 0;
+  virtual std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec& spec, const RuntimeOptions& options) = 0;
+  // The reduction across the devices make_devices() returned.
+  virtual std::unique_ptr<Communicator> make_communicator(std::span<Device* const> devices) = 0;
+};
+// Registers the backend for a kind of device spec (kCuda, kVgpu); a later registration replaces an earlier one.
+void register_device_backend(DeviceKind kind, std::shared_ptr<DeviceBackend> backend);
+std::shared_ptr<DeviceBackend> device_backend(DeviceKind kind);
 
 // "static", "steal" or "central"; throws ConfigError naming the field ("policy").
 SchedulePolicy parse_policy(std::string_view name);
@@ -100,6 +121,7 @@ class Runtime {
   std::size_t device_count() const noexcept { return m_devices.size(); }
   const Device& device(std::size_t i) const { return *m_devices.at(i); }
   const ParameterLayout& layout() const noexcept { return m_layout; }
+  // A host copy of a replica's parameters, valid until the next call (GPU replicas are copied from the device).
   std::span<const float> parameters(std::size_t device = 0) const;
   // The full-batch mean gradient of the last compute_gradient().
   std::span<const float> gradient() const noexcept { return m_mean_grad; }
@@ -130,7 +152,8 @@ class Runtime {
   bool m_grads_dirty = false;
   std::vector<ChunkSpan> m_spans;  // this step's chunk table, reused
   bool m_is_sim = false;
-  double m_sim_allreduce_s = 0;    // the simulated AllReduce time per step (ring model)  // the gradient buffers hold a previous step's values
+  double m_sim_allreduce_s = 0;    // the simulated AllReduce time per step (ring model)
+  mutable std::vector<float> m_host_params;  // parameters()' copy
   std::unique_ptr<Scheduler> m_sched;  // last: its workers stop before the devices and replicas go
 };
 

@@ -1,0 +1,84 @@
+// A GPU (or a green-context part of one) as a runtime device: streams, pinned staging, chunks in flight, and the
+// replica in device memory.
+#pragma once
+
+#include <stealbatch/cuda/handles.hpp>
+#include <stealbatch/runtime/device.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace stealbatch::cuda {
+
+class Partition;  // a green context: a set of SMs of one GPU (green.hpp)
+
+// One worker per GPU drives it. A chunk's samples are gathered on the host (TBB) into a pinned staging slot,
+// copied to the device on the copy stream, and the compute stream waits for that copy (an event) before the
+// chunk function enqueues its kernels. Up to `in_flight` chunks are launched and unfinished at once; the worker
+// takes its next chunk only when a slot is free, so a chunk not yet launched stays in the deque, stealable.
+// Completion is tracked with events; nothing in the loop synchronizes the whole device.
+//
+// The gradient buffer holds the parameter count + 1 floats: the last one is the device's sample count for the
+// step, so the count rides along with the gradient through the AllReduce, and the update divides by the reduced
+// count on the device.
+class CudaDevice final : public Device {
+ public:
+  struct Options {
+    std::size_t in_flight = 2;
+    std::size_t input_bytes = 0;
+    std::function<void(std::uint32_t, std::byte*)> gather;
+  };
+  // `part` (may be null) confines the device's kernels to a green context of GPU `gpu`.
+  CudaDevice(std::size_t index, int gpu, Options options, std::shared_ptr<Partition> part = nullptr);
+  ~CudaDevice() override;
+
+  std::string name() const override;
+  void bind() override;
+  void run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override;
+  void init_replica(std::span<const float> initial, const OptimizerOptions& options) override;
+  std::span<const float> params() const override { return {m_params.data(), m_count}; }
+  std::span<float> grad() override { return {m_grad.data(), m_count}; }
+  void zero_grad() override;
+  void finish_chunks() override;
+  void set_sample_count(std::uint64_t samples) override;
+  void apply_update(float grad_scale) override;
+  void set_lr(float lr) override { m_opt.lr = lr; }
+  void copy_params(std::span<float> out) const override;
+  void copy_grad(std::span<float> out) const override;
+  double take_device_loss() override;
+  void* workspace(std::size_t bytes) override;
+
+  int gpu() const noexcept { return m_gpu; }
+  cudaStream_t compute_stream() const noexcept { return m_compute.get(); }
+  // The SMs this device's kernels may use (the whole GPU's without a partition).
+  int sm_count() const noexcept { return m_sms; }
+
+ private:
+  struct Slot;
+  void wait_slot(Slot& s);
+  [[noreturn]] void fail(const std::string& what, const std::string& detail) const;
+
+  std::size_t m_index;
+  int m_gpu;
+  Options m_o;
+  std::shared_ptr<Partition> m_part;
+  int m_sms = 0;
+  Stream m_compute, m_copy;
+  void* m_blas = nullptr;  // cublasHandle_t
+  std::vector<std::unique_ptr<Slot>> m_slots;
+  std::size_t m_next_slot = 0;
+  std::size_t m_count = 0;  // parameters
+  DeviceBuffer<float> m_params, m_grad, m_m, m_v, m_loss;
+  DeviceBuffer<std::byte> m_scratch;
+  OptimizerOptions m_opt;
+  std::uint64_t m_t = 0;
+  ChunkId m_last_chunk = 0;
+};
+
+}  // namespace stealbatch::cuda

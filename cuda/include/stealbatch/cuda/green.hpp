@@ -1,0 +1,46 @@
+// Virtual GPUs: one physical GPU split into parts of given SM counts with CUDA green contexts (driver API).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace stealbatch::cuda {
+
+// One part: a green context holding a disjoint set of the GPU's SMs. Kernels launched on a stream it creates run
+// on those SMs only. Memory is the GPU's (green contexts share the primary context's allocations), so parts
+// read each other's buffers and one kernel can reduce across them.
+class Partition {
+ public:
+  Partition(void* green_ctx, int gpu, int sms) : m_green(green_ctx), m_gpu(gpu), m_sms(sms) {}
+  ~Partition();
+  Partition(const Partition&) = delete;
+  Partition& operator=(const Partition&) = delete;
+  int gpu() const noexcept { return m_gpu; }
+  int sm_count() const noexcept { return m_sms; }
+  // Makes the part's context current on the calling thread.
+  void make_current() const;
+  // A non-blocking stream whose kernels run on this part's SMs.
+  cudaStream_t create_stream() const;
+
+ private:
+  void* m_green;  // CUgreenCtx
+  int m_gpu;
+  int m_sms;
+};
+
+// Splits GPU `gpu` into parts of at least sm_counts[i] SMs each. Each count is rounded up to the GPU's partition
+// granularity (8 SMs on Hopper); the parts' actual counts are in Partition::sm_count(). Throws ConfigError when
+// the counts do not fit (naming what fits), and CudaError where green contexts are unavailable (driver or GPU).
+std::vector<std::shared_ptr<Partition>> make_partitions(int gpu, const std::vector<int>& sm_counts);
+
+// The GPU's SM partition granularity and usable SM count, for messages; throws CudaError without a GPU.
+struct SmInfo {
+  int total = 0;
+  int granularity = 0;
+};
+SmInfo sm_info(int gpu);
+
+}  // namespace stealbatch::cuda

@@ -1,0 +1,42 @@
+// The reductions across GPU devices: NCCL across physical GPUs, a device kernel across the parts of one GPU.
+#pragma once
+
+#include <stealbatch/cuda/cuda_device.hpp>
+#include <stealbatch/runtime/communicator.hpp>
+
+#include <nccl.h>
+
+#include <vector>
+
+namespace stealbatch::cuda {
+
+// One ncclAllReduce (sum, fp32) per step over each GPU's flat gradient buffer plus its sample-count slot, issued
+// for all local GPUs inside one ncclGroupStart/End from the runtime's thread (communicators from
+// ncclCommInitAll), on each device's compute stream: ordered after its chunks, and before its update. With one
+// GPU there is nothing to reduce.
+class NcclCommunicator final : public Communicator {
+ public:
+  explicit NcclCommunicator(std::vector<CudaDevice*> devices);
+  ~NcclCommunicator() override;
+  void allreduce_sum(std::size_t, std::span<float* const>, std::size_t) override {}
+  void allreduce_all(std::span<float* const> buffers, std::size_t count) override;
+
+ private:
+  std::vector<CudaDevice*> m_devices;
+  std::vector<ncclComm_t> m_comms;
+};
+
+// The parts of one GPU (vgpu:): NCCL cannot put two ranks on one GPU, so one kernel on the first part's stream
+// sums every part's buffer (count slot included) in part order and writes the sum back into each.
+class PartsCommunicator final : public Communicator {
+ public:
+  explicit PartsCommunicator(std::vector<CudaDevice*> devices);
+  void allreduce_sum(std::size_t, std::span<float* const>, std::size_t) override {}
+  void allreduce_all(std::span<float* const> buffers, std::size_t count) override;
+
+ private:
+  std::vector<CudaDevice*> m_devices;
+  DeviceBuffer<float*> m_table;  // the parts' buffer addresses, on the device
+};
+
+}  // namespace stealbatch::cuda

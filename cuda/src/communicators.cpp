@@ -1,0 +1,51 @@
+// NcclCommunicator and PartsCommunicator.
+#include "kernels.hpp"
+
+#include <stealbatch/cuda/nccl_communicator.hpp>
+
+#include <cstdio>
+#include <string>
+
+namespace stealbatch::cuda {
+
+NcclCommunicator::NcclCommunicator(std::vector<CudaDevice*> devices) : m_devices(std::move(devices)) {
+  if (m_devices.size() <= 1) return;
+  std::vector<int> gpus;
+  for (const CudaDevice* d : m_devices) gpus.push_back(d->gpu());
+  m_comms.resize(gpus.size());
+  SB_NCCL_CHECK(ncclCommInitAll(m_comms.data(), static_cast<int>(gpus.size()), gpus.data()));
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  for (ncclComm_t c : m_comms) {
+    const ncclResult_t r = ncclCommDestroy(c);
+    if (r != ncclSuccess) std::fprintf(stderr, "stealbatch: ncclCommDestroy failed: %s\n", ncclGetErrorString(r));
+  }
+}
+
+void NcclCommunicator::allreduce_all(std::span<float* const> buffers, std::size_t count) {
+  if (m_comms.empty()) return;  // one GPU: its buffer is already the sum
+  SB_NCCL_CHECK(ncclGroupStart());
+  for (std::size_t d = 0; d < m_devices.size(); ++d) {
+    const ncclResult_t r = ncclAllReduce(buffers[d], buffers[d], count + 1, ncclFloat, ncclSum, m_comms[d], m_devices[d]->compute_stream());
+    if (r != ncclSuccess) {
+      (void)ncclGroupEnd();
+      throw NcclError(m_devices[d]->name() + ": ncclAllReduce failed: " + ncclGetErrorString(r));
+    }
+  }
+  SB_NCCL_CHECK(ncclGroupEnd());
+}
+
+PartsCommunicator::PartsCommunicator(std::vector<CudaDevice*> devices) : m_devices(std::move(devices)) {}
+
+void PartsCommunicator::allreduce_all(std::span<float* const> buffers, std::size_t count) {
+  if (m_devices.size() <= 1) return;
+  cudaStream_t s = m_devices[0]->compute_stream();
+  if (m_table.size() != buffers.size()) m_table = DeviceBuffer<float*>(buffers.size());
+  SB_CUDA_CHECK(cudaMemcpyAsync(m_table.data(), buffers.data(), buffers.size() * sizeof(float*), cudaMemcpyHostToDevice, s));
+  detail::sum_into_all(m_table.data(), buffers.size(), count + 1, s);
+  // Every part has finished its chunks (finish_chunks) and the parts' updates run on their own streams next: wait here.
+  SB_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+}  // namespace stealbatch::cuda

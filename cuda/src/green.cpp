@@ -1,0 +1,142 @@
+// Green contexts through driver entry points fetched at run time: the library never links libcuda, so it loads
+// and runs its CPU paths where there is no driver.
+#include <stealbatch/cuda/check.hpp>
+#include <stealbatch/cuda/green.hpp>
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+namespace stealbatch::cuda {
+
+namespace {
+
+// The driver functions green contexts need, resolved once.
+struct Driver {
+  decltype(&cuDeviceGet) device_get = nullptr;
+  decltype(&cuDeviceGetDevResource) get_resource = nullptr;
+  decltype(&cuDevSmResourceSplitByCount) split = nullptr;
+  decltype(&cuDevResourceGenerateDesc) generate_desc = nullptr;
+  decltype(&cuGreenCtxCreate) create = nullptr;
+  decltype(&cuGreenCtxDestroy) destroy = nullptr;
+  decltype(&cuCtxFromGreenCtx) to_ctx = nullptr;
+  decltype(&cuGreenCtxStreamCreate) stream_create = nullptr;
+  decltype(&cuCtxSetCurrent) set_current = nullptr;
+  decltype(&cuGetErrorString) error_string = nullptr;
+};
+
+template <class F>
+void resolve(const char* symbol, F& fn) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult status{};
+  const cudaError_t e = cudaGetDriverEntryPointByVersion(symbol, &p, 12040, cudaEnableDefault, &status);
+  if (e != cudaSuccess || status != cudaDriverEntryPointSuccess || p == nullptr) {
+    (void)cudaGetLastError();
+    throw CudaError(std::string("vgpu: the CUDA driver has no ") + symbol + " (green contexts need a driver for CUDA 12.4 or later)");
+  }
+  fn = reinterpret_cast<F>(p);
+}
+
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver x;
+    resolve("cuDeviceGet", x.device_get);
+    resolve("cuDeviceGetDevResource", x.get_resource);
+    resolve("cuDevSmResourceSplitByCount", x.split);
+    resolve("cuDevResourceGenerateDesc", x.generate_desc);
+    resolve("cuGreenCtxCreate", x.create);
+    resolve("cuGreenCtxDestroy", x.destroy);
+    resolve("cuCtxFromGreenCtx", x.to_ctx);
+    resolve("cuGreenCtxStreamCreate", x.stream_create);
+    resolve("cuCtxSetCurrent", x.set_current);
+    resolve("cuGetErrorString", x.error_string);
+    return x;
+  }();
+  return d;
+}
+
+void check(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return;
+  const char* msg = nullptr;
+  if (driver().error_string) driver().error_string(r, &msg);
+  throw CudaError(std::string("vgpu: ") + what + " failed: " + (msg ? msg : "unknown error") + " (" + std::to_string(static_cast<int>(r)) + ")");
+}
+
+CUdevResource device_sms(int gpu, CUdevice& dev) {
+  SB_CUDA_CHECK(cudaSetDevice(gpu));
+  SB_CUDA_CHECK(cudaFree(nullptr));  // the primary context, which the green contexts retain
+  check(driver().device_get(&dev, gpu), "cuDeviceGet");
+  CUdevResource all{};
+  check(driver().get_resource(dev, &all, CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource(SM)");
+  return all;
+}
+
+}  // namespace
+
+Partition::~Partition() {
+  if (m_green) {
+    const CUresult r = driver().destroy(static_cast<CUgreenCtx>(m_green));
+    if (r != CUDA_SUCCESS) std::fprintf(stderr, "stealbatch: cuGreenCtxDestroy failed (%d)\n", static_cast<int>(r));
+  }
+}
+
+void Partition::make_current() const {
+  CUcontext ctx = nullptr;
+  check(driver().to_ctx(&ctx, static_cast<CUgreenCtx>(m_green)), "cuCtxFromGreenCtx");
+  check(driver().set_current(ctx), "cuCtxSetCurrent");
+}
+
+cudaStream_t Partition::create_stream() const {
+  CUstream s = nullptr;
+  check(driver().stream_create(&s, static_cast<CUgreenCtx>(m_green), CU_STREAM_NON_BLOCKING, 0), "cuGreenCtxStreamCreate");
+  return reinterpret_cast<cudaStream_t>(s);
+}
+
+SmInfo sm_info(int gpu) {
+  CUdevice dev{};
+  const CUdevResource all = device_sms(gpu, dev);
+  return {static_cast<int>(all.sm.smCount), static_cast<int>(std::max(all.sm.minSmPartitionSize, all.sm.smCoscheduledAlignment))};
+}
+
+std::vector<std::shared_ptr<Partition>> make_partitions(int gpu, const std::vector<int>& sm_counts) {
+  CUdevice dev{};
+  CUdevResource all = device_sms(gpu, dev);
+  const unsigned granule = std::max(1u, std::max(all.sm.minSmPartitionSize, all.sm.smCoscheduledAlignment));
+  // Split the whole GPU into groups of one granule, then give each part as many groups as its count needs: one
+  // split instance, so the groups may be combined into one descriptor per part.
+  unsigned groups = 0;
+  check(driver().split(nullptr, &groups, &all, nullptr, 0, granule), "cuDevSmResourceSplitByCount (query)");
+  std::vector<CUdevResource> pieces(groups);
+  CUdevResource rest{};
+  check(driver().split(pieces.data(), &groups, &all, &rest, 0, granule), "cuDevSmResourceSplitByCount");
+  pieces.resize(groups);
+  std::size_t need = 0;
+  std::string asked;
+  for (int c : sm_counts) {
+    need += (static_cast<unsigned>(c) + granule - 1) / granule;
+    asked += (asked.empty() ? "" : ",") + std::to_string(c);
+  }
+  if (need > pieces.size()) {
+    throw ConfigError("devices = 'vgpu:" + asked + "': needs " + std::to_string(need * granule) + " SMs after rounding each part up to a multiple of " +
+                      std::to_string(granule) + ", but GPU " + std::to_string(gpu) + " has " + std::to_string(pieces.size() * granule) +
+                      " SMs in partitionable groups (of " + std::to_string(all.sm.smCount) + ")");
+  }
+  std::vector<std::shared_ptr<Partition>> out;
+  std::size_t at = 0;
+  for (int c : sm_counts) {
+    const std::size_t k = (static_cast<unsigned>(c) + granule - 1) / granule;
+    CUdevResourceDesc desc = nullptr;
+    check(driver().generate_desc(&desc, pieces.data() + at, static_cast<unsigned>(k)), "cuDevResourceGenerateDesc");
+    unsigned sms = 0;
+    for (std::size_t i = at; i < at + k; ++i) sms += pieces[i].sm.smCount;
+    CUgreenCtx g = nullptr;
+    check(driver().create(&g, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate");
+    out.push_back(std::make_shared<Partition>(g, gpu, static_cast<int>(sms)));
+    at += k;
+  }
+  return out;
+}
+
+}  // namespace stealbatch::cuda

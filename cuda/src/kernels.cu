@@ -1,0 +1,74 @@
+// The backend's kernels: element-wise optimizer updates (the same arithmetic on every replica, so the replicas
+// stay bit-identical), the sample-count slot, and the reduction across the parts of one GPU.
+#include "kernels.hpp"
+
+#include <stealbatch/cuda/check.hpp>
+
+namespace stealbatch::cuda::detail {
+
+namespace {
+
+constexpr int kBlock = 256;
+
+unsigned blocks(std::size_t n) {
+  const std::size_t b = (n + kBlock - 1) / kBlock;
+  return static_cast<unsigned>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
+}
+
+__global__ void sgd_kernel(float* params, const float* grad, float* vel, std::size_t n, float lr, float mu, float wd) {
+  const float scale = 1.0f / grad[n];
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const float g = __fmaf_rn(wd, params[i], grad[i] * scale);
+    const float m = __fmaf_rn(mu, vel[i], g);
+    vel[i] = m;
+    params[i] = __fmaf_rn(-lr, m, params[i]);
+  }
+}
+
+__global__ void adam_kernel(float* params, const float* grad, float* m1, float* m2, std::size_t n, float lr, float b1, float b2, float eps,
+                            float wd, float c1, float c2) {
+  const float scale = 1.0f / grad[n];
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const float g = __fmaf_rn(wd, params[i], grad[i] * scale);
+    const float m = b1 * m1[i] + (1.0f - b1) * g;
+    const float v = b2 * m2[i] + (1.0f - b2) * g * g;
+    m1[i] = m;
+    m2[i] = v;
+    params[i] -= lr * (m / c1) / (sqrtf(v / c2) + eps);
+  }
+}
+
+__global__ void set_kernel(float* at, float value) { *at = value; }
+
+__global__ void sum_kernel(float* const* bufs, std::size_t count, std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    float s = 0.0f;
+    for (std::size_t d = 0; d < count; ++d) s += bufs[d][i];  // in device order: the same sum for every layout of chunks
+    for (std::size_t d = 0; d < count; ++d) bufs[d][i] = s;
+  }
+}
+
+}  // namespace
+
+void sgd_update(float* params, const float* grad, float* velocity, std::size_t n, float lr, float momentum, float weight_decay, cudaStream_t s) {
+  sgd_kernel<<<blocks(n), kBlock, 0, s>>>(params, grad, velocity, n, lr, momentum, weight_decay);
+  SB_CUDA_CHECK(cudaGetLastError());
+}
+
+void adam_update(float* params, const float* grad, float* m, float* v, std::size_t n, float lr, float beta1, float beta2, float eps,
+                 float weight_decay, float c1, float c2, cudaStream_t s) {
+  adam_kernel<<<blocks(n), kBlock, 0, s>>>(params, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, c1, c2);
+  SB_CUDA_CHECK(cudaGetLastError());
+}
+
+void set_value(float* at, float value, cudaStream_t s) {
+  set_kernel<<<1, 1, 0, s>>>(at, value);
+  SB_CUDA_CHECK(cudaGetLastError());
+}
+
+void sum_into_all(float* const* bufs, std::size_t count, std::size_t n, cudaStream_t s) {
+  sum_kernel<<<blocks(n), kBlock, 0, s>>>(bufs, count, n);
+  SB_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace stealbatch::cuda::detail

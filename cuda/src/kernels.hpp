@@ -1,0 +1,20 @@
+// Launch wrappers for the backend's own kernels (kernels.cu): the optimizer, the count slot and the vgpu sum.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+namespace stealbatch::cuda::detail {
+
+// grad[n] holds the reduced sample count; each update scales grad[0..n) by 1 / grad[n].
+void sgd_update(float* params, const float* grad, float* velocity, std::size_t n, float lr, float momentum, float weight_decay,
+                cudaStream_t s);
+void adam_update(float* params, const float* grad, float* m, float* v, std::size_t n, float lr, float beta1, float beta2, float eps,
+                 float weight_decay, float c1, float c2, cudaStream_t s);
+void set_value(float* at, float value, cudaStream_t s);
+// out_k[i] = sum over d of bufs[d][i] for every buffer k (the sum written back into all of them). bufs is a
+// device array of `count` device pointers.
+void sum_into_all(float* const* bufs, std::size_t count, std::size_t n, cudaStream_t s);
+
+}  // namespace stealbatch::cuda::detail

@@ -1,0 +1,278 @@
+// gpu_check: the GPU half of perf/device_check.sh. On a machine with a GPU it measures, in one process:
+//   equivalence  the GPU gradient against the CPU device's, MLP and CNN, on fixed Fashion-MNIST batches
+//   throughput   MLP and CNN training samples/s on one GPU (to set against perf/torch_ref.py)
+//   vgpu         static against steal against the ideal on unequal green-context parts of one GPU
+//   allreduce    the NCCL AllReduce of each model's flat gradient buffer
+// and writes one JSON. Without a GPU it says so and exits 2.
+#include "cnn_model.hpp"
+#include "mlp_model.hpp"
+#include "models_cuda.hpp"
+
+#include <stealbatch/cuda/backend.hpp>
+#include <stealbatch/cuda/check.hpp>
+#include <stealbatch/cuda/device_info.hpp>
+#include <stealbatch/cuda/green.hpp>
+#include <stealbatch/cuda/handles.hpp>
+#include <stealbatch/error.hpp>
+#include <stealbatch/runtime/idx.hpp>
+#include <stealbatch/runtime/runtime.hpp>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+using namespace stealbatch;
+using examples::DenseData;
+using json = nlohmann::json;
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+double relative_error(std::span<const float> a, std::span<const float> b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::abs(static_cast<double>(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+RuntimeOptions options(const std::string& devices, SchedulePolicy policy, std::size_t chunk, const DenseData& d) {
+  RuntimeOptions o;
+  o.devices = devices;
+  o.policy = policy;
+  o.chunk_size = chunk;
+  o.input_bytes = examples::gpu_input_bytes(d);
+  o.gather = [&d](std::uint32_t s, std::byte* dst) { examples::gather_sample(d, s, dst); };
+  o.optimizer.lr = 0.01f;
+  return o;
+}
+
+std::vector<float> mean_gradient(RuntimeOptions o, const ParameterLayout& layout, std::span<const float> p, std::size_t batch,
+                                 const ChunkFunction& fn) {
+  Runtime rt(std::move(o));
+  rt.register_parameters(layout, p);
+  std::vector<std::uint32_t> idx(batch);
+  std::iota(idx.begin(), idx.end(), 0u);
+  rt.compute_gradient(idx, fn);
+  return {rt.gradient().begin(), rt.gradient().end()};
+}
+
+// Median step time and samples/s of `steps` training steps after `warmup`, over consecutive batches.
+struct Timing {
+  double step_ms = 0, chunks_ms = 0, samples_per_s = 0;
+  std::uint64_t steals = 0;
+  std::vector<double> util;
+};
+
+Timing time_steps(Runtime& rt, const DenseData& d, std::size_t batch, std::size_t warmup, std::size_t steps, const ChunkFunction& fn) {
+  std::vector<std::uint32_t> idx(batch);
+  std::vector<double> step_s, chunk_s;
+  Timing t;
+  std::vector<std::vector<double>> util(rt.device_count());
+  for (std::size_t i = 0; i < warmup + steps; ++i) {
+    for (std::size_t k = 0; k < batch; ++k) idx[k] = static_cast<std::uint32_t>((i * batch + k) % d.count);
+    const StepReport r = rt.step(idx, fn);
+    if (i < warmup) continue;
+    step_s.push_back(r.step_s);
+    chunk_s.push_back(r.chunks_s);
+    t.steals += r.steals;
+    for (std::size_t dv = 0; dv < r.devices.size(); ++dv) util[dv].push_back(r.devices[dv].utilization);
+  }
+  t.step_ms = median(step_s) * 1e3;
+  t.chunks_ms = median(chunk_s) * 1e3;
+  t.samples_per_s = static_cast<double>(batch) / median(step_s);
+  for (auto& u : util) t.util.push_back(median(u));
+  return t;
+}
+
+void line(const char* fmt, auto... args) {
+  std::printf(fmt, args...);
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"gpu_check: GPU gradient equivalence, throughput, virtual-GPU balance and AllReduce time, as one JSON"};
+  std::string data = "/usr/share/datasets/fashion-mnist", out = "gpu_check.json", vgpu = "64,16,16,16";
+  std::size_t steps = 100, vgpu_steps = 20, vgpu_batch = 16384, vgpu_chunk = 512, vgpu_hidden = 2048;
+  bool quick = false;
+  app.add_option("--data", data, "Fashion-MNIST folder (the IDX .gz files)");
+  app.add_option("--json", out, "where to write the figures");
+  app.add_option("--steps", steps, "timed steps per throughput figure (after 20 warm-up steps)");
+  app.add_option("--vgpu", vgpu, "SM counts of the virtual GPUs (rounded up to the GPU's partition granularity)");
+  app.add_option("--vgpu-steps", vgpu_steps, "timed steps per vgpu policy");
+  app.add_option("--vgpu-batch", vgpu_batch, "the vgpu check's batch");
+  app.add_option("--vgpu-chunk", vgpu_chunk, "the vgpu check's chunk size");
+  app.add_option("--vgpu-hidden", vgpu_hidden, "the vgpu check's MLP width (784-H-H-10), large enough to fill the SMs");
+  app.add_flag("--quick", quick, "fewer steps (a rehearsal)");
+  CLI11_PARSE(app, argc, argv);
+  if (quick) steps = 10, vgpu_steps = 4;
+
+  cuda::enable();
+  json j;
+  if (cuda::device_count() == 0) {
+    std::fprintf(stderr, "gpu_check: no GPU: %s\n", cuda::no_device_reason().c_str());
+    return 2;
+  }
+  try {
+    cudaDeviceProp prop{};
+    SB_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    const cuda::SmInfo sm = cuda::sm_info(0);
+    j["gpu"] = {{"name", prop.name}, {"count", cuda::device_count()}, {"sms", prop.multiProcessorCount}, {"sm_granularity", sm.granularity},
+                {"nccl", cuda::nccl_version()}};
+    line("GPU: %s x%d, %d SMs (partition granularity %d), NCCL %d", prop.name, cuda::device_count(), prop.multiProcessorCount, sm.granularity,
+         cuda::nccl_version());
+
+    const Dataset train_ds = load_fashion_mnist(data, DataSplit::kTrain);
+    const DenseData train{train_ds.count, train_ds.features, train_ds.x, train_ds.y};
+    const examples::MlpModel mlp({784, 256, 128, 10});
+    const examples::MlpCuda mlp_gpu({784, 256, 128, 10});
+    const examples::CnnModel cnn;
+    const examples::CnnCuda cnn_gpu;
+    auto mlp_cpu_fn = [&](ChunkContext& c) {
+      thread_local examples::MlpModel::Workspace ws;
+      c.add_loss(mlp.accumulate_gradient(c.params, c.grad, train, c.samples, ws));
+    };
+    auto cnn_cpu_fn = [&](ChunkContext& c) {
+      thread_local examples::CnnModel::Workspace ws;
+      c.add_loss(cnn.accumulate_gradient(c.params, c.grad, train, c.samples, ws));
+    };
+    auto mlp_fn = [&](ChunkContext& c) { mlp_gpu.accumulate(c); };
+    auto cnn_fn = [&](ChunkContext& c) { cnn_gpu.accumulate(c); };
+    examples::use_single_threaded_blas();
+
+    // 1. Equivalence: the same batch, parameters and chunking on the CPU device and on the GPU.
+    {
+      const auto pm = mlp.initial_parameters(1);
+      const auto ref = mean_gradient(options("cpu:1", SchedulePolicy::kSteal, 64, train), mlp.layout(), pm, 1024, mlp_cpu_fn);
+      const auto g = mean_gradient(options("cuda:0", SchedulePolicy::kSteal, 64, train), mlp.layout(), pm, 1024, mlp_fn);
+      const double e_mlp = relative_error(g, ref);
+      const auto pc = cnn.initial_parameters(1);
+      const auto refc = mean_gradient(options("cpu:1", SchedulePolicy::kSteal, 64, train), cnn.layout(), pc, 256, cnn_cpu_fn);
+      const auto gc = mean_gradient(options("cuda:0", SchedulePolicy::kSteal, 64, train), cnn.layout(), pc, 256, cnn_fn);
+      const double e_cnn = relative_error(gc, refc);
+      j["equivalence"] = {{"mlp_rel_err", e_mlp}, {"mlp_batch", 1024}, {"cnn_rel_err", e_cnn}, {"cnn_batch", 256}, {"target", 1e-4}};
+      line("equivalence: MLP rel err %.3g (batch 1024), CNN rel err %.3g (batch 256); target <= 1e-4: %s", e_mlp, e_cnn,
+           e_mlp <= 1e-4 && e_cnn <= 1e-4 ? "PASS" : "FAIL");
+    }
+
+    // 2. Throughput on one GPU: batch 256, one chunk per step (what a one-GPU trainer would do), SGD.
+    {
+      json t;
+      for (const auto& [name, layout, params, fn] :
+           {std::tuple{std::string("mlp"), mlp.layout(), mlp.initial_parameters(2), ChunkFunction(mlp_fn)},
+            std::tuple{std::string("cnn"), cnn.layout(), cnn.initial_parameters(2), ChunkFunction(cnn_fn)}}) {
+        Runtime rt(options("cuda:0", SchedulePolicy::kSteal, 256, train));
+        rt.register_parameters(layout, params);
+        const Timing tm = time_steps(rt, train, 256, 20, steps, fn);
+        t[name] = {{"batch", 256}, {"chunk", 256}, {"steps", steps}, {"step_ms_median", tm.step_ms}, {"samples_per_s", tm.samples_per_s}};
+        line("throughput: %s batch 256 on 1 GPU: %.3f ms/step (median of %zu), %.0f samples/s", name.c_str(), tm.step_ms, steps, tm.samples_per_s);
+      }
+      j["throughput"] = t;
+    }
+
+    // 3. Virtual GPUs: unequal parts, static vs steal vs the ideal from each part's measured speed alone.
+    {
+      const std::vector<std::size_t> sizes = {784, vgpu_hidden, vgpu_hidden, 10};
+      const examples::MlpModel wide(sizes);
+      const examples::MlpCuda wide_gpu(sizes);
+      const auto p = wide.initial_parameters(3);
+      auto fn = [&](ChunkContext& c) { wide_gpu.accumulate(c); };
+      const std::vector<double> req = parse_number_list(vgpu, "vgpu");
+      std::vector<double> speed;  // samples/s of each part alone (its chunks' time, median)
+      std::vector<int> sms;
+      for (double r : req) {
+        Runtime rt(options("vgpu:" + std::to_string(static_cast<int>(r)), SchedulePolicy::kStatic, vgpu_chunk, train));
+        rt.register_parameters(wide.layout(), p);
+        const Timing tm = time_steps(rt, train, vgpu_batch, 3, std::max<std::size_t>(3, vgpu_steps / 2), fn);
+        speed.push_back(static_cast<double>(vgpu_batch) / (tm.chunks_ms * 1e-3));
+        const std::string nm = rt.device(0).name();
+        sms.push_back(std::stoi(nm.substr(nm.find('(') + 1)));
+        line("vgpu: part of %d SMs alone: %.0f samples/s (%.2f ms per %zu-sample batch)", sms.back(), speed.back(), tm.chunks_ms, vgpu_batch);
+      }
+      const double total = std::accumulate(speed.begin(), speed.end(), 0.0);
+      const double ideal_ms = static_cast<double>(vgpu_batch) / total * 1e3;
+      double static_ideal_ms = 0;
+      for (double s : speed) static_ideal_ms = std::max(static_ideal_ms, static_cast<double>(vgpu_batch) / static_cast<double>(req.size()) / s * 1e3);
+      json v = {{"spec", "vgpu:" + vgpu}, {"sms", sms}, {"speeds", speed}, {"batch", vgpu_batch}, {"chunk", vgpu_chunk},
+                {"model", "mlp 784-" + std::to_string(vgpu_hidden) + "-" + std::to_string(vgpu_hidden) + "-10"}, {"ideal_ms", ideal_ms},
+                {"ideal_speedup", static_ideal_ms / ideal_ms}};
+      double t_static = 0, t_steal = 0;
+      for (const auto& [pname, pol] : {std::pair{std::string("static"), SchedulePolicy::kStatic}, std::pair{std::string("steal"), SchedulePolicy::kSteal}}) {
+        Runtime rt(options("vgpu:" + vgpu, pol, vgpu_chunk, train));
+        rt.register_parameters(wide.layout(), p);
+        const Timing tm = time_steps(rt, train, vgpu_batch, 5, vgpu_steps, fn);
+        (pol == SchedulePolicy::kStatic ? t_static : t_steal) = tm.step_ms;
+        v[pname] = {{"step_ms_median", tm.step_ms}, {"efficiency", ideal_ms / tm.step_ms}, {"steals_per_step", static_cast<double>(tm.steals) / vgpu_steps},
+                    {"utilization", tm.util}};
+        std::string us;
+        for (double u : tm.util) us += (us.empty() ? "" : ",") + std::to_string(u).substr(0, 4);
+        line("vgpu: %-6s %.2f ms/step (ideal %.2f), efficiency %.3f, util %s", pname.c_str(), tm.step_ms, ideal_ms, ideal_ms / tm.step_ms, us.c_str());
+      }
+      v["speedup"] = t_static / t_steal;
+      v["speedup_over_ideal_speedup"] = (t_static / t_steal) / (static_ideal_ms / ideal_ms);
+      line("vgpu: steal %.2fx faster than static; ideal speedup %.2fx (ratio %.3f; target >= 0.9); steal efficiency %.3f (target >= 0.9)",
+           t_static / t_steal, static_ideal_ms / ideal_ms, (t_static / t_steal) / (static_ideal_ms / ideal_ms), ideal_ms / t_steal);
+      j["vgpu"] = v;
+    }
+
+    // 4. The NCCL AllReduce of each flat buffer, over every GPU of this machine (one rank per GPU).
+    {
+      const int n = cuda::device_count();
+      std::vector<ncclComm_t> comms(static_cast<std::size_t>(n));
+      std::vector<int> devs(static_cast<std::size_t>(n));
+      std::iota(devs.begin(), devs.end(), 0);
+      SB_NCCL_CHECK(ncclCommInitAll(comms.data(), n, devs.data()));
+      json a = json::array();
+      for (const auto& [name, floats] : {std::pair{std::string("mlp"), mlp.layout().size() + 1}, std::pair{std::string("cnn"), cnn.layout().size() + 1},
+                                         std::pair{std::string("mlp-wide"), std::size_t{784 * 2048 + 2048 * 2048 + 2048 * 10 + 4106 + 1}}}) {
+        std::vector<cuda::DeviceBuffer<float>> bufs;
+        std::vector<cuda::Stream> streams;
+        for (int d = 0; d < n; ++d) {
+          cuda::DeviceScope on(d);
+          bufs.emplace_back(floats);
+          streams.push_back(cuda::make_stream());
+        }
+        std::vector<double> us;
+        for (int it = 0; it < 60; ++it) {
+          const auto t0 = std::chrono::steady_clock::now();
+          SB_NCCL_CHECK(ncclGroupStart());
+          for (int d = 0; d < n; ++d) {
+            SB_NCCL_CHECK(ncclAllReduce(bufs[d].data(), bufs[d].data(), floats, ncclFloat, ncclSum, comms[d], streams[d].get()));
+          }
+          SB_NCCL_CHECK(ncclGroupEnd());
+          for (int d = 0; d < n; ++d) SB_CUDA_CHECK(cudaStreamSynchronize(streams[d].get()));
+          if (it >= 10) us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        }
+        a.push_back({{"buffer", name}, {"floats", floats}, {"ranks", n}, {"us_median", median(us)}});
+        line("allreduce: %s buffer %zu floats over %d rank(s): %.1f us (median of 50, host-timed incl. sync)", name.c_str(), floats, n, median(us));
+      }
+      for (ncclComm_t c : comms) ncclCommDestroy(c);
+      j["allreduce"] = a;
+    }
+  } catch (const std::exception& e) {
+    j["error"] = e.what();
+    std::fprintf(stderr, "gpu_check: %s\n", e.what());
+    std::ofstream(out) << j.dump(2) << "\n";
+    return 1;
+  }
+  std::ofstream(out) << j.dump(2) << "\n";
+  line("wrote %s", out.c_str());
+  return 0;
+}

@@ -1,0 +1,32 @@
+// The host replica every CPU and simulated device keeps: parameters, gradient sum and optimizer state in memory.
+#include <stealbatch/runtime/device.hpp>
+
+#include <algorithm>
+
+namespace stealbatch {
+
+void Device::init_replica(std::span<const float> initial, const OptimizerOptions& options) {
+  m_params.assign(initial.begin(), initial.end());
+  m_grad.assign(initial.size(), 0.0f);
+  m_optimizer = std::make_unique<Optimizer>(options, initial.size());
+}
+
+void Device::zero_grad() { std::fill(m_grad.begin(), m_grad.end(), 0.0f); }
+
+void Device::apply_update(float grad_scale) {
+  m_optimizer->step(m_params, m_grad, grad_scale);
+  zero_grad();
+}
+
+void Device::set_lr(float lr) { m_optimizer->set_lr(lr); }
+
+void Device::copy_params(std::span<float> out) const { std::copy(m_params.begin(), m_params.end(), out.begin()); }
+
+void Device::copy_grad(std::span<float> out) const { std::copy(m_grad.begin(), m_grad.end(), out.begin()); }
+
+void* Device::workspace(std::size_t bytes) {
+  if (m_workspace.size() < bytes) m_workspace.resize(bytes);
+  return m_workspace.data();
+}
+
+}  // namespace stealbatch

@@ -1,0 +1,160 @@
+// The runtime on CUDA devices: the GPU gradient equals the CPU one (MLP and CNN), stealing across the parts of
+// one GPU gives the same gradient as one whole GPU, replicas stay bit-identical, and the spec errors where there
+// is no GPU (these run everywhere).
+#include "cnn_model.hpp"
+#include "mlp_model.hpp"
+#include "models_cuda.hpp"
+
+#include <stealbatch/cuda/backend.hpp>
+#include <stealbatch/cuda/device_info.hpp>
+#include <stealbatch/error.hpp>
+#include <stealbatch/runtime/runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+
+using namespace stealbatch;
+using examples::DenseData;
+
+namespace {
+
+bool skip_without_gpu() {
+  if (cuda::device_count() > 0) return false;
+  std::printf("SB_SKIP: %s\n", cuda::no_device_reason().c_str());
+  return true;
+}
+
+struct Synthetic {
+  std::vector<float> x;
+  std::vector<std::uint8_t> y;
+  DenseData data;
+  Synthetic(std::size_t count, std::size_t features, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    x.resize(count * features);
+    for (float& v : x) v = u(rng);
+    y.resize(count);
+    for (auto& v : y) v = static_cast<std::uint8_t>(rng() % 10);
+    data = {count, features, x, y};
+  }
+};
+
+// max |a - b| / max |b|.
+double relative_error(std::span<const float> a, std::span<const float> b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::abs(static_cast<double>(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+// The full-batch mean gradient of `fn` over the first `batch` samples on `devices`.
+std::vector<float> gradient(const std::string& devices, SchedulePolicy policy, const ParameterLayout& layout, std::span<const float> params,
+                            const DenseData& d, std::size_t batch, std::size_t chunk, const ChunkFunction& fn) {
+  RuntimeOptions o;
+  o.devices = devices;
+  o.policy = policy;
+  o.chunk_size = chunk;
+  o.input_bytes = examples::gpu_input_bytes(d);
+  o.gather = [&](std::uint32_t s, std::byte* dst) { examples::gather_sample(d, s, dst); };
+  Runtime rt(o);
+  rt.register_parameters(layout, params);
+  std::vector<std::uint32_t> idx(batch);
+  std::iota(idx.begin(), idx.end(), 0u);
+  rt.compute_gradient(idx, fn);
+  return {rt.gradient().begin(), rt.gradient().end()};
+}
+
+}  // namespace
+
+TEST_CASE("CudaRuntime.SpecErrorsWithoutAGpuOrBackend") {
+  cuda::enable();
+  if (cuda::device_count() == 0) {
+    try {
+      Runtime rt({.devices = "cuda:all"});
+      FAIL("cuda:all without a GPU must throw");
+    } catch (const ConfigError& e) {
+      CHECK(std::string(e.what()).find("no usable GPU") != std::string::npos);
+    }
+    Runtime rt({});  // no spec and no GPU: CPU devices
+    CHECK(rt.device(0).name().rfind("cpu", 0) == 0);
+  }
+  CHECK_THROWS_AS(parse_device_spec("vgpu:0,8"), ConfigError);
+  CHECK(parse_device_spec("vgpu:64,16,16,16").ids == std::vector<int>{64, 16, 16, 16});
+}
+
+TEST_CASE("CudaRuntime.MlpGradientMatchesCpu") {
+  if (skip_without_gpu()) return;
+  cuda::enable();
+  Synthetic s(512, 784, 3);
+  const examples::MlpModel cpu({784, 256, 128, 10});
+  const examples::MlpCuda gpu({784, 256, 128, 10});
+  const std::vector<float> p = cpu.initial_parameters(7);
+  const auto ref = gradient("cpu:1", SchedulePolicy::kSteal, cpu.layout(), p, s.data, 512, 64, [&](ChunkContext& c) {
+    thread_local examples::MlpModel::Workspace ws;
+    c.add_loss(cpu.accumulate_gradient(c.params, c.grad, s.data, c.samples, ws));
+  });
+  const auto g = gradient("cuda:0", SchedulePolicy::kSteal, cpu.layout(), p, s.data, 512, 64, [&](ChunkContext& c) { gpu.accumulate(c); });
+  const double err = relative_error(g, ref);
+  MESSAGE("MLP GPU vs CPU relative error " << err);
+  CHECK(err <= 1e-4);
+}
+
+TEST_CASE("CudaRuntime.CnnGradientMatchesCpu") {
+  if (skip_without_gpu()) return;
+  cuda::enable();
+  Synthetic s(128, 784, 4);
+  const examples::CnnModel cpu;
+  const examples::CnnCuda gpu;
+  const std::vector<float> p = cpu.initial_parameters(7);
+  const auto ref = gradient("cpu:1", SchedulePolicy::kSteal, cpu.layout(), p, s.data, 128, 32, [&](ChunkContext& c) {
+    thread_local examples::CnnModel::Workspace ws;
+    c.add_loss(cpu.accumulate_gradient(c.params, c.grad, s.data, c.samples, ws));
+  });
+  const auto g = gradient("cuda:0", SchedulePolicy::kSteal, cpu.layout(), p, s.data, 128, 32, [&](ChunkContext& c) { gpu.accumulate(c); });
+  const double err = relative_error(g, ref);
+  MESSAGE("CNN GPU vs CPU relative error " << err);
+  CHECK(err <= 1e-4);
+}
+
+TEST_CASE("CudaRuntime.VirtualGpusStealAndStayExact") {
+  if (skip_without_gpu()) return;
+  cuda::enable();
+  Synthetic s(2048, 784, 5);
+  const examples::MlpModel cpu({784, 256, 128, 10});
+  const examples::MlpCuda gpu({784, 256, 128, 10});
+  const std::vector<float> p = cpu.initial_parameters(9);
+  auto fn = [&](ChunkContext& c) { gpu.accumulate(c); };
+  const auto whole = gradient("cuda:0", SchedulePolicy::kStatic, cpu.layout(), p, s.data, 2048, 16, fn);
+  const auto parts = gradient("vgpu:32,8,8", SchedulePolicy::kSteal, cpu.layout(), p, s.data, 2048, 16, fn);
+  const double err = relative_error(parts, whole);
+  MESSAGE("vgpu steal vs one GPU relative error " << err);
+  CHECK(err <= 1e-5);
+
+  RuntimeOptions o;
+  o.devices = "vgpu:32,8,8";
+  o.chunk_size = 16;
+  o.input_bytes = examples::gpu_input_bytes(s.data);
+  o.gather = [&](std::uint32_t i, std::byte* dst) { examples::gather_sample(s.data, i, dst); };
+  Runtime rt(o);
+  rt.register_parameters(cpu.layout(), p);
+  std::vector<std::uint32_t> idx(1024);
+  std::uint64_t steals = 0;
+  for (int step = 0; step < 5; ++step) {
+    std::iota(idx.begin(), idx.end(), static_cast<std::uint32_t>(step * 200));
+    steals += rt.step(idx, fn).steals;
+  }
+  MESSAGE("steals over 5 steps: " << steals);
+  const std::vector<float> p0(rt.parameters(0).begin(), rt.parameters(0).end());
+  for (std::size_t d = 1; d < rt.device_count(); ++d) {
+    const auto pd = rt.parameters(d);
+    CHECK(std::equal(pd.begin(), pd.end(), p0.begin()));
+  }
+}
