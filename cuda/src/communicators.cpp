@@ -1,6 +1,7 @@
 // NcclCommunicator and PartsCommunicator.
 #include "kernels.hpp"
 
+#include <stealbatch/cuda/green.hpp>
 #include <stealbatch/cuda/nccl_communicator.hpp>
 
 #include <cstdio>
@@ -38,9 +39,14 @@ void NcclCommunicator::allreduce_all(std::span<float* const> buffers, std::size_
 
 PartsCommunicator::PartsCommunicator(std::vector<CudaDevice*> devices) : m_devices(std::move(devices)) {}
 
+void PartsCommunicator::allreduce_sum(std::size_t device, std::span<float* const>, std::size_t) {
+  SB_CUDA_CHECK(cudaStreamSynchronize(m_devices[device]->compute_stream()));
+}
+
 void PartsCommunicator::allreduce_all(std::span<float* const> buffers, std::size_t count) {
   if (m_devices.size() <= 1) return;
   cudaStream_t s = m_devices[0]->compute_stream();
+  if (m_devices[0]->partition()) m_devices[0]->partition()->make_current();  // launch from part 0's own context
   if (m_table.size() != buffers.size()) m_table = DeviceBuffer<float*>(buffers.size());
   SB_CUDA_CHECK(cudaMemcpyAsync(m_table.data(), buffers.data(), buffers.size() * sizeof(float*), cudaMemcpyHostToDevice, s));
   detail::sum_into_all(m_table.data(), buffers.size(), count + 1, s);

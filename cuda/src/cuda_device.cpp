@@ -95,7 +95,11 @@ void CudaDevice::init_replica(std::span<const float> initial, const OptimizerOpt
   SB_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-void CudaDevice::zero_grad() { SB_CUDA_CHECK(cudaMemsetAsync(m_grad.data(), 0, m_grad.bytes(), m_compute.get())); }
+// Also drops the loss of a step that failed before take_device_loss() read it.
+void CudaDevice::zero_grad() {
+  SB_CUDA_CHECK(cudaMemsetAsync(m_grad.data(), 0, m_grad.bytes(), m_compute.get()));
+  SB_CUDA_CHECK(cudaMemsetAsync(m_loss.data(), 0, sizeof(float), m_compute.get()));
+}
 
 void CudaDevice::wait_slot(Slot& s) {
   if (!s.busy) return;

@@ -31,10 +31,10 @@ template <class F>
 void resolve(const char* symbol, F& fn) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult status{};
-  const cudaError_t e = cudaGetDriverEntryPointByVersion(symbol, &p, 12040, cudaEnableDefault, &status);
+  const cudaError_t e = cudaGetDriverEntryPointByVersion(symbol, &p, 12050, cudaEnableDefault, &status);
   if (e != cudaSuccess || status != cudaDriverEntryPointSuccess || p == nullptr) {
     (void)cudaGetLastError();
-    throw CudaError(std::string("vgpu: the CUDA driver has no ") + symbol + " (green contexts need a driver for CUDA 12.4 or later)");
+    throw CudaError(std::string("vgpu: the CUDA driver has no ") + symbol + " (green contexts with their own streams need a driver for CUDA 12.5 or later)");
   }
   fn = reinterpret_cast<F>(p);
 }

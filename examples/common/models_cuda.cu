@@ -10,7 +10,6 @@
 
 #include <cublas_v2.h>
 
-#include <cstring>
 #include <string>
 
 namespace stealbatch::examples {
@@ -78,9 +77,9 @@ __global__ void bias_grad_rows(const float* d, std::size_t rows, std::size_t col
 
 // db[c] += sum of plane c of d: one block per channel, a fixed-order tree (deterministic).
 __global__ void bias_grad_planes(const float* d, std::size_t plane, float* db) {
-  __shared__ float part[kBlock];
+  __shared__ double part[kBlock];  // up to samples * 784 terms: summed in double, as the CPU model does
   const float* p = d + blockIdx.x * plane;
-  float s = 0.0f;
+  double s = 0.0;
   for (std::size_t j = threadIdx.x; j < plane; j += blockDim.x) s += p[j];
   part[threadIdx.x] = s;
   __syncthreads();
@@ -88,7 +87,7 @@ __global__ void bias_grad_planes(const float* d, std::size_t plane, float* db) {
     if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
     __syncthreads();
   }
-  if (threadIdx.x == 0) db[blockIdx.x] += part[0];
+  if (threadIdx.x == 0) db[blockIdx.x] += static_cast<float>(part[0]);
 }
 
 __global__ void relu_backward(float* d, const float* act, std::size_t n) {
@@ -228,17 +227,17 @@ std::size_t fc_bytes(const std::vector<std::size_t>& sizes, std::size_t m) {
   return bytes;
 }
 
-}  // namespace
-
-std::size_t gpu_input_bytes(const DenseData& data) { return (data.features + 1) * sizeof(float); }
-
-void gather_sample(const DenseData& data, std::uint32_t sample, std::byte* dst) {
-  std::memcpy(dst, data.x.data() + static_cast<std::size_t>(sample) * data.features, data.features * sizeof(float));
-  const float label = static_cast<float>(data.y[sample]);
-  std::memcpy(dst + data.features * sizeof(float), &label, sizeof(float));
+void require_input(const ChunkContext& ctx) {
+  if (ctx.input == nullptr || ctx.stream == nullptr) {
+    throw ConfigError("the GPU models read their samples from ChunkContext::input: set RuntimeOptions::input_bytes and ::gather "
+                      "(gpu_input_bytes, gather_sample) and run on a GPU device");
+  }
 }
 
+}  // namespace
+
 void MlpCuda::accumulate(ChunkContext& ctx) const {
+  require_input(ctx);
   const std::size_t m = ctx.samples.size(), features = m_sizes.front();
   auto* base = static_cast<std::byte*>(ctx.workspace(fc_bytes(m_sizes, m)));
   Arena arena(base);
@@ -250,6 +249,7 @@ void MlpCuda::accumulate(ChunkContext& ctx) const {
 void CnnCuda::accumulate(ChunkContext& ctx) const {
   constexpr int kSide = 28, kHalf = 14, kQuarter = 7, kK = 5, kPad = 2;
   constexpr std::size_t kC1 = 16, kC2 = 32, kFeatures = 784, kLd = kFeatures + 1, kFlat = kC2 * kQuarter * kQuarter;
+  require_input(ctx);
   const std::vector<std::size_t> fc = {kFlat, 128, 10};
   const std::size_t m = ctx.samples.size();
   const std::size_t hw1 = kSide * kSide, hw2 = kHalf * kHalf;

@@ -58,6 +58,7 @@ class CudaDevice final : public Device {
   cudaStream_t compute_stream() const noexcept { return m_compute.get(); }
   // The SMs this device's kernels may use (the whole GPU's without a partition).
   int sm_count() const noexcept { return m_sms; }
+  const Partition* partition() const noexcept { return m_part.get(); }
 
  private:
   struct Slot;

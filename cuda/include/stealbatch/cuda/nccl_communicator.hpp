@@ -31,7 +31,8 @@ class NcclCommunicator final : public Communicator {
 class PartsCommunicator final : public Communicator {
  public:
   explicit PartsCommunicator(std::vector<CudaDevice*> devices);
-  void allreduce_sum(std::size_t, std::span<float* const>, std::size_t) override {}
+  // On part d's worker, after its sample count was enqueued: waits for its stream, so the sum reads final buffers.
+  void allreduce_sum(std::size_t device, std::span<float* const>, std::size_t) override;
   void allreduce_all(std::span<float* const> buffers, std::size_t count) override;
 
  private:
