@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -298,7 +299,14 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     ctx.layout = &m_layout;
     ctx.loss_sum = &r.loss;
     const auto t0 = m_trace ? Clock::now() : Clock::time_point{};
-    m_devices[w]->run_chunk(ctx, fn);
+    try {
+      m_devices[w]->run_chunk(ctx, fn);
+    } catch (const std::exception& e) {
+      const bool gpu_error = dynamic_cast<const CudaError*>(&e) != nullptr || dynamic_cast<const NcclError*>(&e) != nullptr;
+      std::throw_with_nested(ChunkError(m_devices[w]->name(), m_steps + 1, c, e.what(), !gpu_error));
+    } catch (...) {
+      std::throw_with_nested(ChunkError(m_devices[w]->name(), m_steps + 1, c, "a non-standard exception", true));
+    }
     r.samples += ctx.samples.size();
     ran_on[c] = static_cast<std::uint32_t>(w);
     ++runs[c];

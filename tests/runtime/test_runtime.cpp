@@ -154,12 +154,22 @@ TEST_CASE("Runtime.ThrowingChunkFailsTheStepAndTheNextOneWorks") {
   std::vector<std::uint32_t> batch(64);
   std::iota(batch.begin(), batch.end(), 0u);
   auto good = [&](ChunkContext& ctx) { model.accumulate_gradient(ctx.params, ctx.grad, syn.data, ctx.samples, ws[ctx.device]); };
-  CHECK_THROWS_WITH_AS(rt.step(batch,
-                               [&](ChunkContext& ctx) {
-                                 if (ctx.chunk == 9) throw std::runtime_error("chunk 9 is poisoned");
-                                 good(ctx);
-                               }),
-                       "chunk 9 is poisoned", std::runtime_error);
+  try {
+    rt.step(batch, [&](ChunkContext& ctx) {
+      if (ctx.chunk == 9) throw std::runtime_error("chunk 9 is poisoned");
+      good(ctx);
+    });
+    FAIL("a throwing chunk must fail the step");
+  } catch (const ChunkError& e) {
+    // The typed error names the device, the step and the chunk, says the runtime can go on, and nests the cause.
+    const std::string what = e.what();
+    CHECK(e.step() == 1);
+    CHECK(e.chunk() == 9);
+    CHECK(e.device().rfind("cpu", 0) == 0);
+    CHECK(e.can_continue());
+    CHECK(what.find("step 1, chunk 9: chunk 9 is poisoned") != std::string::npos);
+    CHECK_THROWS_WITH_AS(std::rethrow_if_nested(e), "chunk 9 is poisoned", std::runtime_error);
+  }
   const auto p = rt.parameters(0);
   CHECK(std::equal(p.begin(), p.end(), init.begin()));  // a failed step applies nothing
   const StepReport r = rt.compute_gradient(batch, good);

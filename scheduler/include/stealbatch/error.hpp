@@ -36,6 +36,30 @@ class NcclError : public Error {
   using Error::Error;
 };
 
+// A chunk failed: its function threw, or its device reported an error. The message names the device, the step and
+// the chunk, then the cause; the cause itself is nested (std::rethrow_if_nested(e) rethrows it). can_continue()
+// says whether the runtime can run another step: true after an exception from a chunk function on a CPU or
+// simulated device (nothing was applied, the next step starts clean), false after a GPU error, which leaves the
+// device's context unusable.
+//
+//   try { rt.step(batch, fn); } catch (const ChunkError& e) { log(e.what()); if (!e.can_continue()) throw; }
+class ChunkError : public Error {
+ public:
+  ChunkError(const std::string& device, unsigned long long step, unsigned long long chunk, const std::string& cause, bool can_continue)
+      : Error("device " + device + ", step " + std::to_string(step) + ", chunk " + std::to_string(chunk) + ": " + cause +
+              (can_continue ? " (the runtime can run another step)" : " (the runtime cannot run another step)")),
+        m_device(device), m_step(step), m_chunk(chunk), m_can_continue(can_continue) {}
+  const std::string& device() const noexcept { return m_device; }
+  unsigned long long step() const noexcept { return m_step; }
+  unsigned long long chunk() const noexcept { return m_chunk; }
+  bool can_continue() const noexcept { return m_can_continue; }
+
+ private:
+  std::string m_device;
+  unsigned long long m_step, m_chunk;
+  bool m_can_continue;
+};
+
 // A device or step made no progress within the configured timeout.
 class TimeoutError : public Error {
  public:
