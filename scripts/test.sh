@@ -3,6 +3,7 @@
 #   build/          Release, CUDA compiled and linked (GPU tests report "skipped" without a GPU)
 #   build-tsan/     ThreadSanitizer over the scheduler and runtime tests
 #   build-asan/     AddressSanitizer + UndefinedBehaviorSanitizer over the unit tests (not the install test)
+#   build-fuzz/     the dataset reader's libFuzzer target, 30 s over the seed corpus
 # Exits non-zero on the first failing configuration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +36,27 @@ TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/ts
 ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1" \
   run_suite "asan+ubsan" build-asan -LE package -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=address,undefined \
   -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
+
+# The dataset reader's libFuzzer target (clang, ASan+UBSan) over the seed corpus for 30 seconds: any crash,
+# sanitizer report or exception other than DataError fails the run.
+run_fuzz() {
+  echo "=== fuzz: configure and build (build-fuzz)"
+  local start=$SECONDS
+  mkdir -p build-fuzz
+  cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_FUZZ=ON \
+    -DSTEALBATCH_SANITIZE=address,undefined -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_TESTS=OFF -DSTEALBATCH_EXAMPLES=OFF \
+    -DSTEALBATCH_PERF=OFF >build-fuzz/configure.log 2>&1 || { cat build-fuzz/configure.log; return 1; }
+  cmake --build build-fuzz --target fuzz_idx --parallel "$jobs" || return 1
+  local corpus
+  corpus=$(mktemp -d)
+  echo "=== fuzz: fuzz_idx for 30 s over tests/fuzz/corpus"
+  build-fuzz/tests/fuzz/fuzz_idx -max_total_time=30 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 "$corpus" tests/fuzz/corpus \
+    >build-fuzz/fuzz.log 2>&1 || { tail -40 build-fuzz/fuzz.log; rm -rf "$corpus"; return 1; }
+  grep -E "^(stat::number_of_executed_units|Done)" build-fuzz/fuzz.log || true
+  rm -rf "$corpus"
+  echo "=== fuzz: done in $((SECONDS - start)) s"
+}
+run_fuzz || status=1
 
 if [ $status -ne 0 ]; then echo "=== FAILED: see the configuration above"; else echo "=== all configurations passed"; fi
 exit $status
