@@ -55,7 +55,7 @@ std::string format_dashboard(const StepReport& r, const std::string& title) {
 
 TraceWriter::TraceWriter(const std::string& path, std::vector<std::string> device_names)
     : m_out(path), m_names(std::move(device_names)), m_worker_dropped(m_names.size(), 0) {
-  if (!m_out) throw Error("trace: cannot open '" + path + "' for writing");
+  if (!m_out) throw ConfigError("trace_path = '" + path + "': cannot open it for writing");
   for (std::size_t i = 0; i < m_names.size(); ++i) {
     m_queues.push_back(std::make_unique<boost::lockfree::spsc_queue<TraceEvent>>(1 << 16));
   }

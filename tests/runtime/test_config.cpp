@@ -1,0 +1,78 @@
+// Every RuntimeOptions field has a documented valid range, and a value outside it gives a ConfigError that names
+// the field and the value: one row per field (and per way to be wrong), checked table-driven.
+#include <stealbatch/error.hpp>
+#include <stealbatch/runtime/runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+using namespace stealbatch;
+
+namespace {
+
+struct Row {
+  const char* field;                          // what the message must name
+  const char* value;                          // and the offending value, as printed
+  std::function<void(RuntimeOptions&)> set;   // makes one field invalid
+};
+
+}  // namespace
+
+TEST_CASE("Config.EveryFieldOutsideItsRangeNamesFieldAndValue") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<Row> rows = {
+      {"devices", "gpu:1", [](RuntimeOptions& o) { o.devices = "gpu:1"; }},
+      {"devices", "cpu:0", [](RuntimeOptions& o) { o.devices = "cpu:0"; }},
+      {"devices", "sim:1,-1", [](RuntimeOptions& o) { o.devices = "sim:1,-1"; }},
+      {"devices", "vgpu:0", [](RuntimeOptions& o) { o.devices = "vgpu:0"; }},
+      {"chunk_size", "0", [](RuntimeOptions& o) { o.chunk_size = 0; }},
+      {"chunk_size", "1048577", [](RuntimeOptions& o) { o.chunk_size = (1u << 20) + 1; }},
+      {"slowdown", "0.5", [](RuntimeOptions& o) { o.slowdown = {1, 0.5}; }},
+      {"slowdown has 3 values", "3", [](RuntimeOptions& o) { o.slowdown = {1, 1, 1}; }},
+      {"threads_per_device", "-1", [](RuntimeOptions& o) { o.threads_per_device = -1; }},
+      {"throughput_window", "0", [](RuntimeOptions& o) { o.throughput_window = 0; }},
+      {"throughput_window", "101", [](RuntimeOptions& o) { o.throughput_window = 101; }},
+      {"sim_sample_seconds", "2", [](RuntimeOptions& o) { o.devices = "sim:1,1", o.sim_sample_seconds = 2; }},
+      {"sim_bytes_per_sample", "-1", [](RuntimeOptions& o) { o.sim_bytes_per_sample = -1; }},
+      {"sim_link_bw", "0", [](RuntimeOptions& o) { o.sim_link_bw = 0; }},
+      {"sim_link_latency", "nan", [nan](RuntimeOptions& o) { o.sim_link_latency = nan; }},
+      {"sim_allreduce_bytes", "-5", [](RuntimeOptions& o) { o.sim_allreduce_bytes = -5; }},
+      {"sim_busbw", "0", [](RuntimeOptions& o) { o.sim_busbw = 0; }},
+      {"placement_weights has 1 values", "1", [](RuntimeOptions& o) { o.placement = PlacementPolicy::kGiven, o.placement_weights = {1}; }},
+      {"weight", "-1", [](RuntimeOptions& o) { o.placement = PlacementPolicy::kGiven, o.placement_weights = {1, -1}; }},
+      {"lr", "0", [](RuntimeOptions& o) { o.optimizer.lr = 0; }},
+      {"momentum", "1", [](RuntimeOptions& o) { o.optimizer.momentum = 1; }},
+      {"beta1", "1", [](RuntimeOptions& o) { o.optimizer.beta1 = 1; }},
+      {"beta2", "-0.1", [](RuntimeOptions& o) { o.optimizer.beta2 = -0.1f; }},
+      {"eps", "0", [](RuntimeOptions& o) { o.optimizer.eps = 0; }},
+      {"weight_decay", "1", [](RuntimeOptions& o) { o.optimizer.weight_decay = 1; }},
+      {"in_flight", "0", [](RuntimeOptions& o) { o.in_flight = 0; }},
+      {"in_flight", "17", [](RuntimeOptions& o) { o.in_flight = 17; }},
+      {"input_bytes", "2147483648", [](RuntimeOptions& o) { o.input_bytes = std::size_t{1} << 31; }},
+      {"input_bytes", "16", [](RuntimeOptions& o) { o.input_bytes = 16; }},  // no gather function
+      {"trace_path", "/nonexistent-dir/trace.json", [](RuntimeOptions& o) { o.trace_path = "/nonexistent-dir/trace.json"; }},
+  };
+  for (const Row& r : rows) {
+    const std::string field = r.field;
+    CAPTURE(field);
+    RuntimeOptions o;
+    o.devices = "cpu:2";
+    r.set(o);
+    std::string what;
+    try {
+      Runtime rt(o);
+    } catch (const ConfigError& e) {
+      what = e.what();
+    }
+    CAPTURE(what);
+    CHECK(what.find(r.field) != std::string::npos);
+    CHECK(what.find(r.value) != std::string::npos);
+  }
+  // The defaults are valid: the documented ranges include them.
+  CHECK_NOTHROW(Runtime(RuntimeOptions{.devices = "cpu:2"}));
+}
