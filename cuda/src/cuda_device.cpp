@@ -53,6 +53,10 @@ void CudaDevice::fail(const std::string& what, const std::string& detail) const 
 
 void CudaDevice::bind() {
   SB_CUDA_CHECK(cudaSetDevice(m_gpu));
+  if (m_compute) {  // a new worker thread after another device was excluded: make the context current, nothing more
+    if (m_part) m_part->make_current();
+    return;
+  }
   if (m_part) {
     m_part->make_current();
     m_compute = Stream(m_part->create_stream());

@@ -27,7 +27,7 @@ void CpuDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   m_arena.execute([&] { fn(ctx); });
   if (m_slowdown > 1.0) {
     const auto compute = std::chrono::steady_clock::now() - t0;
-    std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(compute * (m_slowdown - 1.0)));
+    sleep_until_or_cancel(std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(compute * (m_slowdown - 1.0)));
   }
 }
 

@@ -24,6 +24,28 @@ void Device::copy_params(std::span<float> out) const { std::copy(m_params.begin(
 
 void Device::copy_grad(std::span<float> out) const { std::copy(m_grad.begin(), m_grad.end(), out.begin()); }
 
+void Device::cancel() {
+  {
+    const std::lock_guard lock(m_cancel_mutex);
+    m_cancelled = true;
+  }
+  m_cancel_cv.notify_all();
+}
+
+void Device::reset_cancel() {
+  const std::lock_guard lock(m_cancel_mutex);
+  m_cancelled = false;
+}
+
+bool Device::sleep_until_or_cancel(std::chrono::steady_clock::time_point until) {
+  std::unique_lock lock(m_cancel_mutex);
+  if (until == std::chrono::steady_clock::time_point::max()) {
+    m_cancel_cv.wait(lock, [&] { return m_cancelled; });
+    return false;
+  }
+  return !m_cancel_cv.wait_until(lock, until, [&] { return m_cancelled; });
+}
+
 void* Device::workspace(std::size_t bytes) {
   if (m_workspace.size() < bytes) m_workspace.resize(bytes);
   return m_workspace.data();

@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <atomic>
+#include <cstdio>
 #include <exception>
 #include <limits>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -30,6 +33,11 @@ constexpr std::size_t kStaleAfterIdleSteps = 10;
 struct alignas(detail::kCacheLine) Runtime::Replica {
   double loss = 0;
   std::uint64_t samples = 0;
+  // The stall watchdog's view, written by the device's worker and read by the caller's thread: when the chunk
+  // now running started (ns since the runtime's creation; 0 when none runs), and which chunk. Relaxed: a timer
+  // that may read a value a moment old, nothing is published through it.
+  std::atomic<std::int64_t> chunk_started_ns{0};
+  std::atomic<ChunkId> current_chunk{0};
 };
 
 namespace {
@@ -159,12 +167,63 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
     for (const auto& d : m_devices) names.push_back(d->name());
     m_trace = std::make_unique<TraceWriter>(m_options.trace_path, std::move(names));
   }
+  if (!std::isfinite(m_options.stall_timeout) || m_options.stall_timeout <= 0 || m_options.stall_timeout > 86400) {
+    throw ConfigError("stall_timeout = " + std::to_string(m_options.stall_timeout) + " s; valid range is (0, 86400]");
+  }
+  for (std::size_t i = 0; i < n; ++i) m_ids.push_back(i);
+  m_backend = backend;
+  make_scheduler();
+}
+
+void Runtime::make_scheduler() {
   SchedulerOptions so;
-  so.workers = n;
+  so.workers = m_devices.size();
   so.schedule = m_options.policy;
   so.seed = m_options.seed;
   so.on_worker_start = [this](std::size_t w) { m_devices[w]->bind(); };
   m_sched = std::make_unique<Scheduler>(std::move(so));
+  // The watchdog looks at the devices' chunk stamps every 1/20 of the timeout (10 to 50 ms).
+  const auto period = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(std::clamp(m_options.stall_timeout / 20, 0.01, 0.05)));
+  m_sched->set_watchdog(period, [this] { return check_stalls(); }, [this] {
+    for (auto& d : m_devices) d->cancel();
+  });
+}
+
+std::exception_ptr Runtime::check_stalls() {
+  const std::int64_t now = (Clock::now() - m_epoch).count();
+  const auto limit = static_cast<std::int64_t>(m_options.stall_timeout * 1e9);
+  for (std::size_t w = 0; w < m_replicas.size(); ++w) {
+    const std::int64_t started = m_replicas[w]->chunk_started_ns.load(std::memory_order_relaxed);
+    if (started == 0 || now - started <= limit) continue;
+    char ms[32];
+    std::snprintf(ms, sizeof ms, "%.0f", static_cast<double>(now - started) / 1e6);
+    return std::make_exception_ptr(TimeoutError(
+        "device " + m_devices[w]->name() + " made no progress for " + ms + " ms in step " + std::to_string(m_steps + 1) + " (stuck in chunk " +
+        std::to_string(m_replicas[w]->current_chunk.load(std::memory_order_relaxed)) + "; stall_timeout = " + std::to_string(m_options.stall_timeout) +
+        " s): the step failed and nothing was applied; its waits were cancelled, and the runtime can run another step"));
+  }
+  return nullptr;
+}
+
+void Runtime::exclude_device(std::size_t position) {
+  m_sched.reset();  // joins the workers: they are parked between steps
+  m_lost.push_back(std::move(m_devices[position]));
+  m_devices.erase(m_devices.begin() + static_cast<std::ptrdiff_t>(position));
+  m_replicas.erase(m_replicas.begin() + static_cast<std::ptrdiff_t>(position));
+  m_speed_history.erase(m_speed_history.begin() + static_cast<std::ptrdiff_t>(position));
+  m_idle_steps.erase(m_idle_steps.begin() + static_cast<std::ptrdiff_t>(position));
+  m_ids.erase(m_ids.begin() + static_cast<std::ptrdiff_t>(position));
+  if (m_options.placement == PlacementPolicy::kGiven) {
+    m_options.placement_weights.erase(m_options.placement_weights.begin() + static_cast<std::ptrdiff_t>(position));
+  }
+  if (m_devices.empty()) throw Error("runtime: every device was lost; nothing is left to run on");
+  if (m_backend) {
+    std::vector<Device*> raw;
+    for (const auto& d : m_devices) raw.push_back(d.get());
+    m_comm = m_backend->make_communicator(raw);
+  }
+  make_scheduler();
 }
 
 Runtime::~Runtime() {
@@ -221,7 +280,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   }
   if (m_layout.size() == 0) throw ConfigError("step: no parameters registered; call register_parameters() first");
   const auto t_start = Clock::now();
-  const std::size_t n = m_devices.size();
+  std::size_t n = m_devices.size();
   const std::size_t cs = m_options.chunk_size;
   std::vector<double> speeds = throughput_estimates();  // samples/s per device; empty until measured
   if (m_options.placement == PlacementPolicy::kPreviousStep && !speeds.empty()) {
@@ -285,35 +344,96 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   for (auto& r : m_replicas) r->loss = 0, r->samples = 0;
   m_grads_dirty = true;
 
-  for (auto& d : m_devices) d->begin_step(m_steps + 1, t_start);
-  const StepStats st = m_sched->run(ranges, [&](std::size_t w, ChunkId c) {
+  for (auto& d : m_devices) d->reset_cancel(), d->begin_step(m_steps + 1, t_start);
+  const std::uint64_t step_no = m_steps + 1;
+  auto run_one = [&](std::size_t w, ChunkId c) {
     Replica& r = *m_replicas[w];
+    Device& dev = *m_devices[w];
     ChunkContext ctx;
     ctx.device = w;
     ctx.chunk = c;
     ctx.home_device = home[c];
     ctx.samples = samples.subspan(spans[c].begin, spans[c].size);
-    ctx.params = m_devices[w]->params();
-    ctx.grad = m_devices[w]->grad();
-    ctx.owner = m_devices[w].get();
+    ctx.params = dev.params();
+    ctx.grad = dev.grad();
+    ctx.owner = &dev;
     ctx.layout = &m_layout;
     ctx.loss_sum = &r.loss;
-    const auto t0 = m_trace ? Clock::now() : Clock::time_point{};
+    const auto t0 = Clock::now();
+    r.current_chunk.store(c, std::memory_order_relaxed);
+    r.chunk_started_ns.store(std::max<std::int64_t>(1, (t0 - m_epoch).count()), std::memory_order_relaxed);
+    struct Unstamp {
+      Replica& r;
+      ~Unstamp() { r.chunk_started_ns.store(0, std::memory_order_relaxed); }
+    } unstamp{r};
     try {
-      m_devices[w]->run_chunk(ctx, fn);
+      const Fault fault = m_options.inject_fault ? m_options.inject_fault(m_ids[w], step_no, c) : Fault::kNone;
+      if (fault == Fault::kDeviceLoss) throw DeviceLostError(dev.name(), w, step_no, c, "injected fault");
+      if (fault == Fault::kThrow) throw std::runtime_error("injected fault: the chunk function threw");
+      if (fault == Fault::kStall) {
+        dev.sleep_until_or_cancel(Clock::time_point::max());  // never completes on its own
+        throw std::runtime_error("injected stall, cancelled by the watchdog");
+      }
+      dev.run_chunk(ctx, fn);
+    } catch (const DeviceLostError& e) {
+      if (m_options.on_device_failure == OnDeviceFailure::kExclude) throw;  // run_chunks() drops the device and re-runs its chunks
+      std::throw_with_nested(ChunkError(dev.name(), step_no, c, e.what(), false));
     } catch (const std::exception& e) {
       const bool gpu_error = dynamic_cast<const CudaError*>(&e) != nullptr || dynamic_cast<const NcclError*>(&e) != nullptr;
-      std::throw_with_nested(ChunkError(m_devices[w]->name(), m_steps + 1, c, e.what(), !gpu_error));
+      std::throw_with_nested(ChunkError(dev.name(), step_no, c, e.what(), !gpu_error));
     } catch (...) {
-      std::throw_with_nested(ChunkError(m_devices[w]->name(), m_steps + 1, c, "a non-standard exception", true));
+      std::throw_with_nested(ChunkError(dev.name(), step_no, c, "a non-standard exception", true));
     }
     r.samples += ctx.samples.size();
     ran_on[c] = static_cast<std::uint32_t>(w);
     ++runs[c];
     if (m_trace) {
-      m_trace->push(w, {static_cast<std::uint32_t>(w), c, (t0 - m_epoch).count(), (Clock::now() - m_epoch).count(), 0});
+      m_trace->push(w, {static_cast<std::uint32_t>(m_ids[w]), c, (t0 - m_epoch).count(), (Clock::now() - m_epoch).count(), 0});
     }
-  });
+  };
+  StepStats st;
+  std::vector<std::string> excluded;
+  std::uint64_t rerun = 0;
+  try {
+    st = m_sched->run(ranges, run_one);
+  } catch (const DeviceLostError& lost) {
+    // on_device_failure = exclude: drop the device, then re-run on the survivors what it had run this step (its
+    // gradient buffer leaves the reduction) and what nobody ran; again if another device is lost meanwhile.
+    std::optional<DeviceLostError> pending(lost);
+    while (pending) {
+      const std::size_t dead = pending->index();
+      excluded.push_back(pending->device());
+      pending.reset();
+      exclude_device(dead);
+      n = m_devices.size();
+      std::vector<ChunkId> redo;
+      for (std::size_t c = 0; c < chunks; ++c) {
+        if (runs[c] != 0 && ran_on[c] == dead) runs[c] = 0;
+        if (runs[c] == 0) {
+          redo.push_back(static_cast<ChunkId>(c));
+          continue;
+        }
+        if (ran_on[c] > dead) --ran_on[c];
+        if (home[c] == dead) {
+          home[c] = static_cast<std::uint32_t>(n);  // placed on the lost device and run elsewhere: it moved
+        } else if (home[c] > dead && home[c] != n + 1) {
+          --home[c];
+        }
+      }
+      rerun += redo.size();
+      std::vector<std::vector<ChunkId>> lists(n);
+      const std::vector<ChunkRange> share = place_equal(redo.size(), n);
+      for (std::size_t w = 0; w < n; ++w) {
+        for (std::size_t i = share[w].begin; i < share[w].end; ++i) lists[w].push_back(redo[i]), home[redo[i]] = static_cast<std::uint32_t>(w);
+      }
+      for (auto& d : m_devices) d->reset_cancel();
+      try {
+        st = m_sched->run(lists, run_one);
+      } catch (const DeviceLostError& again) {
+        pending.emplace(again);
+      }
+    }
+  }
   const auto t_chunks = Clock::now();
   for (std::size_t c = 0; c < chunks; ++c) {
     if (runs[c] != 1) {
@@ -354,7 +474,9 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     dr.samples = m_replicas[d]->samples;
     loss += m_replicas[d]->loss;
     auto& h = m_speed_history[d];
-    if (wc.busy.count() > 0 && dr.samples > 0) {
+    if (!excluded.empty()) {
+      // A step with a re-run round: the counters cover that round only; the next step measures again.
+    } else if (wc.busy.count() > 0 && dr.samples > 0) {
       if (h.size() >= m_options.throughput_window) h.erase(h.begin(), h.end() - static_cast<std::ptrdiff_t>(m_options.throughput_window - 1));
       h.push_back(static_cast<double>(dr.samples) / seconds(wc.busy));
       m_idle_steps[d] = 0;
@@ -373,12 +495,14 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     }
   }
   rep.loss = loss / static_cast<double>(samples.size());
+  rep.excluded_devices = std::move(excluded);
+  rep.rerun_chunks = rerun;
   if (m_trace) {
     for (std::size_t d = 0; d < n; ++d) {  // each device's wait for the others, from its last chunk to the barrier
       const auto from = t_start + (st.workers[d].chunks_run > 0 ? st.workers[d].last_end : std::chrono::nanoseconds(0));
-      m_trace->add({static_cast<std::uint32_t>(d), 0, (from - m_epoch).count(), (t_chunks - m_epoch).count(), 3});
+      m_trace->add({static_cast<std::uint32_t>(m_ids[d]), 0, (from - m_epoch).count(), (t_chunks - m_epoch).count(), 3});
     }
-    m_trace->add({static_cast<std::uint32_t>(n), 0, (t_chunks - m_epoch).count(), (t_reduced - m_epoch).count(), 1});
+    m_trace->add({static_cast<std::uint32_t>(m_ids.size() + m_lost.size()), 0, (t_chunks - m_epoch).count(), (t_reduced - m_epoch).count(), 1});
   }
   return rep;
 }
@@ -424,7 +548,7 @@ StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunc
   const auto t_end = Clock::now();
   rep.optimizer_s = seconds(t_end - t_opt);
   if (m_trace) {
-    m_trace->add({static_cast<std::uint32_t>(m_devices.size()), 0, (t_opt - m_epoch).count(), (t_end - m_epoch).count(), 2});
+    m_trace->add({static_cast<std::uint32_t>(m_ids.size() + m_lost.size()), 0, (t_opt - m_epoch).count(), (t_end - m_epoch).count(), 2});
     m_trace->drain();
   }
   finish(rep, t0);

@@ -45,7 +45,7 @@ void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
     seconds += m_bytes_per_sample * static_cast<double>(ctx.samples.size()) / m_link_bw + m_latency;
   }
   const auto due = t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
-  std::this_thread::sleep_until(due);
+  sleep_until_or_cancel(due);
 }
 
 }  // namespace stealbatch

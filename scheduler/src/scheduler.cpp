@@ -256,7 +256,26 @@ StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn) {
   m_event.notify_all();
 
   // Acquire: pairs with each worker's release decrement, so their counters and deques are settled.
-  for (std::uint32_t left; (left = m_in_step.load(std::memory_order_acquire)) != 0;) detail::futex_wait(m_in_step, left);
+  if (m_watch_check) {
+    bool fired = false;
+    for (std::uint32_t left; (left = m_in_step.load(std::memory_order_acquire)) != 0;) {
+      detail::futex_wait_for(m_in_step, left, m_watch_period.count());
+      if (fired || m_in_step.load(std::memory_order_acquire) == 0) continue;
+      std::exception_ptr e;
+      try {
+        e = m_watch_check();
+      } catch (...) {
+        e = std::current_exception();
+      }
+      if (e) {
+        fired = true;
+        fail_step(std::move(e));
+        if (m_watch_fail) m_watch_fail();
+      }
+    }
+  } else {
+    for (std::uint32_t left; (left = m_in_step.load(std::memory_order_acquire)) != 0;) detail::futex_wait(m_in_step, left);
+  }
   stats.wall = Clock::now() - t0;
   m_fn = nullptr;
   // Allocated only now, so the path from placement to the wake-up does not touch the heap.
@@ -478,6 +497,13 @@ void Scheduler::execute(Worker& me, ChunkId c) {
   // Relaxed: the RMW alone makes exactly one worker see the count reach zero. The notify_all() that follows is
   // an RMW on the waiter count, which orders the zero before any parked worker's re-check (see EventCount).
   if (m_remaining.fetch_sub(1, std::memory_order_relaxed) == 1) m_event.notify_all();
+}
+
+void Scheduler::set_watchdog(std::chrono::nanoseconds period, std::function<std::exception_ptr()> check, std::function<void()> on_fail) {
+  if (check && period <= std::chrono::nanoseconds(0)) throw ConfigError("watchdog period must be > 0");
+  m_watch_period = period;
+  m_watch_check = std::move(check);
+  m_watch_fail = std::move(on_fail);
 }
 
 void Scheduler::fail_step(std::exception_ptr e) noexcept {

@@ -1,6 +1,7 @@
 // Runtime: the reduced gradient equals the sequential one, replicas stay identical, failures reach the caller,
 // bad configuration names its field, and a short training run on Fashion-MNIST learns.
 #include "mlp_model.hpp"
+#include "model_test_support.hpp"
 
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/idx.hpp>
@@ -23,43 +24,9 @@
 using namespace stealbatch;
 using examples::DenseData;
 using examples::MlpModel;
+using namespace stealbatch::testing;
 
 namespace {
-
-// A small random classification set: dense features in [-1, 1], labels in [0, classes).
-struct Synthetic {
-  std::vector<float> x;
-  std::vector<std::uint8_t> y;
-  DenseData data;
-  Synthetic(std::size_t count, std::size_t features, std::size_t classes, std::uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    x.resize(count * features);
-    for (float& v : x) v = u(rng);
-    y.resize(count);
-    for (auto& v : y) v = static_cast<std::uint8_t>(rng() % classes);
-    data = {count, features, x, y};
-  }
-};
-
-// max |a - b| / max |b|: the error relative to the gradient's scale.
-double relative_error(std::span<const float> a, std::span<const float> b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::abs(static_cast<double>(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
-
-std::vector<float> sequential_mean_gradient(const MlpModel& m, std::span<const float> params, const DenseData& d,
-                                            std::span<const std::uint32_t> samples) {
-  std::vector<float> g(m.layout().size(), 0.0f);
-  MlpModel::Workspace ws;
-  m.accumulate_gradient(params, g, d, samples, ws);
-  for (float& v : g) v /= static_cast<float>(samples.size());
-  return g;
-}
 
 std::string config_error(const std::function<void()>& f) {
   try {

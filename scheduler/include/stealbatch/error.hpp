@@ -1,6 +1,7 @@
 // The typed errors the library throws; only examples/ print and exit.
 #pragma once
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 
@@ -60,10 +61,26 @@ class ChunkError : public Error {
   bool m_can_continue;
 };
 
-// A device or step made no progress within the configured timeout.
+// A device or step made no progress within the configured timeout. The message names the device, the step and
+// the chunk it was stuck in, and says whether the runtime can run another step.
 class TimeoutError : public Error {
  public:
   using Error::Error;
+};
+
+// A device died (or was declared dead) during a step. With on_device_failure = exclude the runtime drops it and
+// re-runs its chunks on the survivors instead of throwing this.
+class DeviceLostError : public Error {
+ public:
+  DeviceLostError(const std::string& device, std::size_t index, unsigned long long step, unsigned long long chunk, const std::string& why)
+      : Error("device " + device + " was lost in step " + std::to_string(step) + " at chunk " + std::to_string(chunk) + ": " + why),
+        m_device(device), m_index(index) {}
+  const std::string& device() const noexcept { return m_device; }
+  std::size_t index() const noexcept { return m_index; }  // its position among the runtime's devices when it was lost
+
+ private:
+  std::string m_device;
+  std::size_t m_index;
 };
 
 }  // namespace stealbatch

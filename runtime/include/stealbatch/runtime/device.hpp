@@ -6,10 +6,12 @@
 #include <stealbatch/scheduler/chunk_deque.hpp>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -88,10 +90,22 @@ class Device {
   virtual double take_device_loss() { return 0; }
   virtual void* workspace(std::size_t bytes);
 
+  // Cancellation, for the stall watchdog: cancel() wakes every sleep_until_or_cancel() of this device now and
+  // until reset_cancel() (which the runtime calls before each step). Thread-safe.
+  void cancel();
+  void reset_cancel();
+  // Sleeps until `until`, or until cancel(); returns false when cancelled. Burns no CPU.
+  bool sleep_until_or_cancel(std::chrono::steady_clock::time_point until);
+
  protected:
   std::vector<float> m_params, m_grad;
   std::unique_ptr<Optimizer> m_optimizer;
   std::vector<std::byte> m_workspace;
+
+ private:
+  std::mutex m_cancel_mutex;
+  std::condition_variable m_cancel_cv;
+  bool m_cancelled = false;
 };
 
 inline void* ChunkContext::workspace(std::size_t bytes) const { return owner->workspace(bytes); }

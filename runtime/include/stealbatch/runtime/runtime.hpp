@@ -39,6 +39,15 @@ enum class ChunkSizing { kFixed, kBySpeed };
 // utilization. kOff: every device takes chunks until none is left.
 enum class EndGame { kOn, kOff };
 
+// kFail: a device lost during a step fails the step with a ChunkError (cause: DeviceLostError). kExclude: the device
+// is dropped, the chunks it had run this step or held are re-run on the survivors, the reduction leaves it out,
+// the step's gradient is still exact, and later steps run on the survivors (StepReport::excluded_devices).
+enum class OnDeviceFailure { kFail, kExclude };
+
+// Faults to inject into a chunk (tests and perf/soak): kThrow, its function throws; kStall, it never completes
+// (until the stall watchdog cancels it); kDeviceLoss, its device dies before running it.
+enum class Fault { kNone, kThrow, kStall, kDeviceLoss };
+
 struct RuntimeOptions {
   std::string devices{};                           // "cpu:4", "cuda:all", "cuda:0,1", "vgpu:64,16", "sim:1,1,0.5"; empty = every GPU if
                                                    // there is one (with the CUDA backend enabled), else one CPU device per core, up to 4
@@ -71,6 +80,13 @@ struct RuntimeOptions {
   std::size_t input_bytes = 0;                     // [0, 1 << 30]; 0 = no inputs travel (the chunk function finds its own)
   std::function<void(std::uint32_t sample, std::byte* dst)> gather{};
   std::size_t in_flight = 2;                       // GPU devices: chunks launched and not yet finished, [1, 16]
+  // The stall watchdog: a step in which some device has been inside one chunk for longer than stall_timeout
+  // seconds fails with a TimeoutError, and that device's waits are cancelled. (0, 86400]; default 10 minutes.
+  double stall_timeout = 600;
+  OnDeviceFailure on_device_failure = OnDeviceFailure::kFail;
+  // Called on the device's worker before each chunk, with the device's index at the runtime's creation; what it
+  // returns happens to the chunk. Empty: no faults.
+  std::function<Fault(std::size_t device, std::uint64_t step, ChunkId chunk)> inject_fault{};
   std::uint64_t seed = 0x5eedba7c;                 // victim order
 };
 
@@ -137,6 +153,9 @@ class Runtime {
     std::uint32_t size;
   };
   StepReport run_chunks(std::span<const std::uint32_t> samples, const ChunkFunction& fn);
+  void exclude_device(std::size_t position);
+  std::exception_ptr check_stalls();
+  void make_scheduler();
 
   RuntimeOptions m_options;
   std::vector<std::unique_ptr<Device>> m_devices;
@@ -154,6 +173,9 @@ class Runtime {
   bool m_is_sim = false;
   double m_sim_allreduce_s = 0;    // the simulated AllReduce time per step (ring model)
   mutable std::vector<float> m_host_params;  // parameters()' copy
+  std::vector<std::size_t> m_ids;            // each device's index at creation (stable across exclusions)
+  std::vector<std::unique_ptr<Device>> m_lost;  // excluded devices, kept until the runtime goes
+  std::shared_ptr<DeviceBackend> m_backend;
   std::unique_ptr<Scheduler> m_sched;  // last: its workers stop before the devices and replicas go
 };
 

@@ -37,6 +37,10 @@ struct StepReport {
   double bytes_moved = 0;     // inputs of stolen chunks that crossed a link (simulated devices; 0 otherwise)
   double loss = 0;            // mean loss over the step's samples (what the chunk functions reported)
   std::vector<DeviceReport> devices;
+  // Devices lost in this step and dropped (on_device_failure = exclude), and the chunks re-run on the survivors
+  // (those the lost devices had run or held). Empty and 0 in a step where nothing failed.
+  std::vector<std::string> excluded_devices;
+  std::uint64_t rerun_chunks = 0;
 };
 
 // Sums step reports into one (an epoch): times and counts add, utilization is recomputed from the sums.

@@ -129,6 +129,15 @@ class Scheduler {
   // worker's batch steal is also capped at the chunks the rule would still let it take.
   void set_chunk_costs(std::vector<double> own, std::vector<double> stolen);
 
+  // A watchdog for the steps that follow: while a step runs, the caller wakes every `period` and calls `check`. A
+  // non-null exception fails the step with it (what is not yet taken is discarded), then `on_fail` runs once (it
+  // should unblock chunk functions that may never return on their own, a stalled device's), and run() waits for
+  // the workers to quiesce and rethrows that exception. An empty `check` removes the watchdog.
+  //
+  //   sched.set_watchdog(10ms, [&] { return stalled() ? std::make_exception_ptr(TimeoutError("...")) : nullptr; },
+  //                      [&] { cancel_stalled_devices(); });
+  void set_watchdog(std::chrono::nanoseconds period, std::function<std::exception_ptr()> check, std::function<void()> on_fail = {});
+
   std::size_t workers() const noexcept { return m_workers.size(); }
   const SchedulerOptions& options() const noexcept { return m_options; }
   // Workers asleep right now; racy, for tests and diagnostics.
@@ -175,6 +184,9 @@ class Scheduler {
   std::vector<double> m_costs;             // per worker, a stolen chunk's cost; empty: no end-game rule
   std::vector<double> m_own_costs;         // per worker, the cost of a chunk from its own deque
   double m_rate_sum = 0;                   // the sum of 1 / cost
+  std::chrono::nanoseconds m_watch_period{0};
+  std::function<std::exception_ptr()> m_watch_check;
+  std::function<void()> m_watch_fail;
   double m_min_cost = 0;
   std::chrono::steady_clock::time_point m_step_start;
   std::exception_ptr m_error;  // written by the first failing worker only, read by the caller after the step

@@ -7,6 +7,7 @@
 #if defined(__linux__)
 #include <linux/futex.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 #endif
 
@@ -26,6 +27,19 @@ inline void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t seen) noe
 #if defined(__linux__)
   syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
 #else
+  word.wait(seen, std::memory_order_acquire);
+#endif
+}
+
+// As futex_wait, for at most `timeout_ns` (a spurious or timed-out return looks the same: callers re-check).
+inline void futex_wait_for(std::atomic<std::uint32_t>& word, std::uint32_t seen, long long timeout_ns) noexcept {
+#if defined(__linux__)
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(timeout_ns / 1000000000LL);
+  ts.tv_nsec = static_cast<long>(timeout_ns % 1000000000LL);
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, seen, &ts, nullptr, 0);
+#else
+  (void)timeout_ns;
   word.wait(seen, std::memory_order_acquire);
 #endif
 }

@@ -1,0 +1,139 @@
+// Failure semantics: an injected stall fails the step with a TimeoutError soon after the timeout and the runtime
+// goes on; a lost device fails the step (on_device_failure = fail) or is dropped with its chunks re-run and the
+// gradient still exact (exclude); every failure names the device, the step and the chunk.
+#include "model_test_support.hpp"
+
+#include <stealbatch/error.hpp>
+#include <stealbatch/runtime/runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <numeric>
+#include <string>
+#include <thread>
+
+using namespace stealbatch;
+using namespace stealbatch::testing;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Fixture {
+  Synthetic syn{512, 8, 3, 11};
+  MlpModel model{{8, 6, 3}};
+  std::vector<float> init = model.initial_parameters(5);
+  std::vector<std::uint32_t> batch = [] {
+    std::vector<std::uint32_t> b(256);
+    std::iota(b.begin(), b.end(), 0u);
+    return b;
+  }();
+  // pause: per chunk, so that every device gets to run some (a tiny model's chunks take a microsecond, and the
+  // first worker awake would drain the step alone).
+  ChunkFunction fn(std::chrono::microseconds pause = std::chrono::microseconds(0)) {
+    return [this, pause](ChunkContext& ctx) {
+      thread_local MlpModel::Workspace ws;
+      ctx.add_loss(model.accumulate_gradient(ctx.params, ctx.grad, syn.data, ctx.samples, ws));
+      if (pause.count() > 0) std::this_thread::sleep_for(pause);
+    };
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Faults.StallFailsTheStepWithATimeoutAndTheRuntimeGoesOn") {
+  Fixture fx;
+  std::atomic<std::int64_t> stall_at{0};
+  RuntimeOptions o;
+  o.devices = "sim:1,1,1";
+  o.chunk_size = 8;
+  o.sim_sample_seconds = 20e-6;
+  o.stall_timeout = 0.2;
+  o.inject_fault = [&](std::size_t device, std::uint64_t step, ChunkId chunk) {
+    std::int64_t zero = 0;  // one stall: the first chunk of device 1 past the fourth in step 2
+    if (device == 1 && step == 2 && chunk % 4 == 1 && stall_at.compare_exchange_strong(zero, Clock::now().time_since_epoch().count())) {
+      return Fault::kStall;
+    }
+    return Fault::kNone;
+  };
+  Runtime rt(o);
+  rt.register_parameters(fx.model.layout(), fx.init);
+  rt.step(fx.batch, fx.fn());
+  const std::vector<float> before(rt.parameters(0).begin(), rt.parameters(0).end());
+  std::string what;
+  try {
+    rt.step(fx.batch, fx.fn());
+    FAIL("a stalled device must fail the step");
+  } catch (const TimeoutError& e) {
+    what = e.what();
+  }
+  const double ms = static_cast<double>(Clock::now().time_since_epoch().count() - stall_at.load()) / 1e6;
+  MESSAGE("stall to TimeoutError: " << ms << " ms (timeout 200 ms): " << what);
+  CHECK(ms >= 200);
+  CHECK(ms <= 250);  // the watchdog looks every 10 ms; the target is timeout + 50 ms
+  CHECK(what.find("sim1") != std::string::npos);
+  CHECK(what.find("step 2") != std::string::npos);
+  CHECK(what.find("can run another step") != std::string::npos);
+  const auto after = rt.parameters(0);
+  CHECK(std::equal(after.begin(), after.end(), before.begin()));  // nothing applied
+  // The next step runs normally and is exact.
+  rt.compute_gradient(fx.batch, fx.fn());
+  CHECK(relative_error(rt.gradient(), sequential_mean_gradient(fx.model, before, fx.syn.data, fx.batch)) <= 1e-5);
+}
+
+TEST_CASE("Faults.LostDeviceFailsTheStepByDefault") {
+  Fixture fx;
+  RuntimeOptions o;
+  o.devices = "sim:1,1,1";
+  o.sim_sample_seconds = 20e-6;
+  o.chunk_size = 8;
+  o.threads_per_device = 1;
+  o.inject_fault = [](std::size_t device, std::uint64_t, ChunkId chunk) { return device == 2 && chunk >= 20 ? Fault::kDeviceLoss : Fault::kNone; };
+  Runtime rt(o);
+  rt.register_parameters(fx.model.layout(), fx.init);
+  try {
+    rt.step(fx.batch, fx.fn());
+    FAIL("a lost device must fail the step with on_device_failure = fail");
+  } catch (const ChunkError& e) {
+    CHECK_FALSE(e.can_continue());
+    CHECK(e.device() == "sim2");
+    CHECK_THROWS_AS(std::rethrow_if_nested(e), DeviceLostError);
+  }
+}
+
+TEST_CASE("Faults.ExcludedDeviceIsDroppedAndTheGradientStaysExact") {
+  Fixture fx;
+  for (const std::string devices : {"cpu:3", "sim:1,0.5,1,0.25"}) {
+    CAPTURE(devices);
+    RuntimeOptions o;
+    o.devices = devices;
+    o.chunk_size = 4;
+    o.threads_per_device = 1;
+    o.sim_sample_seconds = 20e-6;
+    o.on_device_failure = OnDeviceFailure::kExclude;
+    o.placement = PlacementPolicy::kEqual;  // device 1 surely holds a third of step 2's chunks
+    // Device 1 dies at its third chunk of step 2 (after running two: their gradient is lost with it).
+    std::atomic<int> seen{0};
+    o.inject_fault = [&](std::size_t device, std::uint64_t step, ChunkId) {
+      return device == 1 && step == 2 && seen.fetch_add(1) == 2 ? Fault::kDeviceLoss : Fault::kNone;
+    };
+    Runtime rt(o);
+    const std::size_t n = rt.device_count();
+    rt.register_parameters(fx.model.layout(), fx.init);
+    const auto pause = std::chrono::microseconds(200);
+    rt.compute_gradient(fx.batch, fx.fn(pause));
+    const StepReport r = rt.compute_gradient(fx.batch, fx.fn(pause));
+    REQUIRE(r.excluded_devices.size() == 1);
+    CHECK(r.excluded_devices[0].back() == '1');
+    CHECK(r.rerun_chunks >= 2);
+    CHECK(rt.device_count() == n - 1);
+    CHECK(relative_error(rt.gradient(), sequential_mean_gradient(fx.model, fx.init, fx.syn.data, fx.batch)) <= 1e-5);
+    // Later steps run on the survivors, exactly, and training goes on.
+    const StepReport r3 = rt.step(fx.batch, fx.fn(pause));
+    CHECK(r3.excluded_devices.empty());
+    CHECK(r3.devices.size() == n - 1);
+    const StepReport r4 = rt.compute_gradient(fx.batch, fx.fn(pause));
+    CHECK(r4.samples == fx.batch.size());
+  }
+}
