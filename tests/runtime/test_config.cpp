@@ -55,6 +55,8 @@ TEST_CASE("Config.EveryFieldOutsideItsRangeNamesFieldAndValue") {
       {"in_flight", "17", [](RuntimeOptions& o) { o.in_flight = 17; }},
       {"input_bytes", "2147483648", [](RuntimeOptions& o) { o.input_bytes = std::size_t{1} << 31; }},
       {"input_bytes", "16", [](RuntimeOptions& o) { o.input_bytes = 16; }},  // no gather function
+      {"stall_timeout", "0", [](RuntimeOptions& o) { o.stall_timeout = 0; }},
+      {"stall_timeout", "100000", [](RuntimeOptions& o) { o.stall_timeout = 1e5; }},
       {"trace_path", "/nonexistent-dir/trace.json", [](RuntimeOptions& o) { o.trace_path = "/nonexistent-dir/trace.json"; }},
   };
   for (const Row& r : rows) {
