@@ -1,0 +1,292 @@
+// soak: many steps on simulated and CPU devices under random slowdowns, stalls, throwing chunks and device
+// deaths. Every step checks that each chunk counted exactly once (on a device that survived the step) and that
+// the gradient equals the sequential reference, or that the injected fault surfaced as the error the policy
+// promises. Prints a progress line, writes a JSON summary, and exits non-zero on any lost or duplicated chunk,
+// gradient mismatch, hang, unexpected error or fault that neither surfaced nor recovered.
+//
+//   soak --seconds 600 --json soak.json
+#include "mlp_model.hpp"
+
+#include <stealbatch/error.hpp>
+#include <stealbatch/runtime/runtime.hpp>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+using namespace stealbatch;
+using examples::DenseData;
+using examples::MlpModel;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Tally {
+  std::uint64_t steps = 0, faults_injected = 0, faults_surfaced = 0, faults_recovered = 0, lost_chunks = 0, duplicated_chunks = 0,
+                gradient_mismatches = 0, hangs = 0, unexpected = 0, unaccounted = 0, runtimes = 0;
+  double max_fault_to_error_ms = 0;
+  std::map<std::string, std::uint64_t> by_kind;
+  nlohmann::json to_json() const {
+    return {{"steps", steps},
+            {"faults_injected", faults_injected},
+            {"faults_surfaced", faults_surfaced},
+            {"faults_recovered", faults_recovered},
+            {"lost_chunks", lost_chunks},
+            {"duplicated_chunks", duplicated_chunks},
+            {"gradient_mismatches", gradient_mismatches},
+            {"hangs", hangs},
+            {"max_fault_to_error_ms", max_fault_to_error_ms},
+            {"unexpected_errors", unexpected},
+            {"faults_unaccounted", unaccounted},
+            {"runtimes", runtimes},
+            {"faults_by_kind", by_kind}};
+  }
+  bool ok() const {
+    return lost_chunks == 0 && duplicated_chunks == 0 && gradient_mismatches == 0 && hangs == 0 && unexpected == 0 && unaccounted == 0 &&
+           faults_surfaced + faults_recovered == faults_injected;
+  }
+};
+
+double relative_error(std::span<const float> a, std::span<const float> b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::abs(static_cast<double>(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+const char* kind_name(Fault f) {
+  switch (f) {
+    case Fault::kThrow: return "throw";
+    case Fault::kStall: return "stall";
+    case Fault::kDeviceLoss: return "device_loss";
+    default: return "none";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double seconds = 60;
+  std::string json_path;
+  std::uint64_t seed = 1;
+  double timeout = 0.2;
+  CLI::App app{"soak: random faults against exactly-once execution and the exact gradient"};
+  app.add_option("--seconds", seconds, "how long to run")->check(CLI::Range(1.0, 86400.0))->capture_default_str();
+  app.add_option("--json", json_path, "write the summary here");
+  app.add_option("--seed", seed, "random seed")->capture_default_str();
+  app.add_option("--stall-timeout", timeout, "the runtime's stall_timeout (s)")->check(CLI::Range(0.05, 10.0))->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  examples::use_single_threaded_blas();
+  std::mt19937_64 rng(seed);
+  // A random classification set and a small MLP: big enough that chunks do real work, small enough for 2 cores.
+  const std::size_t count = 4096, features = 32;
+  std::vector<float> x(count * features);
+  std::vector<std::uint8_t> y(count);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (float& v : x) v = u(rng);
+  for (auto& v : y) v = static_cast<std::uint8_t>(rng() % 10);
+  const DenseData data{count, features, x, y};
+  const MlpModel model({features, 24, 10});
+
+  Tally t;
+  std::atomic<std::int64_t> step_started{0};  // ns since the epoch of Clock; 0 between steps
+  std::atomic<bool> done{false};
+  std::mutex out_mutex;
+  auto write_json = [&] {
+    const std::lock_guard lock(out_mutex);
+    if (json_path.empty()) return;
+    std::ofstream(json_path) << t.to_json().dump(2) << "\n";
+  };
+  // The hang detector: a step that has not returned after 30 s (150 timeouts) is a hang; there is nothing to do
+  // but report it and stop.
+  std::thread monitor([&] {
+    while (!done.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      const std::int64_t s = step_started.load();
+      if (s != 0 && Clock::now().time_since_epoch().count() - s > 30'000'000'000LL) {
+        ++t.hangs;
+        std::fprintf(stderr, "\nsoak: a step has not returned for 30 s: hang\n");
+        write_json();
+        std::_Exit(3);
+      }
+    }
+  });
+
+  const auto t_end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  auto last_print = Clock::now();
+  while (Clock::now() < t_end) {
+    // One runtime: random devices, policy and failure policy; a few dozen steps.
+    RuntimeOptions o;
+    const bool sim = rng() % 2 == 0;
+    const std::size_t n = 2 + rng() % 4;
+    if (sim) {
+      o.devices = "sim:";
+      for (std::size_t d = 0; d < n; ++d) o.devices += (d ? "," : "") + std::to_string(0.2 + 0.8 * static_cast<double>(rng() % 100) / 100.0);
+      o.sim_sample_seconds = 5e-6;
+    } else {
+      o.devices = "cpu:" + std::to_string(n);
+      o.threads_per_device = 1;
+      o.slowdown.resize(n);
+      for (double& f : o.slowdown) f = 1.0 + static_cast<double>(rng() % 300) / 100.0;
+    }
+    o.policy = rng() % 3 == 0 ? SchedulePolicy::kStatic : SchedulePolicy::kSteal;
+    o.chunk_size = 1 + rng() % 16;
+    o.on_device_failure = rng() % 2 == 0 ? OnDeviceFailure::kExclude : OnDeviceFailure::kFail;
+    o.stall_timeout = timeout;
+    o.seed = rng();
+    // This step's fault: kind, device, and the how-manieth chunk of that device it hits (it may never come).
+    struct Plan {
+      Fault kind = Fault::kNone;
+      std::size_t device = 0;
+      int at = 0;
+      std::atomic<int> seen{0};
+      std::atomic<bool> fired{false};
+      std::atomic<std::int64_t> fired_ns{0};
+    } plan;
+    o.inject_fault = [&plan](std::size_t device, std::uint64_t, ChunkId) {
+      if (plan.kind == Fault::kNone || device != plan.device || plan.seen.fetch_add(1) != plan.at) return Fault::kNone;
+      plan.fired_ns.store(Clock::now().time_since_epoch().count());
+      plan.fired.store(true);
+      return plan.kind;
+    };
+    Runtime rt(o);
+    ++t.runtimes;
+    std::vector<float> params = model.initial_parameters(rng());
+    rt.register_parameters(model.layout(), params);
+    // Which device ran each chunk this step (names), to count every chunk on a device that survived the step.
+    std::vector<std::vector<std::string>> ran;
+    std::mutex ran_mutex;
+    auto fn = [&](ChunkContext& ctx) {
+      thread_local MlpModel::Workspace ws;
+      ctx.add_loss(model.accumulate_gradient(ctx.params, ctx.grad, data, ctx.samples, ws));
+      const std::lock_guard lock(ran_mutex);
+      if (ctx.chunk >= ran.size()) throw std::logic_error("soak: chunk id beyond the batch");
+      ran[ctx.chunk].push_back(ctx.owner->name());
+    };
+    const std::size_t steps = 10 + rng() % 30;
+    for (std::size_t s = 0; s < steps && Clock::now() < t_end; ++s) {
+      const std::size_t batch = 32 + rng() % 480;
+      std::vector<std::uint32_t> idx(batch);
+      for (auto& i : idx) i = static_cast<std::uint32_t>(rng() % count);
+      ran.assign(batch, {});  // at most one chunk per sample (speed-sized chunks can be smaller than chunk_size)
+      plan.kind = Fault::kNone;
+      plan.seen = 0;
+      plan.fired = false;
+      if (rng() % 3 == 0 && rt.device_count() > 1) {
+        const Fault kinds[] = {Fault::kThrow, Fault::kStall, Fault::kDeviceLoss};
+        plan.kind = kinds[rng() % 3];
+        plan.device = rng() % n;  // an index at creation; an excluded one never runs, and the fault never fires
+        plan.at = static_cast<int>(rng() % 3);
+      }
+      const std::vector<float> before(rt.parameters(0).begin(), rt.parameters(0).end());
+      std::vector<float> ref(model.layout().size(), 0.0f);
+      {
+        MlpModel::Workspace ws;
+        model.accumulate_gradient(before, ref, data, idx, ws);
+        for (float& g : ref) g /= static_cast<float>(batch);
+      }
+      const std::size_t devices_before = rt.device_count();
+      step_started.store(Clock::now().time_since_epoch().count());
+      std::string error_kind;
+      bool can_continue = true;
+      StepReport rep;
+      try {
+        rep = rt.compute_gradient(idx, fn);
+      } catch (const TimeoutError&) {
+        error_kind = "timeout";
+      } catch (const ChunkError& e) {
+        can_continue = e.can_continue();
+        try {
+          std::rethrow_if_nested(e);
+          error_kind = "chunk";
+        } catch (const DeviceLostError&) {
+          error_kind = "lost";
+        } catch (...) {
+          error_kind = "chunk";
+        }
+      } catch (const std::exception& e) {
+        error_kind = std::string("unexpected: ") + e.what();
+      }
+      const std::int64_t now = Clock::now().time_since_epoch().count();
+      step_started.store(0);
+      ++t.steps;
+      const bool fired = plan.fired.load();
+      if (fired) ++t.faults_injected, ++t.by_kind[kind_name(plan.kind)];
+      if (error_kind.rfind("unexpected", 0) == 0 || (!error_kind.empty() && !fired)) {
+        ++t.unexpected;
+        std::fprintf(stderr, "\nsoak: step %llu: %s (fault fired: %d)\n", static_cast<unsigned long long>(t.steps),
+                     error_kind.empty() ? "?" : error_kind.c_str(), fired);
+        break;
+      }
+      if (fired) {
+        // What the policy promises for this fault.
+        const bool excluded = !rep.excluded_devices.empty();
+        if (plan.kind == Fault::kThrow && error_kind == "chunk" && can_continue) {
+          ++t.faults_surfaced;
+        } else if (plan.kind == Fault::kStall && error_kind == "timeout") {
+          ++t.faults_surfaced;
+          t.max_fault_to_error_ms = std::max(t.max_fault_to_error_ms, static_cast<double>(now - plan.fired_ns.load()) / 1e6);
+        } else if (plan.kind == Fault::kDeviceLoss && o.on_device_failure == OnDeviceFailure::kFail && error_kind == "lost" && !can_continue) {
+          ++t.faults_surfaced;
+        } else if (plan.kind == Fault::kDeviceLoss && o.on_device_failure == OnDeviceFailure::kExclude && error_kind.empty() && excluded &&
+                   rt.device_count() == devices_before - 1) {
+          ++t.faults_recovered;
+        } else {
+          ++t.unaccounted;
+          std::fprintf(stderr, "\nsoak: step %llu: fault %s ended as '%s'\n", static_cast<unsigned long long>(t.steps), kind_name(plan.kind),
+                       error_kind.c_str());
+        }
+      }
+      if (!error_kind.empty()) {
+        if (!can_continue) break;  // a lost device under fail: a new runtime
+        continue;
+      }
+      // Exactly once: every chunk counted on exactly one device that survived the step.
+      std::vector<std::string> alive;
+      for (std::size_t d = 0; d < rt.device_count(); ++d) alive.push_back(rt.device(d).name());
+      for (std::size_t c = 0; c < rep.chunks; ++c) {
+        const auto& runs = ran[c];
+        std::size_t on_alive = 0;
+        for (const auto& who : runs) on_alive += std::find(alive.begin(), alive.end(), who) != alive.end();
+        if (on_alive == 0) ++t.lost_chunks;
+        if (on_alive > 1) ++t.duplicated_chunks;
+      }
+      if (relative_error(rt.gradient(), ref) > 1e-5) ++t.gradient_mismatches;
+      if (Clock::now() - last_print > std::chrono::seconds(2)) {
+        last_print = Clock::now();
+        std::fprintf(stderr, "\r[soak] %6llu steps  %4llu faults (%llu surfaced, %llu recovered)  lost %llu  dup %llu  mismatch %llu  max fault->error %.0f ms   ",
+                     static_cast<unsigned long long>(t.steps), static_cast<unsigned long long>(t.faults_injected),
+                     static_cast<unsigned long long>(t.faults_surfaced), static_cast<unsigned long long>(t.faults_recovered),
+                     static_cast<unsigned long long>(t.lost_chunks), static_cast<unsigned long long>(t.duplicated_chunks),
+                     static_cast<unsigned long long>(t.gradient_mismatches), t.max_fault_to_error_ms);
+      }
+    }
+  }
+  done = true;
+  monitor.join();
+  std::fprintf(stderr, "\n");
+  std::printf("%s\n", t.to_json().dump().c_str());
+  write_json();
+  const bool ok = t.ok() && t.max_fault_to_error_ms <= timeout * 1e3 + 50;
+  std::printf("soak: %s\n", ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+}
