@@ -1,6 +1,9 @@
 // A multilayer perceptron with ReLU and softmax cross-entropy, on cblas: the model the MLP example trains.
 #pragma once
 
+#include "dense_data.hpp"
+#include "layers.hpp"
+
 #include <stealbatch/runtime/parameters.hpp>
 
 #include <cstddef>
@@ -9,18 +12,6 @@
 #include <vector>
 
 namespace stealbatch::examples {
-
-// Makes OpenBLAS single-threaded: each device's worker computes on its own thread, and OpenBLAS's own pool
-// would oversubscribe the cores the devices already share.
-void use_single_threaded_blas();
-
-// Samples as dense float rows with integer labels (what the model reads; the IDX reader fills one).
-struct DenseData {
-  std::size_t count = 0;
-  std::size_t features = 0;
-  std::span<const float> x;            // count * features
-  std::span<const std::uint8_t> y;     // count
-};
 
 // sizes = {inputs, hidden..., classes}; {784, 10} is a linear softmax classifier.
 //

@@ -1,234 +1,51 @@
 // mlp: trains a multilayer perceptron on Fashion-MNIST with stealbatch, and compares stealing with a static split.
 #include "mlp_model.hpp"
+#include "trainer_cli.hpp"
 
 #include <stealbatch/error.hpp>
-#include <stealbatch/runtime/idx.hpp>
-#include <stealbatch/runtime/runtime.hpp>
+
+#ifdef STEALBATCH_HAS_CUDA
+#include "models_cuda.hpp"
+
+#include <stealbatch/cuda/backend.hpp>
+#endif
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
-#include <algorithm>
-#include <cmath>
-#include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <numeric>
-#include <random>
 #include <string>
 #include <vector>
 
 using namespace stealbatch;
-using examples::DenseData;
-using examples::MlpModel;
-using Clock = std::chrono::steady_clock;
-
-namespace {
-
-struct Flags {
-  std::string data = "/usr/share/datasets/fashion-mnist";
-  std::string devices = "cpu:4";
-  std::size_t epochs = 10;
-  std::size_t batch = 256;
-  std::size_t chunk = 32;
-  std::size_t limit = 0;  // train on the first N samples only (0 = all)
-  float lr = 0.1f;
-  std::string optimizer = "sgd";
-  std::string policy = "steal";
-  std::string slowdown;
-  bool compare = false;
-  std::string json;
-  std::string trace;
-  std::uint64_t seed = 1;
-  std::string hidden = "256,128";
-  std::string endgame = "on";
-  std::string chunk_sizing = "speed";
-  std::string schedule = "cosine";
-};
-
-struct RunResult {
-  std::string policy;
-  std::vector<double> epoch_seconds;
-  double samples_per_s = 0;
-  std::uint64_t steals = 0;
-  double test_accuracy = 0;
-  StepReport total;
-};
-
-// One progress line, rewritten in place: epoch, samples, samples/s, ETA, loss.
-void progress(const std::string& tag, std::size_t epoch, std::size_t epochs, std::size_t done, std::size_t total, double elapsed,
-              double loss) {
-  const double rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0;
-  const double eta = rate > 0 ? static_cast<double>(total - done) / rate : 0;
-  std::fprintf(stderr, "\r[%s] epoch %zu/%zu  %6zu/%zu samples  %8.0f samples/s  ETA %5.1f s  loss %.4f   ", tag.c_str(), epoch, epochs, done,
-               total, rate, eta, loss);
-}
-
-RunResult train(const Flags& f, SchedulePolicy policy, const MlpModel& model, const DenseData& train_set, const DenseData& test_set) {
-  RuntimeOptions ro;
-  ro.devices = f.devices;
-  ro.chunk_size = f.chunk;
-  ro.policy = policy;
-  ro.optimizer.kind = parse_optimizer(f.optimizer);
-  ro.optimizer.lr = f.lr;
-  ro.trace_path = f.trace.empty() ? "" : (f.compare ? f.trace + (policy == SchedulePolicy::kSteal ? ".steal.json" : ".static.json") : f.trace);
-  ro.seed = f.seed;
-  ro.endgame = f.endgame == "on" ? EndGame::kOn : EndGame::kOff;
-  ro.chunk_sizing = f.chunk_sizing == "speed" ? ChunkSizing::kBySpeed : ChunkSizing::kFixed;
-  const DeviceSpec spec = parse_device_spec(f.devices);
-  ro.slowdown = parse_slowdown_list(f.slowdown, spec.count);
-  Runtime rt(ro);
-  rt.register_parameters(model.layout(), model.initial_parameters(f.seed));
-
-  std::vector<MlpModel::Workspace> ws(rt.device_count());
-  const ChunkFunction fn = [&](ChunkContext& ctx) {
-    ctx.add_loss(model.accumulate_gradient(ctx.params, ctx.grad, train_set, ctx.samples, ws[ctx.device]));
-  };
-
-  const std::size_t steps_per_epoch = (train_set.count + f.batch - 1) / f.batch;
-  const std::size_t total_steps = steps_per_epoch * f.epochs;
-  std::size_t step_no = 0;
-  RunResult res;
-  res.policy = policy == SchedulePolicy::kSteal ? "steal" : policy == SchedulePolicy::kStatic ? "static" : "central";
-  std::vector<std::uint32_t> order(train_set.count);
-  std::vector<StepReport> all;
-  for (std::size_t epoch = 1; epoch <= f.epochs; ++epoch) {
-    std::iota(order.begin(), order.end(), 0u);
-    std::shuffle(order.begin(), order.end(), std::mt19937_64(f.seed * 1000003 + epoch));  // the same order for every policy
-    const auto t0 = Clock::now();
-    auto last_print = t0;
-    double loss_sum = 0;
-    std::size_t done = 0;
-    for (std::size_t start = 0; start < order.size(); start += f.batch) {
-      const std::size_t b = std::min(f.batch, order.size() - start);
-      if (f.schedule == "cosine") {  // cosine decay from --lr towards 0 over the whole run
-        const double progress = static_cast<double>(step_no) / static_cast<double>(total_steps);
-        rt.set_learning_rate(std::max(1e-6f, static_cast<float>(f.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * progress)))));
-      }
-      ++step_no;
-      const StepReport r = rt.step(std::span<const std::uint32_t>(order).subspan(start, b), fn);
-      loss_sum += r.loss * static_cast<double>(r.samples);
-      done += b;
-      all.push_back(r);
-      const auto now = Clock::now();
-      if (now - last_print > std::chrono::milliseconds(250) || done == order.size()) {
-        progress(res.policy, epoch, f.epochs, done, order.size(), std::chrono::duration<double>(now - t0).count(), loss_sum / static_cast<double>(done));
-        last_print = now;
-      }
-    }
-    res.epoch_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    std::fprintf(stderr, "\n");
-  }
-  res.total = accumulate(all);
-  res.steals = res.total.steals;
-  const double secs = std::accumulate(res.epoch_seconds.begin(), res.epoch_seconds.end(), 0.0);
-  res.samples_per_s = secs > 0 ? static_cast<double>(res.total.samples) / secs : 0;
-  MlpModel::Workspace eval;
-  res.test_accuracy = model.accuracy(rt.parameters(0), test_set, eval);
-  return res;
-}
-
-double mean(const std::vector<double>& v) { return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size()); }
-
-}  // namespace
+using namespace stealbatch::examples;
 
 int main(int argc, char** argv) {
-  Flags f;
+  TrainerFlags f;
+  std::string hidden = "256,128";
   CLI::App app{"mlp: train an MLP on Fashion-MNIST with stealbatch"};
-  app.add_option("--data", f.data, "directory with the Fashion-MNIST IDX .gz files")->capture_default_str();
-  app.add_option("--devices", f.devices, "cpu:N (CUDA and simulated devices are not wired into the runtime yet)")->capture_default_str();
-  app.add_option("--epochs", f.epochs, "epochs to train")->check(CLI::Range(1, 1000))->capture_default_str();
-  app.add_option("--batch", f.batch, "samples per step (mini-batch)")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--chunk", f.chunk, "samples per chunk")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--limit", f.limit, "train on the first N training samples only (0 = all)")->capture_default_str();
-  app.add_option("--lr", f.lr, "learning rate")->capture_default_str();
-  app.add_option("--optimizer", f.optimizer, "sgd (momentum 0.9) or adam")->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
-  app.add_option("--policy", f.policy, "static (equal split, no stealing: the DDP baseline), steal, or central (one shared queue)")
-      ->check(CLI::IsMember({"static", "steal", "central"}))->capture_default_str();
-  app.add_option("--slowdown", f.slowdown, "per-device slowdown factors, e.g. 6.6,6.6,1,1 (1 = full speed)");
-  app.add_option("--hidden", f.hidden, "hidden layer sizes")->capture_default_str();
-  app.add_option("--schedule", f.schedule, "learning rate: cosine (decays --lr to 0 over the run) or constant")
-      ->check(CLI::IsMember({"cosine", "constant"}))->capture_default_str();
-  app.add_option("--endgame", f.endgame, "on: slow devices leave a step's last chunks to faster ones (shorter steps); off: every device takes chunks until none is left")
-      ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
-  app.add_option("--chunk-sizing", f.chunk_sizing, "fixed: every chunk holds --chunk samples; speed: each device's chunks are sized to its measured speed (--chunk on the fastest)")
-      ->check(CLI::IsMember({"fixed", "speed"}))->capture_default_str();
-  app.add_flag("--compare", f.compare, "run static and steal on the same work and print both dashboards and the speedup");
-  app.add_option("--json", f.json, "write the results as JSON to this file");
-  app.add_option("--trace", f.trace, "write a Chrome trace (with --compare: FILE.static.json and FILE.steal.json)");
-  app.add_option("--seed", f.seed, "seed for initialization, shuffling and victim choice")->capture_default_str();
+  add_trainer_options(app, f, [&](CLI::App& a) { a.add_option("--hidden", hidden, "hidden layer sizes")->capture_default_str(); });
   CLI11_PARSE(app, argc, argv);
 
-  try {
-    examples::use_single_threaded_blas();
-    const Dataset train_full = load_fashion_mnist(f.data, DataSplit::kTrain);
-    const Dataset test_full = load_fashion_mnist(f.data, DataSplit::kTest);
-    const std::size_t n_train = f.limit ? std::min(f.limit, train_full.count) : train_full.count;
-    const DenseData train_set{n_train, train_full.features, std::span<const float>(train_full.x).first(n_train * train_full.features),
-                              std::span<const std::uint8_t>(train_full.y).first(n_train)};
-    const DenseData test_set{test_full.count, test_full.features, test_full.x, test_full.y};
-
-    std::vector<std::size_t> sizes{train_full.features};
-    for (double h : parse_number_list(f.hidden, "hidden")) {
-      if (h < 1 || h > 65536 || h != static_cast<double>(static_cast<std::size_t>(h))) throw ConfigError("hidden = '" + f.hidden + "': sizes must be whole numbers in [1, 65536]");
+  return run_reporting_errors("mlp", [&] {
+    use_single_threaded_blas();
+    const TrainingData data(f);
+    std::vector<std::size_t> sizes{data.train.features};
+    for (double h : parse_number_list(hidden, "hidden")) {
+      if (h < 1 || h > 65536 || h != static_cast<double>(static_cast<std::size_t>(h))) throw ConfigError("hidden = '" + hidden + "': sizes must be whole numbers in [1, 65536]");
       sizes.push_back(static_cast<std::size_t>(h));
     }
     sizes.push_back(10);
     const MlpModel model(sizes);
 
-    std::printf("# mlp: %zu train / %zu test samples, model", n_train, test_set.count);
+    std::printf("# mlp: %zu train / %zu test samples, model", data.train.count, data.test.count);
     for (std::size_t s : sizes) std::printf(" %zu", s);
-    std::printf(", devices %s, slowdown %s, batch %zu, chunk %zu, %s lr %g (%s), %zu epochs, end game %s, chunk sizing %s\n", f.devices.c_str(),
-                f.slowdown.empty() ? "none" : f.slowdown.c_str(), f.batch, f.chunk, f.optimizer.c_str(), static_cast<double>(f.lr), f.schedule.c_str(), f.epochs,
-                f.endgame.c_str(), f.chunk_sizing.c_str());
-
-    std::vector<SchedulePolicy> policies;
-    if (f.compare) {
-      policies = {SchedulePolicy::kStatic, SchedulePolicy::kSteal};
-    } else {
-      policies = {parse_policy(f.policy)};
-    }
-    std::vector<RunResult> runs;
-    for (SchedulePolicy p : policies) runs.push_back(train(f, p, model, train_set, test_set));
-
-    for (const RunResult& r : runs) {
-      std::printf("\n%s", format_dashboard(r.total, "policy " + r.policy).c_str());
-      std::printf("| epoch time %.3f s (mean of %zu), %.0f samples/s, test accuracy %.4f\n", mean(r.epoch_seconds), r.epoch_seconds.size(),
-                  r.samples_per_s, r.test_accuracy);
-    }
-    double speedup = 0;
-    if (f.compare) {
-      speedup = mean(runs[0].epoch_seconds) / mean(runs[1].epoch_seconds);
-      std::printf("\nsteal vs static: %.2fx faster per epoch (static %.3f s, steal %.3f s, same run)\n", speedup, mean(runs[0].epoch_seconds),
-                  mean(runs[1].epoch_seconds));
-    }
-    std::printf("test accuracy %.4f\n", runs.back().test_accuracy);
-
-    if (!f.json.empty()) {
-      nlohmann::json j;
-      j["test_accuracy"] = runs.back().test_accuracy;
-      j["epochs"] = f.epochs;
-      j["runs"] = nlohmann::json::array();
-      for (const RunResult& r : runs) {
-        std::vector<double> util;
-        for (const DeviceReport& d : r.total.devices) util.push_back(d.utilization);
-        j["runs"].push_back({{"policy", r.policy}, {"epoch_seconds", r.epoch_seconds}, {"samples_per_s", r.samples_per_s}, {"steals", r.steals},
-                             {"utilization", util}, {"test_accuracy", r.test_accuracy}});
-      }
-      if (f.compare) j["speedup_steal_vs_static"] = speedup;
-      std::ofstream out(f.json);
-      if (!out) throw Error("cannot write --json file '" + f.json + "'");
-      out << j.dump(2) << "\n";
-    }
-  } catch (const ConfigError& e) {
-    std::fprintf(stderr, "mlp: bad configuration: %s\n", e.what());
-    return 2;
-  } catch (const DataError& e) {
-    std::fprintf(stderr, "mlp: bad data: %s\n", e.what());
-    return 3;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "mlp: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+    std::printf(", %s\n", describe_configuration(f).c_str());
+    TrainerModel tm = trainer_model(model, data, f.seed);
+#ifdef STEALBATCH_HAS_CUDA
+    stealbatch::cuda::enable();  // cuda: and vgpu: device specs
+    const examples::MlpCuda gpu(sizes);
+    tm.gpu_chunk = [&gpu](ChunkContext& ctx) { gpu.accumulate(ctx); };
+#endif
+    report(f, train_policies(f, tm, data.train));
+  });
 }

@@ -42,10 +42,13 @@ inline double relative_error(std::span<const float> a, std::span<const float> b)
   return den > 0 ? num / den : num;
 }
 
-inline std::vector<float> sequential_mean_gradient(const MlpModel& m, std::span<const float> params, const DenseData& d,
+// One model's gradient of the samples in one call, divided by their count: what the runtime's reduction must give.
+// Any model with MlpModel's interface (MlpModel, CnnModel).
+template <class Model>
+std::vector<float> sequential_mean_gradient(const Model& m, std::span<const float> params, const DenseData& d,
                                             std::span<const std::uint32_t> samples) {
   std::vector<float> g(m.layout().size(), 0.0f);
-  MlpModel::Workspace ws;
+  typename Model::Workspace ws;
   m.accumulate_gradient(params, g, d, samples, ws);
   for (float& v : g) v /= static_cast<float>(samples.size());
   return g;

@@ -1,0 +1,44 @@
+// The cblas building blocks the example models share: dense layers, ReLU, softmax cross-entropy, accuracy.
+#pragma once
+
+#include "dense_data.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+namespace stealbatch::examples {
+
+// Makes OpenBLAS single-threaded: each device's worker computes on its own thread, and OpenBLAS's own pool
+// would oversubscribe the cores the devices already share.
+void use_single_threaded_blas();
+
+// y (b x out) = x (b x in) * W^T + bias, with W stored row-major [out][in].
+//
+//   dense_forward(x, b, 784, 128, w, bias, y);   // y is resized to b * 128
+void dense_forward(std::span<const float> x, std::size_t b, std::size_t in, std::size_t out, std::span<const float> weight,
+                   std::span<const float> bias, std::vector<float>& y);
+// dW += dy^T x and dbias += the column sums of dy (accumulating across chunks); then, when dx is given,
+// dx = dy W (assigned, resized to b * in).
+void dense_backward(std::span<const float> x, std::span<const float> dy, std::size_t b, std::size_t in, std::size_t out,
+                    std::span<const float> weight, std::span<float> dweight, std::span<float> dbias, std::vector<float>* dx);
+
+void relu(std::span<float> v);
+// Zeroes grad where the ReLU's output is 0: the derivative at 0 is taken as 0.
+void relu_backward(std::span<const float> out, std::span<float> grad);
+
+// Softmax cross-entropy of b = samples.size() rows of logits against data.y[samples[i]]: writes
+// dL/dlogits = softmax - onehot to dlogits (resized to b * classes) and returns the loss summed over the samples
+// (not averaged), accumulated in double.
+double softmax_cross_entropy(std::span<const float> logits, std::size_t classes, const DenseData& data,
+                             std::span<const std::uint32_t> samples, std::vector<float>& dlogits);
+
+// The fraction of data classified correctly (the largest logit is at the label; the first one on a tie).
+// logits(samples) runs the forward pass over those samples and returns their logits, samples.size() x classes;
+// it is handed consecutive batches of at most `batch` samples.
+double batched_accuracy(const DenseData& data, std::size_t classes, std::size_t batch,
+                        const std::function<std::span<const float>(std::span<const std::uint32_t>)>& logits);
+
+}  // namespace stealbatch::examples

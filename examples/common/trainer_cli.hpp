@@ -1,0 +1,112 @@
+// What the example trainers share: the flags, the data, the epoch loop with its progress line, and the report.
+#pragma once
+
+#include "dense_data.hpp"
+
+#include <stealbatch/runtime/idx.hpp>
+#include <stealbatch/runtime/runtime.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace stealbatch::examples {
+
+// The flags every trainer takes. A trainer sets its own defaults here before add_trainer_options().
+struct TrainerFlags {
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::string devices = "cpu:4";
+  std::size_t epochs = 10;
+  std::size_t batch = 256;
+  std::size_t chunk = 32;
+  std::size_t limit = 0;  // train on the first N samples only (0 = all)
+  float lr = 0.1f;
+  std::string optimizer = "sgd";
+  std::string policy = "steal";
+  std::string slowdown{};
+  bool compare = false;
+  std::string json{};
+  std::string trace{};
+  std::uint64_t seed = 1;
+  std::string endgame = "on";
+  std::string chunk_sizing = "speed";
+  std::string schedule = "cosine";
+};
+
+// Adds the shared flags to app, with f's values as the defaults; model_options adds the model's own flags
+// (they follow --slowdown in the help).
+//
+//   TrainerFlags f{.epochs = 4};
+//   CLI::App app{"cnn: ..."};
+//   add_trainer_options(app, f, [&](CLI::App& a) { a.add_option("--hidden", hidden, "..."); });
+void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<void(CLI::App&)>& model_options = {});
+
+// Fashion-MNIST from --data, the training set cut to --limit. Not movable: train and test view the Datasets.
+struct TrainingData {
+  explicit TrainingData(const TrainerFlags& f);
+  TrainingData(const TrainingData&) = delete;
+  TrainingData& operator=(const TrainingData&) = delete;
+
+  Dataset train_full, test_full;
+  DenseData train, test;
+};
+
+// What the epoch loop needs of a model; trainer_model() makes one from a model with MlpModel's interface.
+struct TrainerModel {
+  const ParameterLayout* layout = nullptr;
+  std::vector<float> initial;
+  // The chunk function for a runtime of `devices` devices (each gets its own workspace).
+  std::function<ChunkFunction(std::size_t devices)> chunk_function;
+  std::function<double(std::span<const float>)> test_accuracy;
+  // The chunk function on GPU devices (cuda:, vgpu:); empty in a build without CUDA.
+  ChunkFunction gpu_chunk{};
+};
+
+template <class Model>
+TrainerModel trainer_model(const Model& model, const TrainingData& data, std::uint64_t seed) {
+  TrainerModel t{&model.layout(), model.initial_parameters(seed), {}, {}, {}};
+  t.chunk_function = [&model, &data](std::size_t devices) -> ChunkFunction {
+    auto ws = std::make_shared<std::vector<typename Model::Workspace>>(devices);
+    return [&model, &data, ws](ChunkContext& ctx) {
+      ctx.add_loss(model.accumulate_gradient(ctx.params, ctx.grad, data.train, ctx.samples, (*ws)[ctx.device]));
+    };
+  };
+  t.test_accuracy = [&model, &data](std::span<const float> params) {
+    typename Model::Workspace ws;
+    return model.accuracy(params, data.test, ws);
+  };
+  return t;
+}
+
+struct RunResult {
+  std::string policy;
+  std::vector<double> epoch_seconds;
+  double samples_per_s = 0;
+  std::uint64_t steals = 0;
+  double test_accuracy = 0;
+  StepReport total;
+};
+
+// Trains from the model's initial parameters for --epochs under --policy, or under static and then steal on the
+// same work with --compare, and returns one result per policy.
+std::vector<RunResult> train_policies(const TrainerFlags& f, const TrainerModel& model, const DenseData& train_set);
+
+// "devices cpu:4, slowdown none, batch 256, ...": the configuration for a trainer's header line.
+std::string describe_configuration(const TrainerFlags& f);
+
+// Prints each run's dashboard, the speedup with --compare and the test accuracy, and writes --json.
+void report(const TrainerFlags& f, const std::vector<RunResult>& runs);
+
+// Runs body and turns its exceptions into a message prefixed with `program` and an exit code: 2 for ConfigError,
+// 3 for DataError, 1 for anything else; 0 when body returns.
+int run_reporting_errors(const char* program, const std::function<void()>& body);
+
+}  // namespace stealbatch::examples
