@@ -26,6 +26,10 @@ run() {  # run LIMIT_S CMD...: a step that must not hang the script
   return $rc
 }
 
+say "machine"
+head -2 /etc/os-release; ldd --version | head -1; nproc
+ORIG_LD=${LD_LIBRARY_PATH:-}
+
 say "libraries"
 LIB=/tmp/stealbatch-lib
 mkdir -p "$LIB"
@@ -49,7 +53,7 @@ say "2-5. gpu_check: equivalence, throughput, vgpu, AllReduce"
 run 240 "$PACK/bin/gpu_check" --data "$PACK/data" --json "$OUT/gpu_check.json" ${GPU_CHECK_ARGS:-}
 
 say "3. PyTorch reference (same models, batch 256, fp32)"
-PYTHONUNBUFFERED=1 run 180 python3 "$REPO/perf/torch_ref.py" --data "$PACK/data" --json "$OUT/torch_ref.json"
+LD_LIBRARY_PATH="$ORIG_LD" PYTHONUNBUFFERED=1 run 180 python3 "$REPO/perf/torch_ref.py" --data "$PACK/data" --json "$OUT/torch_ref.json"
 
 say "examples on the GPU"
 run 150 "$PACK/bin/mlp" --data "$PACK/data" --devices cuda:0 --chunk 256 --epochs 10 --json "$OUT/mlp_gpu.json"

@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -157,8 +158,19 @@ int main(int argc, char** argv) {
     auto cnn_fn = [&](ChunkContext& c) { cnn_gpu.accumulate(c); };
     examples::use_single_threaded_blas();
 
+    int failed_sections = 0;
+    // Each section runs on its own: a failure is recorded in the JSON and the next section still runs.
+    auto section = [&](const char* name, const std::function<void()>& body) {
+      try {
+        body();
+      } catch (const std::exception& e) {
+        ++failed_sections;
+        j["errors"][name] = e.what();
+        line("%s: FAILED: %s", name, e.what());
+      }
+    };
     // 1. Equivalence: the same batch, parameters and chunking on the CPU device and on the GPU.
-    {
+    section("equivalence", [&] {
       const auto pm = mlp.initial_parameters(1);
       const auto ref = mean_gradient(options("cpu:1", SchedulePolicy::kSteal, 64, train), mlp.layout(), pm, 1024, mlp_cpu_fn);
       const auto g = mean_gradient(options("cuda:0", SchedulePolicy::kSteal, 64, train), mlp.layout(), pm, 1024, mlp_fn);
@@ -170,10 +182,10 @@ int main(int argc, char** argv) {
       j["equivalence"] = {{"mlp_rel_err", e_mlp}, {"mlp_batch", 1024}, {"cnn_rel_err", e_cnn}, {"cnn_batch", 256}, {"target", 1e-4}};
       line("equivalence: MLP rel err %.3g (batch 1024), CNN rel err %.3g (batch 256); target <= 1e-4: %s", e_mlp, e_cnn,
            e_mlp <= 1e-4 && e_cnn <= 1e-4 ? "PASS" : "FAIL");
-    }
+    });
 
     // 2. Throughput on one GPU: batch 256, one chunk per step (what a one-GPU trainer would do), SGD.
-    {
+    section("throughput", [&] {
       json t;
       for (const auto& [name, layout, params, fn] :
            {std::tuple{std::string("mlp"), mlp.layout(), mlp.initial_parameters(2), ChunkFunction(mlp_fn)},
@@ -185,10 +197,10 @@ int main(int argc, char** argv) {
         line("throughput: %s batch 256 on 1 GPU: %.3f ms/step (median of %zu), %.0f samples/s", name.c_str(), tm.step_ms, steps, tm.samples_per_s);
       }
       j["throughput"] = t;
-    }
+    });
 
     // 3. Virtual GPUs: unequal parts, static vs steal vs the ideal from each part's measured speed alone.
-    {
+    section("vgpu", [&] {
       const std::vector<std::size_t> sizes = {784, vgpu_hidden, vgpu_hidden, 10};
       const examples::MlpModel wide(sizes);
       const examples::MlpCuda wide_gpu(sizes);
@@ -230,10 +242,10 @@ int main(int argc, char** argv) {
       line("vgpu: steal %.2fx faster than static; ideal speedup %.2fx (ratio %.3f; target >= 0.9); steal efficiency %.3f (target >= 0.9)",
            t_static / t_steal, static_ideal_ms / ideal_ms, (t_static / t_steal) / (static_ideal_ms / ideal_ms), ideal_ms / t_steal);
       j["vgpu"] = v;
-    }
+    });
 
     // 4. The NCCL AllReduce of each flat buffer, over every GPU of this machine (one rank per GPU).
-    {
+    section("allreduce", [&] {
       const int n = cuda::device_count();
       std::vector<ncclComm_t> comms(static_cast<std::size_t>(n));
       std::vector<int> devs(static_cast<std::size_t>(n));
@@ -265,6 +277,11 @@ int main(int argc, char** argv) {
       }
       for (ncclComm_t c : comms) ncclCommDestroy(c);
       j["allreduce"] = a;
+    });
+    if (failed_sections > 0) {
+      std::ofstream(out) << j.dump(2) << "\n";
+      line("wrote %s (%d section(s) failed)", out.c_str(), failed_sections);
+      return 1;
     }
   } catch (const std::exception& e) {
     j["error"] = e.what();
