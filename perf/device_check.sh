@@ -58,7 +58,7 @@ LD_LIBRARY_PATH="$ORIG_LD" PYTHONUNBUFFERED=1 run 180 python3 "$REPO/perf/torch_
 say "examples on the GPU"
 run 150 "$PACK/bin/mlp" --data "$PACK/data" --devices cuda:0 --chunk 256 --epochs 10 --json "$OUT/mlp_gpu.json"
 run 150 "$PACK/bin/mlp" --data "$PACK/data" --devices vgpu:64,16,16,16 --hidden 2048,2048 --batch 8192 --chunk 256 --epochs 1 --compare
-run 200 "$PACK/bin/cnn" --data "$PACK/data" --devices cuda:0 --chunk 128 --json "$OUT/cnn_gpu.json"
+run 200 "$PACK/bin/cnn" --data "$PACK/data" --devices cuda:0 --chunk 64 --json "$OUT/cnn_gpu.json"
 
 say "summary"
 python3 "$REPO/perf/device_check_summary.py" "$OUT" || fails=$((fails + 1))

@@ -5,6 +5,7 @@
 //   allreduce    the NCCL AllReduce of each model's flat gradient buffer
 // and writes one JSON. Without a GPU it says so and exits 2.
 #include "cnn_model.hpp"
+#include "layers.hpp"
 #include "mlp_model.hpp"
 #include "models_cuda.hpp"
 
@@ -32,6 +33,7 @@
 
 using namespace stealbatch;
 using examples::DenseData;
+using examples::max_relative_error;
 using json = nlohmann::json;
 
 namespace {
@@ -42,14 +44,6 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-double relative_error(std::span<const float> a, std::span<const float> b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::abs(static_cast<double>(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
 
 RuntimeOptions options(const std::string& devices, SchedulePolicy policy, std::size_t chunk, const DenseData& d) {
   RuntimeOptions o;
@@ -174,11 +168,11 @@ int main(int argc, char** argv) {
       const auto pm = mlp.initial_parameters(1);
       const auto ref = mean_gradient(options("cpu:1", SchedulePolicy::kSteal, 64, train), mlp.layout(), pm, 1024, mlp_cpu_fn);
       const auto g = mean_gradient(options("cuda:0", SchedulePolicy::kSteal, 64, train), mlp.layout(), pm, 1024, mlp_fn);
-      const double e_mlp = relative_error(g, ref);
+      const double e_mlp = max_relative_error(g, ref);
       const auto pc = cnn.initial_parameters(1);
       const auto refc = mean_gradient(options("cpu:1", SchedulePolicy::kSteal, 64, train), cnn.layout(), pc, 256, cnn_cpu_fn);
       const auto gc = mean_gradient(options("cuda:0", SchedulePolicy::kSteal, 64, train), cnn.layout(), pc, 256, cnn_fn);
-      const double e_cnn = relative_error(gc, refc);
+      const double e_cnn = max_relative_error(gc, refc);
       j["equivalence"] = {{"mlp_rel_err", e_mlp}, {"mlp_batch", 1024}, {"cnn_rel_err", e_cnn}, {"cnn_batch", 256}, {"target", 1e-4}};
       line("equivalence: MLP rel err %.3g (batch 1024), CNN rel err %.3g (batch 256); target <= 1e-4: %s", e_mlp, e_cnn,
            e_mlp <= 1e-4 && e_cnn <= 1e-4 ? "PASS" : "FAIL");

@@ -5,6 +5,7 @@
 // gradient mismatch, hang, unexpected error or fault that neither surfaced nor recovered.
 //
 //   soak --seconds 600 --json soak.json
+#include "layers.hpp"
 #include "mlp_model.hpp"
 
 #include <stealbatch/error.hpp>
@@ -32,6 +33,7 @@
 
 using namespace stealbatch;
 using examples::DenseData;
+using examples::max_relative_error;
 using examples::MlpModel;
 using Clock = std::chrono::steady_clock;
 
@@ -66,14 +68,6 @@ struct Tally {
   }
 };
 
-double relative_error(std::span<const float> a, std::span<const float> b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::abs(static_cast<double>(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
 
 const char* kind_name(Fault f) {
   switch (f) {
@@ -295,7 +289,7 @@ int main(int argc, char** argv) {
       }
       // And sample by sample: every position of the batch in exactly one chunk that counted.
       for (int c : covered) t.lost_samples += c == 0, t.duplicated_samples += c > 1;
-      if (const double err = relative_error(rt.gradient(), ref); err > 1e-5) {
+      if (const double err = max_relative_error(rt.gradient(), ref); err > 1e-5) {
         ++t.gradient_mismatches;
         std::fprintf(stderr, "\nsoak: step %llu: gradient relative error %.3g on %s (%s, chunk %zu, batch %zu, fault %s%s)\n",
                      static_cast<unsigned long long>(t.steps), err, o.devices.c_str(), o.policy == SchedulePolicy::kStatic ? "static" : "steal",

@@ -98,6 +98,8 @@ struct Row {
   std::size_t devices = 0, chunk = 0, steps = 0;
   double step_ms = 0, ideal_ms = 0, efficiency = 0, speedup = 0, steals = 0, moved_mb = 0, util_min = 0, util_max = 0;
   std::uint64_t wrong = 0;
+  std::vector<double> util;        // each device's median utilization
+  double overhead_ms = -1;         // --overhead: the same steps with every simulated cost removed (median)
 };
 
 double median(std::vector<double> v) {
@@ -150,6 +152,12 @@ int main(int argc, char** argv) {
   app.add_option("--step-change", step_change, "STEP FACTOR: from that (timed) step on, device 0 runs at speed x FACTOR")
       ->expected(2);
   app.add_option("--json", json_path, "write the rows as JSON to this file");
+  bool overhead = false;
+  std::string trace_dir;
+  app.add_flag("--overhead", overhead,
+               "also run each row with every simulated cost removed (compute, transfers, AllReduce): what is left is the "
+               "runtime's own time, reported as overhead(ms) and a percentage of the step");
+  app.add_option("--trace-dir", trace_dir, "write a Chrome trace of each row's steps to DIR/trace_SCENARIO_POLICY_N.json");
   CLI11_PARSE(app, argc, argv);
 
   auto split = [](const std::string& s) {
@@ -176,8 +184,9 @@ int main(int argc, char** argv) {
   std::printf("#   median over steps;\n");
   std::printf("# efficiency = ideal / step (medians)\n");
   std::printf("# speedup = static step / this step, same scenario and devices; steals per step; util = busy / step (min and max over devices)\n#\n");
-  std::printf("%-10s %-15s %5s %10s %10s %6s %8s %8s %9s %6s %6s %7s\n", "# scenario", "policy", "devs", "step(ms)", "ideal(ms)", "eff",
-              "speedup", "steals", "moved(MB)", "umin", "umax", "#wrong");
+  if (overhead) std::printf("# overhead = the same steps with every simulated cost at zero (median): the runtime's own time, and its share of step\n");
+  std::printf("%-10s %-15s %5s %10s %10s %6s %8s %8s %9s %6s %6s %7s%s\n", "# scenario", "policy", "devs", "step(ms)", "ideal(ms)", "eff",
+              "speedup", "steals", "moved(MB)", "umin", "umax", "#wrong", overhead ? " overhead(ms)  share" : "");
 
   std::vector<Row> rows;
   try {
@@ -228,6 +237,7 @@ int main(int argc, char** argv) {
           // The ring AllReduce floor of nccl-tests' PERFORMANCE.md, plus its latency: part of the ideal.
           const double nd = static_cast<double>(n);
           const double t_ar = allreduce_mb > 0 ? 2.0 * (nd - 1.0) / nd * allreduce_mb * 1e6 / (busbw_gbps * 1e9) + latency_us * 1e-6 : 0.0;
+          if (!trace_dir.empty()) ps.options.trace_path = trace_dir + "/trace_" + sname + "_" + pname + "_" + std::to_string(n) + ".json";
           Runtime rt(ps.options);
           ParameterLayout layout;
           layout.add("counts", 1);
@@ -236,6 +246,7 @@ int main(int argc, char** argv) {
           std::vector<std::atomic<std::uint32_t>> seen(step_batch);
           const double speed_sum = std::accumulate(sc.speeds.begin(), sc.speeds.end(), 0.0);
           std::vector<double> step_s, ideal_s, umin, umax, steals, moved;
+          std::vector<std::vector<double>> util(n);
           std::uint64_t wrong = 0;
           for (std::size_t i = 0; i < warmup + steps; ++i) {
             const auto first = static_cast<std::uint32_t>(i * step_batch);
@@ -260,11 +271,13 @@ int main(int argc, char** argv) {
             moved.push_back(r.bytes_moved);
             double lo = 1e9, hi = 0;
             for (const DeviceReport& d : r.devices) lo = std::min(lo, d.utilization), hi = std::max(hi, d.utilization);
+            for (std::size_t d = 0; d < r.devices.size() && d < n; ++d) util[d].push_back(r.devices[d].utilization);
             umin.push_back(lo), umax.push_back(hi);
             std::fprintf(stderr, "\r%s %s n=%zu: step %zu/%zu   ", sname.c_str(), pname.c_str(), n, i + 1 - warmup, steps);
           }
           std::fprintf(stderr, "\r%60s\r", "");
-          Row row{sname, pname, n, chunk, steps};
+          Row row;
+          row.scenario = sname, row.policy = pname, row.devices = n, row.chunk = chunk, row.steps = steps;
           row.step_ms = median(step_s) * 1e3;
           row.ideal_ms = median(ideal_s) * 1e3;
           row.efficiency = row.ideal_ms / row.step_ms;
@@ -275,10 +288,31 @@ int main(int argc, char** argv) {
           row.util_min = median(umin);
           row.util_max = median(umax);
           row.wrong = wrong;
+          for (auto& u : util) row.util.push_back(median(u));
+          if (overhead) {
+            // The same runtime, policy, chunking and placement machinery with every simulated cost at zero: the
+            // steps then take only what the runtime itself spends (dispatch, steals, wake-ups, the reduction's
+            // bookkeeping, the step's set-up).
+            RuntimeOptions zo = ps.options;
+            zo.sim_sample_seconds = 0, zo.sim_bytes_per_sample = 0, zo.sim_allreduce_bytes = 0, zo.sim_speed_factor = {}, zo.trace_path.clear();
+            Runtime zr(zo);
+            ParameterLayout zl;
+            zl.add("counts", 1);
+            zr.register_parameters(zl, std::vector<float>{0.0f});
+            std::vector<double> zs;
+            for (std::size_t i = 0; i < warmup + steps; ++i) {
+              std::iota(samples.begin(), samples.end(), static_cast<std::uint32_t>(i * step_batch));
+              const StepReport r = zr.compute_gradient(samples, [](ChunkContext& ctx) { ctx.grad[0] += static_cast<float>(ctx.samples.size()); });
+              if (i >= warmup) zs.push_back(r.step_s);
+            }
+            row.overhead_ms = median(zs) * 1e3;
+          }
           rows.push_back(row);
-          std::printf("%-10s %-15s %5zu %10.3f %10.3f %6.3f %8.2f %8.1f %9.2f %6.2f %6.2f %7llu\n", row.scenario.c_str(), row.policy.c_str(),
+          std::printf("%-10s %-15s %5zu %10.3f %10.3f %6.3f %8.2f %8.1f %9.2f %6.2f %6.2f %7llu", row.scenario.c_str(), row.policy.c_str(),
                       row.devices, row.step_ms, row.ideal_ms, row.efficiency, row.speedup, row.steals, row.moved_mb, row.util_min,
                       row.util_max, static_cast<unsigned long long>(row.wrong));
+          if (overhead) std::printf(" %9.3f %6.2f%%", row.overhead_ms, 100.0 * row.overhead_ms / row.step_ms);
+          std::printf("\n");
           std::fflush(stdout);
         }
       }
@@ -295,7 +329,9 @@ int main(int argc, char** argv) {
     for (const Row& r : rows) {
       j.push_back({{"scenario", r.scenario}, {"policy", r.policy}, {"devices", r.devices}, {"chunk", r.chunk}, {"steps", r.steps},
                    {"step_ms_median", r.step_ms}, {"ideal_ms", r.ideal_ms}, {"efficiency", r.efficiency}, {"speedup_vs_static", r.speedup},
-                   {"steals_per_step", r.steals}, {"bytes_moved_per_step", r.moved_mb * 1e6}, {"util_min", r.util_min}, {"util_max", r.util_max}, {"wrong", r.wrong}});
+                   {"steals_per_step", r.steals}, {"bytes_moved_per_step", r.moved_mb * 1e6}, {"util_min", r.util_min}, {"util_max", r.util_max}, {"wrong", r.wrong},
+                   {"util", r.util}});
+      if (r.overhead_ms >= 0) j.back()["overhead_ms"] = r.overhead_ms, j.back()["overhead_pct"] = 100.0 * r.overhead_ms / r.step_ms;
     }
     std::ofstream(json_path) << j.dump(2) << "\n";
     std::printf("# wrote %s\n", json_path.c_str());

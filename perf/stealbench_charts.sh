@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the stealbench sweeps behind the README's charts and draws them into perf/charts/ (SVG).
-# Usage: perf/stealbench_charts.sh [BUILD_DIR]   (about a minute on 2 cores)
+# Usage: perf/stealbench_charts.sh [BUILD_DIR]   (a few minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -26,4 +26,12 @@ done
 echo "]" >> "$tmp/chunks.json"
 python3 perf/plot_stealbench.py "$tmp/chunks.json" --x chunk --y efficiency --y2 step_ms_median --logx --mark 16 \
   --title "hetero, 4 devices, batch 1024: chunk size against efficiency and step time" --out "$out/chunk_size.svg"
-echo "wrote $out/efficiency_vs_devices.svg $out/chunk_size.svg"
+# The dashboard picture: per-device utilization, static against steal-adaptive, on the two seed scenarios; and one
+# step of every policy as a timeline (seed-slow, 4 devices).
+mkdir -p "$tmp/traces"
+"$build/perf/stealbench" --scenario seed-slow,seed-skew --policy all --steps 10 --json "$tmp/seed.json" --trace-dir "$tmp/traces" >/dev/null 2>&1
+python3 perf/plot_dashboards.py util "$tmp/seed.json" --title "per-device utilization, 4 simulated devices (median of 10 steps)" \
+  --out "$out/utilization.svg"
+python3 perf/plot_dashboards.py gantt "$tmp/traces" --scenario seed-slow --devices 4 \
+  --title "seed-slow (devices 0 and 1 6.6x slower): one step of each policy" --out "$out/gantt_seed_slow.svg"
+echo "wrote $out/efficiency_vs_devices.svg $out/chunk_size.svg $out/utilization.svg $out/gantt_seed_slow.svg"

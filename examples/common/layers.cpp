@@ -10,6 +10,15 @@ namespace stealbatch::examples {
 
 void use_single_threaded_blas() { openblas_set_num_threads(1); }
 
+double max_relative_error(std::span<const float> a, std::span<const float> b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::abs(static_cast<double>(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
 void dense_forward(std::span<const float> x, std::size_t b, std::size_t in, std::size_t out, std::span<const float> weight,
                    std::span<const float> bias, std::vector<float>& y) {
   y.resize(b * out);

@@ -15,6 +15,10 @@ namespace stealbatch::examples {
 // would oversubscribe the cores the devices already share.
 void use_single_threaded_blas();
 
+// max |a - b| / max |b|: how far a gradient is from a reference, relative to the reference's scale (the measure
+// every gradient check of the tests and perf tools uses).
+double max_relative_error(std::span<const float> a, std::span<const float> b);
+
 // y (b x out) = x (b x in) * W^T + bias, with W stored row-major [out][in].
 //
 //   dense_forward(x, b, 784, 128, w, bias, y);   // y is resized to b * 128

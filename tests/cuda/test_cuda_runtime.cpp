@@ -2,6 +2,7 @@
 // one GPU gives the same gradient as one whole GPU, replicas stay bit-identical, and the spec errors where there
 // is no GPU (these run everywhere).
 #include "cnn_model.hpp"
+#include "layers.hpp"
 #include "mlp_model.hpp"
 #include "models_cuda.hpp"
 
@@ -21,6 +22,7 @@
 
 using namespace stealbatch;
 using examples::DenseData;
+using examples::max_relative_error;
 
 namespace {
 
@@ -45,15 +47,6 @@ struct Synthetic {
   }
 };
 
-// max |a - b| / max |b|.
-double relative_error(std::span<const float> a, std::span<const float> b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::abs(static_cast<double>(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
 
 // The full-batch mean gradient of `fn` over the first `batch` samples on `devices`.
 std::vector<float> gradient(const std::string& devices, SchedulePolicy policy, const ParameterLayout& layout, std::span<const float> params,
@@ -90,19 +83,23 @@ TEST_CASE("CudaRuntime.SpecErrorsWithoutAGpuOrBackend") {
   CHECK(parse_device_spec("vgpu:64,16,16,16").ids == std::vector<int>{64, 16, 16, 16});
 }
 
+// The GPU model's full-batch gradient against the CPU model's, same parameters, batch and chunking.
+template <class CpuModel, class GpuModel>
+double gpu_vs_cpu(const CpuModel& cpu, const GpuModel& gpu, std::size_t batch, std::size_t chunk, std::uint64_t seed) {
+  const Synthetic s(batch, 784, seed);
+  const std::vector<float> p = cpu.initial_parameters(7);
+  const auto ref = gradient("cpu:1", SchedulePolicy::kSteal, cpu.layout(), p, s.data, batch, chunk, [&](ChunkContext& c) {
+    thread_local typename CpuModel::Workspace ws;
+    c.add_loss(cpu.accumulate_gradient(c.params, c.grad, s.data, c.samples, ws));
+  });
+  const auto g = gradient("cuda:0", SchedulePolicy::kSteal, cpu.layout(), p, s.data, batch, chunk, [&](ChunkContext& c) { gpu.accumulate(c); });
+  return max_relative_error(g, ref);
+}
+
 TEST_CASE("CudaRuntime.MlpGradientMatchesCpu") {
   if (skip_without_gpu()) return;
   cuda::enable();
-  Synthetic s(512, 784, 3);
-  const examples::MlpModel cpu({784, 256, 128, 10});
-  const examples::MlpCuda gpu({784, 256, 128, 10});
-  const std::vector<float> p = cpu.initial_parameters(7);
-  const auto ref = gradient("cpu:1", SchedulePolicy::kSteal, cpu.layout(), p, s.data, 512, 64, [&](ChunkContext& c) {
-    thread_local examples::MlpModel::Workspace ws;
-    c.add_loss(cpu.accumulate_gradient(c.params, c.grad, s.data, c.samples, ws));
-  });
-  const auto g = gradient("cuda:0", SchedulePolicy::kSteal, cpu.layout(), p, s.data, 512, 64, [&](ChunkContext& c) { gpu.accumulate(c); });
-  const double err = relative_error(g, ref);
+  const double err = gpu_vs_cpu(examples::MlpModel({784, 256, 128, 10}), examples::MlpCuda({784, 256, 128, 10}), 512, 64, 3);
   MESSAGE("MLP GPU vs CPU relative error " << err);
   CHECK(err <= 1e-4);
 }
@@ -110,16 +107,7 @@ TEST_CASE("CudaRuntime.MlpGradientMatchesCpu") {
 TEST_CASE("CudaRuntime.CnnGradientMatchesCpu") {
   if (skip_without_gpu()) return;
   cuda::enable();
-  Synthetic s(128, 784, 4);
-  const examples::CnnModel cpu;
-  const examples::CnnCuda gpu;
-  const std::vector<float> p = cpu.initial_parameters(7);
-  const auto ref = gradient("cpu:1", SchedulePolicy::kSteal, cpu.layout(), p, s.data, 128, 32, [&](ChunkContext& c) {
-    thread_local examples::CnnModel::Workspace ws;
-    c.add_loss(cpu.accumulate_gradient(c.params, c.grad, s.data, c.samples, ws));
-  });
-  const auto g = gradient("cuda:0", SchedulePolicy::kSteal, cpu.layout(), p, s.data, 128, 32, [&](ChunkContext& c) { gpu.accumulate(c); });
-  const double err = relative_error(g, ref);
+  const double err = gpu_vs_cpu(examples::CnnModel(), examples::CnnCuda(), 128, 32, 4);
   MESSAGE("CNN GPU vs CPU relative error " << err);
   CHECK(err <= 1e-4);
 }
@@ -134,7 +122,7 @@ TEST_CASE("CudaRuntime.VirtualGpusStealAndStayExact") {
   auto fn = [&](ChunkContext& c) { gpu.accumulate(c); };
   const auto whole = gradient("cuda:0", SchedulePolicy::kStatic, cpu.layout(), p, s.data, 2048, 16, fn);
   const auto parts = gradient("vgpu:32,8,8", SchedulePolicy::kSteal, cpu.layout(), p, s.data, 2048, 16, fn);
-  const double err = relative_error(parts, whole);
+  const double err = max_relative_error(parts, whole);
   MESSAGE("vgpu steal vs one GPU relative error " << err);
   CHECK(err <= 1e-5);
 

@@ -1,6 +1,7 @@
 // What the model-level tests share: a synthetic data set, the error measure, and the sequential reference gradient.
 #pragma once
 
+#include "layers.hpp"
 #include "mlp_model.hpp"
 
 #include <algorithm>
@@ -32,15 +33,8 @@ struct Synthetic {
   }
 };
 
-// max |a - b| / max |b|: the error relative to the gradient's scale.
-inline double relative_error(std::span<const float> a, std::span<const float> b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::abs(static_cast<double>(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
+// max |a - b| / max |b| (examples/common/layers.hpp).
+inline double relative_error(std::span<const float> a, std::span<const float> b) { return examples::max_relative_error(a, b); }
 
 // One model's gradient of the samples in one call, divided by their count: what the runtime's reduction must give.
 // Any model with MlpModel's interface (MlpModel, CnnModel).
