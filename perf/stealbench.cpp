@@ -100,6 +100,7 @@ struct Row {
   std::uint64_t wrong = 0;
   std::vector<double> util;        // each device's median utilization
   double overhead_ms = -1;         // --overhead: the same steps with every simulated cost removed (median)
+  double ideal_speedup = 0;        // the static split's ideal step / the ideal step (medians): the most stealing can gain
 };
 
 double median(std::vector<double> v) {
@@ -126,7 +127,7 @@ std::pair<double, double> timer_jitter_us() {
 int main(int argc, char** argv) {
   std::string scenarios_arg = "all", policies_arg = "all", json_path;
   std::size_t devices = 4, steps = 20, warmup = 3, chunk = 16, batch = 1024;
-  double time_scale = 4.0;
+  double time_scale = 20.0;  // 16-sample chunks of 1.6 ms at speed 1: timer jitter stays a few percent
   double bytes_per_sample = 150e3, link_gbps = 25, allreduce_mb = 100, busbw_gbps = 100, latency_us = 10;
   double noise_pct = 0;                 // every chunk's speed x (1 +- noise_pct%), uniformly
   std::vector<double> step_change;      // {step, factor}: device 0's speed x factor from that step on
@@ -185,8 +186,9 @@ int main(int argc, char** argv) {
   std::printf("# efficiency = ideal / step (medians)\n");
   std::printf("# speedup = static step / this step, same scenario and devices; steals per step; util = busy / step (min and max over devices)\n#\n");
   if (overhead) std::printf("# overhead = the same steps with every simulated cost at zero (median): the runtime's own time, and its share of step\n");
-  std::printf("%-10s %-15s %5s %10s %10s %6s %8s %8s %9s %6s %6s %7s%s\n", "# scenario", "policy", "devs", "step(ms)", "ideal(ms)", "eff",
-              "speedup", "steals", "moved(MB)", "umin", "umax", "#wrong", overhead ? " overhead(ms)  share" : "");
+  std::printf("# ideal-x = the static split's ideal step / the ideal step: the largest speedup over static there is\n");
+  std::printf("%-10s %-15s %5s %10s %10s %6s %8s %8s %8s %9s %6s %6s %7s%s\n", "# scenario", "policy", "devs", "step(ms)", "ideal(ms)", "eff",
+              "speedup", "ideal-x", "steals", "moved(MB)", "umin", "umax", "#wrong", overhead ? " overhead(ms)  share" : "");
 
   std::vector<Row> rows;
   try {
@@ -245,7 +247,7 @@ int main(int argc, char** argv) {
           std::vector<std::uint32_t> samples(step_batch);
           std::vector<std::atomic<std::uint32_t>> seen(step_batch);
           const double speed_sum = std::accumulate(sc.speeds.begin(), sc.speeds.end(), 0.0);
-          std::vector<double> step_s, ideal_s, umin, umax, steals, moved;
+          std::vector<double> step_s, ideal_s, ideal_static_s, umin, umax, steals, moved;
           std::vector<std::vector<double>> util(n);
           std::uint64_t wrong = 0;
           for (std::size_t i = 0; i < warmup + steps; ++i) {
@@ -266,6 +268,21 @@ int main(int argc, char** argv) {
               speeds_now -= sc.speeds[0] * (1.0 - step_change[1]);
             }
             ideal_s.push_back(work * sample_seconds / speeds_now + t_ar);
+            {
+              // The static split at its best: an equal share of the chunks per device, each at its true speed.
+              const std::size_t nchunks = (step_batch + chunk - 1) / chunk;
+              const std::vector<ChunkRange> share = place_equal(nchunks, n);
+              double worst = 0;
+              for (std::size_t d = 0; d < n; ++d) {
+                double w = 0;
+                for (std::size_t s = share[d].begin * chunk; s < std::min<std::size_t>(share[d].end * chunk, step_batch); ++s) {
+                  w += sc.cost ? sc.cost(samples[s]) : 1.0;
+                }
+                const double speed_d = sc.speeds[d] * (d == 0 && !step_change.empty() && i + 1 > static_cast<std::size_t>(step_change[0]) + warmup ? step_change[1] : 1.0);
+                worst = std::max(worst, w * sample_seconds / speed_d);
+              }
+              ideal_static_s.push_back(worst + t_ar);
+            }
             step_s.push_back(r.step_s);
             steals.push_back(static_cast<double>(r.steals));
             moved.push_back(r.bytes_moved);
@@ -281,6 +298,7 @@ int main(int argc, char** argv) {
           row.step_ms = median(step_s) * 1e3;
           row.ideal_ms = median(ideal_s) * 1e3;
           row.efficiency = row.ideal_ms / row.step_ms;
+          row.ideal_speedup = median(ideal_static_s) * 1e3 / row.ideal_ms;
           if (pname == "static") static_ms = row.step_ms;
           row.speedup = static_ms > 0 ? static_ms / row.step_ms : 0;
           row.steals = median(steals);
@@ -308,8 +326,8 @@ int main(int argc, char** argv) {
             row.overhead_ms = median(zs) * 1e3;
           }
           rows.push_back(row);
-          std::printf("%-10s %-15s %5zu %10.3f %10.3f %6.3f %8.2f %8.1f %9.2f %6.2f %6.2f %7llu", row.scenario.c_str(), row.policy.c_str(),
-                      row.devices, row.step_ms, row.ideal_ms, row.efficiency, row.speedup, row.steals, row.moved_mb, row.util_min,
+          std::printf("%-10s %-15s %5zu %10.3f %10.3f %6.3f %8.2f %8.2f %8.1f %9.2f %6.2f %6.2f %7llu", row.scenario.c_str(), row.policy.c_str(),
+                      row.devices, row.step_ms, row.ideal_ms, row.efficiency, row.speedup, row.ideal_speedup, row.steals, row.moved_mb, row.util_min,
                       row.util_max, static_cast<unsigned long long>(row.wrong));
           if (overhead) std::printf(" %9.3f %6.2f%%", row.overhead_ms, 100.0 * row.overhead_ms / row.step_ms);
           std::printf("\n");
@@ -330,7 +348,7 @@ int main(int argc, char** argv) {
       j.push_back({{"scenario", r.scenario}, {"policy", r.policy}, {"devices", r.devices}, {"chunk", r.chunk}, {"steps", r.steps},
                    {"step_ms_median", r.step_ms}, {"ideal_ms", r.ideal_ms}, {"efficiency", r.efficiency}, {"speedup_vs_static", r.speedup},
                    {"steals_per_step", r.steals}, {"bytes_moved_per_step", r.moved_mb * 1e6}, {"util_min", r.util_min}, {"util_max", r.util_max}, {"wrong", r.wrong},
-                   {"util", r.util}});
+                   {"util", r.util}, {"ideal_speedup", r.ideal_speedup}});
       if (r.overhead_ms >= 0) j.back()["overhead_ms"] = r.overhead_ms, j.back()["overhead_pct"] = 100.0 * r.overhead_ms / r.step_ms;
     }
     std::ofstream(json_path) << j.dump(2) << "\n";

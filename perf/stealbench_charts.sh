@@ -10,7 +10,7 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$out"
 "$build/perf/stealbench" --scenario scale --policy static,lbbsp,central,steal,steal-adaptive --json "$tmp/scale.json" >/dev/null 2>&1
 python3 perf/plot_stealbench.py "$tmp/scale.json" --x devices --y efficiency --logx \
-  --title "hetero (1, 0.8, 0.5, 0.25 repeated), weak scaling, 320 us chunks" --out "$out/efficiency_vs_devices.svg"
+  --title "hetero (1, 0.8, 0.5, 0.25 repeated), weak scaling, 1.6 ms chunks (time-scale 20)" --out "$out/efficiency_vs_devices.svg"
 # The tail-versus-overhead curve: chunk size against efficiency and step time, hetero on 4 devices.
 echo "[" > "$tmp/chunks.json"
 first=1

@@ -525,9 +525,13 @@ StepReport Runtime::compute_gradient(std::span<const std::uint32_t> samples, con
   // The full-batch mean: the sum over every sample divided by the true sample count (a partial last chunk weighs
   // what it holds), never a mean of per-device means.
   const float scale = 1.0f / static_cast<float>(samples.size());
+  // One phase: device 0 hands over the sum, and every device zeroes its buffer for the next step (which then
+  // needs no zeroing phase of its own).
   m_sched->broadcast([&](std::size_t d) {
     if (d == 0) m_devices[0]->copy_grad(m_mean_grad);
+    m_devices[d]->zero_grad();
   });
+  m_grads_dirty = false;
   for (float& g : m_mean_grad) g *= scale;
   finish(rep, t0);
   if (m_trace) m_trace->drain();
