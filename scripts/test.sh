@@ -52,7 +52,7 @@ run_fuzz() {
   echo "=== fuzz: fuzz_idx for 30 s over tests/fuzz/corpus"
   build-fuzz/tests/fuzz/fuzz_idx -max_total_time=30 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 "$corpus" tests/fuzz/corpus \
     >build-fuzz/fuzz.log 2>&1 || { tail -40 build-fuzz/fuzz.log; rm -rf "$corpus"; return 1; }
-  grep -E "^(stat::number_of_executed_units|Done)" build-fuzz/fuzz.log || true
+  grep -E "^stat::(number_of_executed_units|average_exec_per_sec|new_units_added)" build-fuzz/fuzz.log || true
   rm -rf "$corpus"
   echo "=== fuzz: done in $((SECONDS - start)) s"
 }
