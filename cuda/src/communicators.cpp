@@ -17,7 +17,18 @@ NcclCommunicator::NcclCommunicator(std::vector<CudaDevice*> devices) : m_devices
   SB_NCCL_CHECK(ncclCommInitAll(m_comms.data(), static_cast<int>(gpus.size()), gpus.data()));
 }
 
+bool NcclCommunicator::abort() noexcept {
+  if (m_comms.empty()) return true;
+  if (m_aborted.exchange(true)) return false;
+  for (ncclComm_t c : m_comms) {
+    const ncclResult_t r = ncclCommAbort(c);
+    if (r != ncclSuccess) std::fprintf(stderr, "stealbatch: ncclCommAbort failed: %s\n", ncclGetErrorString(r));
+  }
+  return false;
+}
+
 NcclCommunicator::~NcclCommunicator() {
+  if (m_aborted.load()) return;  // ncclCommAbort freed them
   for (ncclComm_t c : m_comms) {
     const ncclResult_t r = ncclCommDestroy(c);
     if (r != ncclSuccess) std::fprintf(stderr, "stealbatch: ncclCommDestroy failed: %s\n", ncclGetErrorString(r));
@@ -26,6 +37,7 @@ NcclCommunicator::~NcclCommunicator() {
 
 void NcclCommunicator::allreduce_all(std::span<float* const> buffers, std::size_t count) {
   if (m_comms.empty()) return;  // one GPU: its buffer is already the sum
+  if (m_aborted.load()) throw NcclError("the NCCL communicators were aborted by the stall watchdog; create a new runtime");
   SB_NCCL_CHECK(ncclGroupStart());
   for (std::size_t d = 0; d < m_devices.size(); ++d) {
     const ncclResult_t r = ncclAllReduce(buffers[d], buffers[d], count + 1, ncclFloat, ncclSum, m_comms[d], m_devices[d]->compute_stream());

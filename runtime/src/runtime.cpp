@@ -25,6 +25,8 @@ using Clock = std::chrono::steady_clock;
 double seconds(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
 
 constexpr std::size_t kStaleAfterIdleSteps = 10;
+// The watchdog's mark for a device busy in the reduction or the update rather than in a chunk.
+constexpr ChunkId kReductionPhase = ~ChunkId{0};
 
 }  // namespace
 
@@ -39,6 +41,22 @@ struct alignas(detail::kCacheLine) Runtime::Replica {
   std::atomic<std::int64_t> chunk_started_ns{0};
   std::atomic<ChunkId> current_chunk{0};
 };
+
+namespace {
+
+// Marks a device as busy in the reduction or the update for the stall watchdog, for the stamp's lifetime.
+struct WatchStamp {
+  std::atomic<std::int64_t>& started;
+  WatchStamp(std::atomic<std::int64_t>& stamp, std::atomic<ChunkId>& chunk, Clock::time_point epoch) : started(stamp) {
+    chunk.store(kReductionPhase, std::memory_order_relaxed);
+    started.store(std::max<std::int64_t>(1, (Clock::now() - epoch).count()), std::memory_order_relaxed);
+  }
+  ~WatchStamp() { started.store(0, std::memory_order_relaxed); }
+  WatchStamp(const WatchStamp&) = delete;
+  WatchStamp& operator=(const WatchStamp&) = delete;
+};
+
+}  // namespace
 
 namespace {
 
@@ -187,6 +205,7 @@ void Runtime::make_scheduler() {
       std::chrono::duration<double>(std::clamp(m_options.stall_timeout / 20, 0.01, 0.05)));
   m_sched->set_watchdog(period, [this] { return check_stalls(); }, [this] {
     for (auto& d : m_devices) d->cancel();
+    m_comm->abort();  // NCCL: ncclCommAbort, so that a collective waiting on a dead peer returns
   });
 }
 
@@ -198,10 +217,13 @@ std::exception_ptr Runtime::check_stalls() {
     if (started == 0 || now - started <= limit) continue;
     char ms[32];
     std::snprintf(ms, sizeof ms, "%.0f", static_cast<double>(now - started) / 1e6);
+    const ChunkId c = m_replicas[w]->current_chunk.load(std::memory_order_relaxed);
+    const std::string where = c == kReductionPhase ? "in the reduction or the update" : "in chunk " + std::to_string(c);
+    const bool usable = m_comm->survives_abort();
     return std::make_exception_ptr(TimeoutError(
-        "device " + m_devices[w]->name() + " made no progress for " + ms + " ms in step " + std::to_string(m_steps + 1) + " (stuck in chunk " +
-        std::to_string(m_replicas[w]->current_chunk.load(std::memory_order_relaxed)) + "; stall_timeout = " + std::to_string(m_options.stall_timeout) +
-        " s): the step failed and nothing was applied; its waits were cancelled, and the runtime can run another step"));
+        "device " + m_devices[w]->name() + " made no progress for " + ms + " ms in step " + std::to_string(m_steps + 1) + " (stuck " + where +
+        "; stall_timeout = " + std::to_string(m_options.stall_timeout) + " s): the step failed and nothing was applied; its waits were cancelled" +
+        (usable ? ", and the runtime can run another step" : " and its communicator aborted: the runtime cannot run another step")));
   }
   return nullptr;
 }
@@ -446,11 +468,14 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   for (std::size_t d = 0; d < n; ++d) bufs[d] = m_devices[d]->grad().data();
   const StepStats reduce = m_sched->broadcast([&](std::size_t d) {
     Device& dev = *m_devices[d];
+    const WatchStamp stamp(m_replicas[d]->chunk_started_ns, m_replicas[d]->current_chunk, m_epoch);  // the watchdog covers the reduction too
     dev.finish_chunks();  // a GPU's chunks still in flight
     m_replicas[d]->loss += dev.take_device_loss();
     dev.set_sample_count(m_replicas[d]->samples);
     m_comm->allreduce_sum(d, bufs, m_layout.size());
-    if (m_sim_allreduce_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(m_sim_allreduce_s));  // the ring model
+    if (m_sim_allreduce_s > 0) {  // the ring model, cancellable like any simulated wait
+      dev.sleep_until_or_cancel(Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(m_sim_allreduce_s)));
+    }
   });
   m_comm->allreduce_all(bufs, m_layout.size());  // a collective issued from one thread (NCCL's group call)
   const auto t_reduced = Clock::now();
@@ -546,7 +571,10 @@ StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunc
   // sample count: the same update on the same values in the same order, so the replicas stay identical. Then it
   // zeroes the gradient for the next step.
   const float scale = 1.0f / static_cast<float>(samples.size());
-  const StepStats opt = m_sched->broadcast([&](std::size_t d) { m_devices[d]->apply_update(scale); });
+  const StepStats opt = m_sched->broadcast([&](std::size_t d) {
+    const WatchStamp stamp(m_replicas[d]->chunk_started_ns, m_replicas[d]->current_chunk, m_epoch);  // a GPU's update waits on NCCL's kernels
+    m_devices[d]->apply_update(scale);
+  });
   for (std::size_t d = 0; d < rep.devices.size(); ++d) rep.devices[d].busy_s += seconds(opt.workers[d].busy);
   m_grads_dirty = false;
   const auto t_end = Clock::now();

@@ -137,3 +137,30 @@ TEST_CASE("Faults.ExcludedDeviceIsDroppedAndTheGradientStaysExact") {
     CHECK(r4.samples == fx.batch.size());
   }
 }
+
+TEST_CASE("Faults.StalledReductionTimesOutToo") {
+  // The simulated ring AllReduce takes 2 (n - 1) / n * bytes / busbw: 1 s here, five times the timeout.
+  Fixture fx;
+  RuntimeOptions o;
+  o.devices = "sim:1,1";
+  o.sim_sample_seconds = 0;
+  o.sim_allreduce_bytes = 1e9;
+  o.sim_busbw = 1e9;
+  o.stall_timeout = 0.2;
+  Runtime rt(o);
+  rt.register_parameters(fx.model.layout(), fx.init);
+  const auto t0 = Clock::now();
+  std::string what;
+  try {
+    rt.step(fx.batch, fx.fn());
+    FAIL("a reduction that outlasts the timeout must fail the step");
+  } catch (const TimeoutError& e) {
+    what = e.what();
+  }
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  MESSAGE("step with a 1 s reduction failed after " << ms << " ms: " << what);
+  CHECK(ms < 400);
+  CHECK(what.find("in the reduction or the update") != std::string::npos);
+  const auto p = rt.parameters(0);
+  CHECK(std::equal(p.begin(), p.end(), fx.init.begin()));
+}

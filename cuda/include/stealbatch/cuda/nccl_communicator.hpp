@@ -6,6 +6,7 @@
 
 #include <nccl.h>
 
+#include <atomic>
 #include <vector>
 
 namespace stealbatch::cuda {
@@ -20,10 +21,15 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override;
   void allreduce_sum(std::size_t, std::span<float* const>, std::size_t) override {}
   void allreduce_all(std::span<float* const> buffers, std::size_t count) override;
+  // ncclCommAbort on every communicator: a collective stuck on a dead or stalled peer returns. The communicators
+  // are gone afterwards, so the runtime cannot reduce again.
+  bool abort() noexcept override;
+  bool survives_abort() const noexcept override { return m_comms.empty(); }
 
  private:
   std::vector<CudaDevice*> m_devices;
   std::vector<ncclComm_t> m_comms;
+  std::atomic<bool> m_aborted{false};
 };
 
 // The parts of one GPU (vgpu:): NCCL cannot put two ranks on one GPU, so one kernel on the first part's stream

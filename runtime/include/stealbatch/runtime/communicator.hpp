@@ -16,6 +16,11 @@ class Communicator {
   // Called once per step from the runtime's thread after every allreduce_sum call has returned: for a collective
   // issued from one thread for all local devices (NCCL's group call). The default does nothing.
   virtual void allreduce_all(std::span<float* const> /*buffers*/, std::size_t /*count*/) {}
+  // The stall watchdog's last resort: make a reduction that will never finish return (NCCL: ncclCommAbort), from
+  // another thread than the one waiting. Returns whether the communicator can still reduce afterwards.
+  virtual bool abort() noexcept { return true; }
+  // Whether abort() leaves the communicator usable (for the TimeoutError's message, before aborting).
+  virtual bool survives_abort() const noexcept { return true; }
 };
 
 // Devices in one process that share host memory (CPU and simulated devices). Device d sums slice d of the buffer
