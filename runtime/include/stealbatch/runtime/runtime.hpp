@@ -31,7 +31,9 @@ enum class PlacementPolicy { kEqual, kThroughput, kGiven, kPreviousStep };
 
 // kFixed: every chunk holds chunk_size samples (the last may hold fewer). kBySpeed (with kThroughput placement and
 // stealing, once speeds are measured): each device's samples are cut into chunks sized to its speed, chunk_size
-// on the fastest device and proportionally fewer (at least 1) on slower ones, so every chunk takes about as long.
+// on the fastest device and proportionally fewer (at least 1) on slower ones, so every chunk takes about as long;
+// the last two chunks of each device's share are cut in halves of what is left (1/2, 1/4, ...), so the step ends on
+// small chunks.
 enum class ChunkSizing { kFixed, kBySpeed };
 
 // kOn: once devices' speeds are measured, a slow device stops taking chunks when the faster ones would finish
