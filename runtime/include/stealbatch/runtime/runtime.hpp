@@ -32,7 +32,7 @@ enum class PlacementPolicy { kEqual, kThroughput, kGiven, kPreviousStep };
 // kFixed: every chunk holds chunk_size samples (the last may hold fewer). kBySpeed (with kThroughput placement and
 // stealing, once speeds are measured): each device's samples are cut into chunks sized to its speed, chunk_size
 // on the fastest device and proportionally fewer (at least 1) on slower ones, so every chunk takes about as long;
-// the last two chunks of each device's share are cut in halves of what is left (1/2, 1/4, ...), so the step ends on
+// the last two chunks of each device's share are cut in halves of what is left, down to a quarter chunk, so the step ends on
 // small chunks.
 enum class ChunkSizing { kFixed, kBySpeed };
 
