@@ -80,6 +80,8 @@ void CudaDevice::bind() {
     m_slots.push_back(std::move(s));
   }
   m_loss = DeviceBuffer<float>(1);
+  m_loss_host = PinnedBuffer<float>(1);
+  *m_loss_host.data() = 0.0f;
   SB_CUDA_CHECK(cudaMemsetAsync(m_loss.data(), 0, sizeof(float), m_compute.get()));
 }
 
@@ -153,6 +155,9 @@ void CudaDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
 
 void CudaDevice::finish_chunks() {
   for (auto& s : m_slots) wait_slot(*s);
+  // The loss rides on the same synchronization: copied back and reset behind the last chunk.
+  SB_CUDA_CHECK(cudaMemcpyAsync(m_loss_host.data(), m_loss.data(), sizeof(float), cudaMemcpyDeviceToHost, m_compute.get()));
+  SB_CUDA_CHECK(cudaMemsetAsync(m_loss.data(), 0, sizeof(float), m_compute.get()));
   const cudaError_t e = cudaStreamSynchronize(m_compute.get());
   if (e != cudaSuccess) fail("after chunk " + std::to_string(m_last_chunk), std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
 }
@@ -188,10 +193,8 @@ void CudaDevice::copy_grad(std::span<float> out) const {
 }
 
 double CudaDevice::take_device_loss() {
-  float loss = 0;
-  SB_CUDA_CHECK(cudaMemcpyAsync(&loss, m_loss.data(), sizeof(float), cudaMemcpyDeviceToHost, m_compute.get()));
-  SB_CUDA_CHECK(cudaMemsetAsync(m_loss.data(), 0, sizeof(float), m_compute.get()));
-  SB_CUDA_CHECK(cudaStreamSynchronize(m_compute.get()));
+  const float loss = *m_loss_host.data();  // finish_chunks() synchronized the copy
+  *m_loss_host.data() = 0.0f;
   return loss;
 }
 

@@ -76,6 +76,7 @@ class CudaDevice final : public Device {
   std::size_t m_next_slot = 0;
   std::size_t m_count = 0;  // parameters
   DeviceBuffer<float> m_params, m_grad, m_m, m_v, m_loss;
+  PinnedBuffer<float> m_loss_host;  // the step's loss, copied back with the stream sync that ends the chunks
   DeviceBuffer<std::byte> m_scratch;
   OptimizerOptions m_opt;
   std::uint64_t m_t = 0;

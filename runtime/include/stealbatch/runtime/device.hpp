@@ -86,7 +86,8 @@ class Device {
   // Copies to host memory (out.size() == the parameter count).
   virtual void copy_params(std::span<float> out) const;
   virtual void copy_grad(std::span<float> out) const;
-  // The summed loss the chunks added on the device since the last call (GPU); 0 on host devices, whose chunks use add_loss.
+  // The summed loss the chunks added on the device since the last call, read after finish_chunks() (GPU); 0 on host
+  // devices, whose chunks use add_loss.
   virtual double take_device_loss() { return 0; }
   virtual void* workspace(std::size_t bytes);
 
