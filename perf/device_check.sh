@@ -37,9 +37,12 @@ for f in "$PACK"/lib/*.xz; do
   base=$(basename "$f" .xz)
   xz -dc "$f" > "$LIB/$base" 2>/dev/null || python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$f" "$LIB/$base"
 done
-pylib() { python3 -c "import importlib, os; m = importlib.import_module('$1'); print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null; }
-NCCL_LIB=$(pylib nvidia.nccl)
-CUBLAS_LIB=$(pylib nvidia.cublas)
+# pip's NCCL and cuBLAS (nvidia/nccl/lib, nvidia/cublas/lib, or the CUDA 13 wheels' nvidia/cu13/lib), else the toolkit's.
+SITES=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
+libdir() { local f; f=$(find $SITES /usr/local/cuda/lib64 /usr/local/cuda/lib -name "$1" 2>/dev/null | head -n 1); [ -n "$f" ] && dirname "$f"; }
+NCCL_LIB=$(libdir libnccl.so.2)
+CUBLAS_LIB=$(libdir libcublas.so.13)
+echo "NCCL from ${NCCL_LIB:-(not found)}, cuBLAS from ${CUBLAS_LIB:-(not found)}"
 export LD_LIBRARY_PATH="$LIB:${NCCL_LIB}:${CUBLAS_LIB}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 ldd "$PACK/bin/gpu_check" | grep -E "not found|nccl|cublas|tbb|openblas"
