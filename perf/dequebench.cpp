@@ -1,5 +1,7 @@
 // dequebench: the chunk deque against a central lock-free queue, TBB's concurrent queue and a mutex deque,
 // pattern by pattern, side by side in one run, with an exactly-once check on every draining pattern.
+#include "median.hpp"
+
 #include <stealbatch/runtime/version.hpp>
 #include <stealbatch/scheduler/chunk_deque.hpp>
 #include <stealbatch/scheduler/scheduler.hpp>
@@ -24,6 +26,7 @@
 #include <vector>
 
 using namespace stealbatch;
+using perf::median;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -309,10 +312,6 @@ Sample wake_peer(std::size_t wakes) {
   return out;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   if (v.empty()) return 0;

@@ -9,6 +9,8 @@
 #include "mlp_model.hpp"
 #include "models_cuda.hpp"
 
+#include "median.hpp"
+
 #include <stealbatch/cuda/backend.hpp>
 #include <stealbatch/cuda/check.hpp>
 #include <stealbatch/cuda/device_info.hpp>
@@ -32,17 +34,13 @@
 #include <vector>
 
 using namespace stealbatch;
+using perf::median;
 using examples::DenseData;
 using examples::max_relative_error;
 using json = nlohmann::json;
 
 namespace {
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 
 RuntimeOptions options(const std::string& devices, SchedulePolicy policy, std::size_t chunk, const DenseData& d) {

@@ -1,4 +1,6 @@
 // stealbench: the real runtime on simulated devices, scenario by policy, against the ideal step time.
+#include "median.hpp"
+
 #include <stealbatch/runtime/detail/timer_slack.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 #include <stealbatch/runtime/version.hpp>
@@ -19,6 +21,7 @@
 #include <vector>
 
 using namespace stealbatch;
+using perf::median;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -103,10 +106,6 @@ struct Row {
   double ideal_speedup = 0;        // the static split's ideal step / the ideal step (medians): the most stealing can gain
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // The machine's sleep overshoot, with the 1 us timer slack the device threads use: what the ideal cannot include.
 // Median and p99 over 200 sleeps of 1 ms.

@@ -27,6 +27,8 @@ double seconds(std::chrono::nanoseconds d) { return std::chrono::duration<double
 constexpr std::size_t kStaleAfterIdleSteps = 10;
 // The watchdog's mark for a device busy in the reduction or the update rather than in a chunk.
 constexpr ChunkId kReductionPhase = ~ChunkId{0};
+// A chunk's home device when that device was lost during the step (the chunk counts as moved wherever it ran).
+constexpr std::uint32_t kHomeLost = ~std::uint32_t{0};
 
 }  // namespace
 
@@ -44,21 +46,20 @@ struct alignas(detail::kCacheLine) Runtime::Replica {
 
 namespace {
 
-// Marks a device as busy in the reduction or the update for the stall watchdog, for the stamp's lifetime.
+// Marks a device as busy (in chunk `what`, or kReductionPhase) for the stall watchdog, for the stamp's lifetime.
+// Relaxed stores: see Replica.
 struct WatchStamp {
   std::atomic<std::int64_t>& started;
-  WatchStamp(std::atomic<std::int64_t>& stamp, std::atomic<ChunkId>& chunk, Clock::time_point epoch) : started(stamp) {
-    chunk.store(kReductionPhase, std::memory_order_relaxed);
-    started.store(std::max<std::int64_t>(1, (Clock::now() - epoch).count()), std::memory_order_relaxed);
+  WatchStamp(std::atomic<std::int64_t>& stamp, std::atomic<ChunkId>& chunk, ChunkId what, Clock::time_point since_epoch_of,
+             Clock::time_point now = Clock::now())
+      : started(stamp) {
+    chunk.store(what, std::memory_order_relaxed);
+    started.store(std::max<std::int64_t>(1, (now - since_epoch_of).count()), std::memory_order_relaxed);
   }
   ~WatchStamp() { started.store(0, std::memory_order_relaxed); }
   WatchStamp(const WatchStamp&) = delete;
   WatchStamp& operator=(const WatchStamp&) = delete;
 };
-
-}  // namespace
-
-namespace {
 
 std::mutex g_backends_mutex;
 std::map<DeviceKind, std::shared_ptr<DeviceBackend>>& backends() {
@@ -157,10 +158,6 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
   check("sim_allreduce_bytes", m_options.sim_allreduce_bytes, 0, 1e12);
   check("sim_busbw", m_options.sim_busbw, 1, 1e15);
   m_is_sim = spec.kind == DeviceKind::kSim;
-  if (m_is_sim && n > 1 && m_options.sim_allreduce_bytes > 0) {
-    const double nd = static_cast<double>(n);
-    m_sim_allreduce_s = 2.0 * (nd - 1.0) / nd * m_options.sim_allreduce_bytes / m_options.sim_busbw + m_options.sim_link_latency;
-  }
   if (m_options.throughput_window < 1 || m_options.throughput_window > 100) {
     throw ConfigError("throughput_window = " + std::to_string(m_options.throughput_window) + "; valid range is [1, 100]");
   }
@@ -173,13 +170,8 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
   }
   m_speed_history.resize(n);
   m_idle_steps.assign(n, 0);
-  if (backend) {
-    std::vector<Device*> raw;
-    for (const auto& d : m_devices) raw.push_back(d.get());
-    m_comm = backend->make_communicator(raw);
-  } else {
-    m_comm = std::make_unique<InProcessCommunicator>();
-  }
+  m_backend = backend;
+  make_communicator();
   if (!m_options.trace_path.empty()) {
     std::vector<std::string> names;
     for (const auto& d : m_devices) names.push_back(d->name());
@@ -189,8 +181,22 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
     throw ConfigError("stall_timeout = " + std::to_string(m_options.stall_timeout) + " s; valid range is (0, 86400]");
   }
   for (std::size_t i = 0; i < n; ++i) m_ids.push_back(i);
-  m_backend = backend;
   make_scheduler();
+}
+
+// The reduction across the devices, and (simulated devices) the ring AllReduce time for their count.
+void Runtime::make_communicator() {
+  if (m_backend) {
+    std::vector<Device*> raw;
+    for (const auto& d : m_devices) raw.push_back(d.get());
+    m_comm = m_backend->make_communicator(raw);
+  } else {
+    m_comm = std::make_unique<InProcessCommunicator>();
+  }
+  const double nd = static_cast<double>(m_devices.size());
+  m_sim_allreduce_s = m_is_sim && nd > 1 && m_options.sim_allreduce_bytes > 0
+                          ? 2.0 * (nd - 1.0) / nd * m_options.sim_allreduce_bytes / m_options.sim_busbw + m_options.sim_link_latency
+                          : 0.0;
 }
 
 void Runtime::make_scheduler() {
@@ -240,11 +246,7 @@ void Runtime::exclude_device(std::size_t position) {
     m_options.placement_weights.erase(m_options.placement_weights.begin() + static_cast<std::ptrdiff_t>(position));
   }
   if (m_devices.empty()) throw Error("runtime: every device was lost; nothing is left to run on");
-  if (m_backend) {
-    std::vector<Device*> raw;
-    for (const auto& d : m_devices) raw.push_back(d.get());
-    m_comm = m_backend->make_communicator(raw);
-  }
+  make_communicator();
   make_scheduler();
 }
 
@@ -391,12 +393,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     ctx.layout = &m_layout;
     ctx.loss_sum = &r.loss;
     const auto t0 = Clock::now();
-    r.current_chunk.store(c, std::memory_order_relaxed);
-    r.chunk_started_ns.store(std::max<std::int64_t>(1, (t0 - m_epoch).count()), std::memory_order_relaxed);
-    struct Unstamp {
-      Replica& r;
-      ~Unstamp() { r.chunk_started_ns.store(0, std::memory_order_relaxed); }
-    } unstamp{r};
+    const WatchStamp stamp(r.chunk_started_ns, r.current_chunk, c, m_epoch, t0);
     try {
       const Fault fault = m_options.inject_fault ? m_options.inject_fault(m_ids[w], step_no, c) : Fault::kNone;
       if (fault == Fault::kDeviceLoss) throw DeviceLostError(dev.name(), w, step_no, c, "injected fault");
@@ -446,8 +443,8 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
         }
         if (ran_on[c] > dead) --ran_on[c];
         if (home[c] == dead) {
-          home[c] = static_cast<std::uint32_t>(n);  // placed on the lost device and run elsewhere: it moved
-        } else if (home[c] > dead && home[c] != n + 1) {
+          home[c] = kHomeLost;  // placed on the lost device and run elsewhere: it moved
+        } else if (home[c] != kHomeLost && home[c] > dead) {
           --home[c];
         }
       }
@@ -477,7 +474,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   for (std::size_t d = 0; d < n; ++d) bufs[d] = m_devices[d]->grad().data();
   const StepStats reduce = m_sched->broadcast([&](std::size_t d) {
     Device& dev = *m_devices[d];
-    const WatchStamp stamp(m_replicas[d]->chunk_started_ns, m_replicas[d]->current_chunk, m_epoch);  // the watchdog covers the reduction too
+    const WatchStamp stamp(m_replicas[d]->chunk_started_ns, m_replicas[d]->current_chunk, kReductionPhase, m_epoch);  // the watchdog covers the reduction too
     dev.finish_chunks();  // a GPU's chunks still in flight
     m_replicas[d]->loss += dev.take_device_loss();
     dev.set_sample_count(m_replicas[d]->samples);
@@ -581,7 +578,7 @@ StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunc
   // zeroes the gradient for the next step.
   const float scale = 1.0f / static_cast<float>(samples.size());
   const StepStats opt = m_sched->broadcast([&](std::size_t d) {
-    const WatchStamp stamp(m_replicas[d]->chunk_started_ns, m_replicas[d]->current_chunk, m_epoch);  // a GPU's update waits on NCCL's kernels
+    const WatchStamp stamp(m_replicas[d]->chunk_started_ns, m_replicas[d]->current_chunk, kReductionPhase, m_epoch);  // a GPU's update waits on NCCL's kernels
     m_devices[d]->apply_update(scale);
   });
   for (std::size_t d = 0; d < rep.devices.size(); ++d) rep.devices[d].busy_s += seconds(opt.workers[d].busy);

@@ -158,6 +158,7 @@ class Runtime {
   void exclude_device(std::size_t position);
   std::exception_ptr check_stalls();
   void make_scheduler();
+  void make_communicator();
 
   RuntimeOptions m_options;
   std::vector<std::unique_ptr<Device>> m_devices;
