@@ -271,8 +271,8 @@ void Runtime::set_learning_rate(float lr) {
   OptimizerOptions check = m_options.optimizer;
   check.lr = lr;
   validate(check);
-  m_sched->broadcast([&](std::size_t d) { m_devices[d]->set_lr(lr); });
   m_options.optimizer.lr = lr;
+  m_lr_pending = true;
 }
 
 std::span<const float> Runtime::parameters(std::size_t device) const {
@@ -575,12 +575,15 @@ StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunc
   const auto t_opt = Clock::now();
   // Each device's worker updates its own replica from its copy of the summed gradient, scaled by 1 / the true
   // sample count: the same update on the same values in the same order, so the replicas stay identical. Then it
-  // zeroes the gradient for the next step.
+  // zeroes the gradient for the next step. A learning rate set since the last update is taken here.
   const float scale = 1.0f / static_cast<float>(samples.size());
+  const bool new_lr = m_lr_pending;
   const StepStats opt = m_sched->broadcast([&](std::size_t d) {
     const WatchStamp stamp(m_replicas[d]->chunk_started_ns, m_replicas[d]->current_chunk, kReductionPhase, m_epoch);  // a GPU's update waits on NCCL's kernels
+    if (new_lr) m_devices[d]->set_lr(m_options.optimizer.lr);
     m_devices[d]->apply_update(scale);
   });
+  m_lr_pending = false;
   for (std::size_t d = 0; d < rep.devices.size(); ++d) rep.devices[d].busy_s += seconds(opt.workers[d].busy);
   m_grads_dirty = false;
   const auto t_end = Clock::now();

@@ -4,6 +4,7 @@
 #include "model_test_support.hpp"
 
 #include <stealbatch/error.hpp>
+#include <stealbatch/runtime/cpu_device.hpp>
 #include <stealbatch/runtime/idx.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 
@@ -12,6 +13,9 @@
 #include <test_support.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -110,6 +114,40 @@ TEST_CASE("Runtime.ReplicasStayBitIdentical") {
   }
 }
 
+TEST_CASE("Runtime.LearningRateTakesEffectAtTheNextUpdate") {
+  // set_learning_rate() reaches the replicas in the next update, also across a failed step: the result equals a
+  // runtime created with that rate, and differs from one that kept the old rate.
+  examples::use_single_threaded_blas();
+  const Synthetic syn(256, 16, 4, 5);
+  const MlpModel model({16, 12, 4});
+  auto train = [&](float initial_lr, float set_lr, bool fail_first) {
+    Runtime rt({.devices = "cpu:3", .chunk_size = 7, .threads_per_device = 1, .optimizer = {.kind = OptimizerKind::kSgd, .lr = initial_lr}});
+    rt.register_parameters(model.layout(), model.initial_parameters(3));
+    if (set_lr > 0) rt.set_learning_rate(set_lr);
+    std::vector<MlpModel::Workspace> ws(3);
+    std::vector<std::uint32_t> batch(64);
+    if (fail_first) {
+      std::iota(batch.begin(), batch.end(), 0u);
+      CHECK_THROWS(rt.step(batch, [](ChunkContext& ctx) {
+        if (ctx.chunk == 2) throw std::runtime_error("chunk 2 fails");
+      }));
+    }
+    for (int step = 0; step < 3; ++step) {
+      std::iota(batch.begin(), batch.end(), static_cast<std::uint32_t>(step * 64));
+      (void)rt.step(batch, [&](ChunkContext& ctx) {
+        ctx.add_loss(model.accumulate_gradient(ctx.params, ctx.grad, syn.data, ctx.samples, ws[ctx.device]));
+      });
+    }
+    const auto p = rt.parameters(2);
+    return std::vector<float>(p.begin(), p.end());
+  };
+  // Which device runs which chunk changes the order of the float sums, so runs agree to rounding, not bit for bit.
+  const std::vector<float> want = train(0.02f, 0, false);
+  CHECK(relative_error(train(0.1f, 0.02f, false), want) < 1e-5);
+  CHECK(relative_error(train(0.1f, 0.02f, true), want) < 1e-5);
+  CHECK(relative_error(train(0.1f, 0, false), want) > 1e-3);
+}
+
 TEST_CASE("Runtime.ThrowingChunkFailsTheStepAndTheNextOneWorks") {
   examples::use_single_threaded_blas();
   const Synthetic syn(256, 8, 3, 4);
@@ -142,6 +180,36 @@ TEST_CASE("Runtime.ThrowingChunkFailsTheStepAndTheNextOneWorks") {
   const StepReport r = rt.compute_gradient(batch, good);
   CHECK(r.samples == 64);
   CHECK(relative_error(rt.gradient(), sequential_mean_gradient(model, init, syn.data, batch)) <= 1e-5);
+}
+
+TEST_CASE("Runtime.CpuSlowdownMultipliesComputeNotWaiting") {
+  // A slowed one-thread CPU device idles for (slowdown - 1) x the CPU time its chunk used: compute is
+  // multiplied, time spent blocked (or waiting for a core) is not.
+  using std::chrono::milliseconds;
+  using Wall = std::chrono::steady_clock;
+  auto cpu_now = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+  };
+  CpuDevice dev(0, /*threads=*/1, /*slowdown=*/4.0);
+  ChunkContext ctx;
+  auto timed = [&](const ChunkFunction& fn) {
+    const auto t0 = Wall::now();
+    dev.run_chunk(ctx, fn);
+    return std::chrono::duration_cast<milliseconds>(Wall::now() - t0);
+  };
+  // 3 ms of CPU: the chunk lasts at least 3 + 3 x 3 = 12 ms.
+  const auto spin = timed([&](ChunkContext&) {
+    const auto until = cpu_now() + milliseconds(3);
+    while (cpu_now() < until) {
+    }
+  });
+  CHECK(spin >= milliseconds(12));
+  // 30 ms blocked and almost no CPU: about 30 ms, far from the 120 ms that multiplying the wall time would give.
+  const auto blocked = timed([](ChunkContext&) { std::this_thread::sleep_for(milliseconds(30)); });
+  CHECK(blocked >= milliseconds(30));
+  CHECK(blocked < milliseconds(60));
 }
 
 TEST_CASE("Runtime.ConfigErrorsNameTheField") {

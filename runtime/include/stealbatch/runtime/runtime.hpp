@@ -134,6 +134,8 @@ class Runtime {
   StepReport compute_gradient(std::span<const std::uint32_t> samples, const ChunkFunction& fn);
 
   // Sets every replica's learning rate for the following steps (a schedule); throws ConfigError outside (0, 10].
+  // The replicas take it in the next step's update phase, so a schedule that changes it every step costs no
+  // extra round trip to the devices.
   void set_learning_rate(float lr);
 
   std::size_t device_count() const noexcept { return m_devices.size(); }
@@ -172,6 +174,7 @@ class Runtime {
   std::chrono::steady_clock::time_point m_epoch;
   std::uint64_t m_steps = 0;
   bool m_grads_dirty = false;
+  bool m_lr_pending = false;  // set_learning_rate() ran since the last update: the replicas take m_options.optimizer.lr
   std::vector<ChunkSpan> m_spans;  // this step's chunk table, reused
   bool m_is_sim = false;
   double m_sim_allreduce_s = 0;    // the simulated AllReduce time per step (ring model)
