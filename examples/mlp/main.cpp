@@ -20,7 +20,10 @@ using namespace stealbatch;
 using namespace stealbatch::examples;
 
 int main(int argc, char** argv) {
-  TrainerFlags f;
+  // Batch 1024 (256 per device on cpu:4) with Adam: a step long enough that the per-step costs (the AllReduce, the
+  // update of every replica, waking the devices) stay small next to the chunks, and 0.88 test accuracy in 10 epochs
+  // (README, "The main job").
+  TrainerFlags f{.batch = 1024, .lr = 0.003f, .optimizer = "adam"};
   std::string hidden = "256,128";
   CLI::App app{"mlp: train an MLP on Fashion-MNIST with stealbatch"};
   add_trainer_options(app, f, [&](CLI::App& a) { a.add_option("--hidden", hidden, "hidden layer sizes")->capture_default_str(); });

@@ -5,9 +5,16 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <ctime>
 #include <string>
 #include <thread>
+
+#if defined(__linux__)
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace stealbatch {
 
@@ -20,6 +27,27 @@ std::chrono::nanoseconds thread_cpu_time() noexcept {
   return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
 }
 
+// Asks the kernel for a short scheduling slice for the calling thread (Linux 6.12 and later, EEVDF: a SCHED_OTHER
+// thread's sched_runtime is its slice; older kernels ignore the field). A thread with a shorter slice gets an
+// earlier virtual deadline, so when it wakes it takes a core from a thread that has been computing for a while.
+void request_short_slice() noexcept {
+#if defined(__linux__) && defined(SYS_sched_setattr)
+  struct {  // the kernel's struct sched_attr (glibc has no wrapper; <linux/sched/types.h> clashes with <sched.h>)
+    std::uint32_t size, sched_policy;
+    std::uint64_t sched_flags;
+    std::int32_t sched_nice;
+    std::uint32_t sched_priority;
+    std::uint64_t sched_runtime, sched_deadline, sched_period;
+    std::uint32_t sched_util_min, sched_util_max;
+  } attr{};
+  attr.size = sizeof attr;
+  attr.sched_policy = 0;             // SCHED_OTHER, unchanged
+  attr.sched_runtime = 100'000;      // ns: the shortest slice the kernel accepts
+  attr.sched_nice = getpriority(PRIO_PROCESS, 0);
+  (void)syscall(SYS_sched_setattr, 0, &attr, 0U);  // best effort: on failure the thread keeps the default slice
+#endif
+}
+
 }  // namespace
 
 CpuDevice::CpuDevice(std::size_t index, int threads, double slowdown)
@@ -30,7 +58,14 @@ CpuDevice::CpuDevice(std::size_t index, int threads, double slowdown)
   }
 }
 
-void CpuDevice::bind() { detail::tighten_timer_slack(); }
+void CpuDevice::bind() {
+  detail::tighten_timer_slack();
+  // A slowed device sleeps after each chunk and must get a core promptly when it wakes; queued behind the full-speed
+  // devices' compute it loses the time it waits, which then stretches its chunks and step starts. Measured on the
+  // 2-core build machine (kernel 6.18), cpu:4 with slowdown 6.6,6.6,1,1, batch 1024, Adam, three pairs of runs:
+  // the slowed devices' utilization 0.77-0.81 with the default slice, 0.81-0.87 with this one, and the epoch no slower.
+  if (m_slowdown > 1.0) request_short_slice();
+}
 
 std::string CpuDevice::name() const { return "cpu" + std::to_string(m_index); }
 
