@@ -151,6 +151,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 90.0))->capture_default_str();
   app.add_option("--step-change", step_change, "STEP FACTOR: from that (timed) step on, device 0 runs at speed x FACTOR")
       ->expected(2);
+  std::size_t in_flight = 2;
+  app.add_option("--in-flight", in_flight, "chunks a simulated device has launched and not finished, as on a GPU stream (1: synchronous)")
+      ->check(CLI::Range(1, 16))->capture_default_str();
   app.add_option("--json", json_path, "write the rows as JSON to this file");
   bool overhead = false;
   std::string trace_dir;
@@ -170,13 +173,18 @@ int main(int argc, char** argv) {
   std::vector<std::string> scen = scenarios_arg == "all"
                                       ? std::vector<std::string>{"seed-slow", "seed-skew", "hetero", "varcost", "slowdown", "scale"}
                                       : split(scenarios_arg);
-  std::vector<std::string> pols = policies_arg == "all" ? std::vector<std::string>{"static", "oracle", "lbbsp", "central", "steal", "steal-adaptive"}
-                                                         : split(policies_arg);
+  const std::vector<std::string> all_policies{"static", "oracle", "lbbsp", "central", "steal", "steal-adaptive"};
+  std::vector<std::string> pols = policies_arg == "all" ? all_policies : split(policies_arg);
+  // static first, whatever the order asked: every other row's speedup is against it.
+  std::stable_sort(pols.begin(), pols.end(), [&](const std::string& a, const std::string& b) {
+    return std::find(all_policies.begin(), all_policies.end(), a) < std::find(all_policies.begin(), all_policies.end(), b);
+  });
   const double sample_seconds = 5e-6 * time_scale;
 
   const auto [jit50, jit99] = timer_jitter_us();
-  std::printf("# stealbench, stealbatch %s: batch %zu, chunk %zu, %zu warm-up + %zu timed steps per row, %.1f us per sample at speed 1\n",
-              kVersionString, batch, chunk, warmup, steps, sample_seconds * 1e6);
+  std::printf("# stealbench, stealbatch %s: batch %zu, chunk %zu, %zu warm-up + %zu timed steps per row, %.1f us per sample at speed 1, "
+              "%zu chunk%s in flight per device\n",
+              kVersionString, batch, chunk, warmup, steps, sample_seconds * 1e6, in_flight, in_flight == 1 ? "" : "s");
   std::printf("# timer overshoot of a 1 ms sleep on this machine: median %.1f us, p99 %.1f us (the ideal does not include it)\n", jit50, jit99);
   std::printf("# stolen inputs: %.0f bytes per sample over %.0f GB/s + %.0f us; AllReduce: %.0f MB at busbw %.0f GB/s, ring model\n",
               bytes_per_sample, link_gbps, latency_us, allreduce_mb, busbw_gbps);
@@ -235,6 +243,7 @@ int main(int argc, char** argv) {
           ps.options.sim_link_latency = latency_us * 1e-6;
           ps.options.sim_allreduce_bytes = allreduce_mb * 1e6;
           ps.options.sim_busbw = busbw_gbps * 1e9;
+          ps.options.in_flight = in_flight;
           // The ring AllReduce floor of nccl-tests' PERFORMANCE.md, plus its latency: part of the ideal.
           const double nd = static_cast<double>(n);
           const double t_ar = allreduce_mb > 0 ? 2.0 * (nd - 1.0) / nd * allreduce_mb * 1e6 / (busbw_gbps * 1e9) + latency_us * 1e-6 : 0.0;

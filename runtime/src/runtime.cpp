@@ -37,6 +37,9 @@ constexpr std::uint32_t kHomeLost = ~std::uint32_t{0};
 struct alignas(detail::kCacheLine) Runtime::Replica {
   double loss = 0;
   std::uint64_t samples = 0;
+  // How long finish_chunks() waited this step for chunks still in flight (a GPU, a simulated device): device time
+  // of this step's chunks that the worker's busy time in the chunk phase does not hold.
+  Clock::duration finish{};
   // The stall watchdog's view, written by the device's worker and read by the caller's thread: when the chunk
   // now running started (ns since the runtime's creation; 0 when none runs), and which chunk. Relaxed: a timer
   // that may read a value a moment old, nothing is published through it.
@@ -137,6 +140,7 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
       // A simulated device's speed is its spec'd speed divided by its slowdown factor.
       m_devices.push_back(std::make_unique<SimDevice>(i, spec.speeds[i] / f, m_options.sim_sample_seconds, m_options.sim_sample_cost));
       static_cast<SimDevice&>(*m_devices.back()).set_link(m_options.sim_bytes_per_sample, m_options.sim_link_bw, m_options.sim_link_latency);
+      static_cast<SimDevice&>(*m_devices.back()).set_in_flight(m_options.in_flight);
       if (m_options.sim_speed_factor) {
         static_cast<SimDevice&>(*m_devices.back()).set_speed_factor([this, i](std::uint64_t step, double t) {
           return m_options.sim_speed_factor(i, step, t);
@@ -475,7 +479,9 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   const StepStats reduce = m_sched->broadcast([&](std::size_t d) {
     Device& dev = *m_devices[d];
     const WatchStamp stamp(m_replicas[d]->chunk_started_ns, m_replicas[d]->current_chunk, kReductionPhase, m_epoch);  // the watchdog covers the reduction too
-    dev.finish_chunks();  // a GPU's chunks still in flight
+    const auto f0 = Clock::now();
+    dev.finish_chunks();  // chunks still in flight (GPU, simulated device)
+    m_replicas[d]->finish = Clock::now() - f0;
     m_replicas[d]->loss += dev.take_device_loss();
     dev.set_sample_count(m_replicas[d]->samples);
     m_comm->allreduce_sum(d, bufs, m_layout.size());
@@ -498,8 +504,11 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     const WorkerCounters& wc = st.workers[d];
     DeviceReport& dr = rep.devices[d];
     dr.name = m_devices[d]->name();
-    // Busy: its chunks and its part of the AllReduce (as a GPU's utilization counts its NCCL kernels).
-    dr.busy_s = seconds(wc.busy) + seconds(reduce.workers[d].busy);
+    // Busy: its chunks and its part of the AllReduce (as a GPU's utilization counts its NCCL kernels). A device
+    // that keeps its own chunk time (chunks in flight) reports that instead of its worker's time with its chunks.
+    const std::optional<double> own = m_devices[d]->step_device_seconds();
+    dr.busy_s = own ? *own + std::max(0.0, seconds(reduce.workers[d].busy) - seconds(m_replicas[d]->finish))
+                    : seconds(wc.busy) + seconds(reduce.workers[d].busy);
     dr.barrier_wait_s = wc.chunks_run > 0 ? std::max(0.0, seconds(st.wall - wc.last_end)) : seconds(st.wall);
     dr.chunks_run = wc.chunks_run;
     dr.samples = m_replicas[d]->samples;
@@ -509,7 +518,10 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
       // A step with a re-run round: the counters cover that round only; the next step measures again.
     } else if (wc.busy.count() > 0 && dr.samples > 0) {
       if (h.size() >= m_options.throughput_window) h.erase(h.begin(), h.end() - static_cast<std::ptrdiff_t>(m_options.throughput_window - 1));
-      h.push_back(static_cast<double>(dr.samples) / seconds(wc.busy));
+      // The device's time for its samples: its busy time in the chunk phase, plus the wait for what was still in
+      // flight when that phase ended (else a device with K chunks in flight looks faster the fewer chunks it ran).
+      const double device_s = own && *own > 0 ? *own : seconds(wc.busy) + seconds(m_replicas[d]->finish);
+      h.push_back(static_cast<double>(dr.samples) / device_s);
       m_idle_steps[d] = 0;
     } else if (++m_idle_steps[d] >= kStaleAfterIdleSteps) {
       // A device that runs nothing gets no fresh figure, and a wrong low one (a slow first step, a passing

@@ -3,6 +3,7 @@
 #include <stealbatch/runtime/detail/timer_slack.hpp>
 #include <stealbatch/runtime/sim_device.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <string>
@@ -25,13 +26,22 @@ std::string SimDevice::name() const { return "sim" + std::to_string(m_index); }
 void SimDevice::begin_step(std::uint64_t step, std::chrono::steady_clock::time_point start) {
   m_step = step;
   m_step_start = start;
+  m_running.clear();  // a failed step may have left chunks unfinished: they hold up nothing in this one
+  m_step_seconds = 0;
+}
+
+void SimDevice::set_in_flight(std::size_t k) {
+  if (k < 1 || k > 16) throw ConfigError("in_flight = " + std::to_string(k) + "; valid range is [1, 16]");
+  m_in_flight = k;
 }
 
 void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
-  const auto t0 = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  const auto launched = Clock::now();
+  const auto start = m_running.empty() ? launched : std::max(launched, m_running.back());
   double speed = m_speed;
   if (m_factor) {
-    const double f = m_factor(m_step, std::chrono::duration<double>(t0 - m_step_start).count());
+    const double f = m_factor(m_step, std::chrono::duration<double>(start - m_step_start).count());
     if (std::isfinite(f) && f > 0) speed *= f;
   }
   fn(ctx);
@@ -44,8 +54,21 @@ void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   if (ctx.home_device != m_index && m_bytes_per_sample > 0) {
     seconds += m_bytes_per_sample * static_cast<double>(ctx.samples.size()) / m_link_bw + m_latency;
   }
-  const auto due = t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
-  sleep_until_or_cancel(due);
+  m_step_seconds += seconds;
+  m_running.push_back(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
+  // Return once fewer than m_in_flight chunks are unfinished (with 1: once this one is done).
+  while (m_running.size() >= m_in_flight) {
+    if (!sleep_until_or_cancel(m_running.front())) {
+      m_running.clear();  // cancelled by the watchdog: the step fails, nothing of it is left to finish
+      return;
+    }
+    m_running.pop_front();
+  }
+}
+
+void SimDevice::finish_chunks() {
+  if (!m_running.empty()) (void)sleep_until_or_cancel(m_running.back());
+  m_running.clear();
 }
 
 }  // namespace stealbatch

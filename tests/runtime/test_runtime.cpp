@@ -6,6 +6,7 @@
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/cpu_device.hpp>
 #include <stealbatch/runtime/idx.hpp>
+#include <stealbatch/runtime/sim_device.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 
 #include <doctest/doctest.h>
@@ -210,6 +211,36 @@ TEST_CASE("Runtime.CpuSlowdownMultipliesComputeNotWaiting") {
   const auto blocked = timed([](ChunkContext&) { std::this_thread::sleep_for(milliseconds(30)); });
   CHECK(blocked >= milliseconds(30));
   CHECK(blocked < milliseconds(60));
+}
+
+TEST_CASE("Runtime.SimDeviceWithChunksInFlightAbsorbsALateWorker") {
+  // Five 5 ms chunks, launched with 1 ms of other host work between launches. Synchronous (1 in flight), every
+  // launch waits for the one before and the host time adds up: at least 5 x (5 + 1) ms. With 2 in flight the
+  // device runs its chunks back to back on its own timeline: about 5 x 5 ms. Either way the device's own time is
+  // 25 ms.
+  using std::chrono::milliseconds;
+  using Wall = std::chrono::steady_clock;
+  const std::vector<std::uint32_t> sample = {0};
+  auto run = [&](std::size_t in_flight) {
+    SimDevice dev(0, /*speed=*/1.0, /*sample_seconds=*/5e-3);
+    dev.set_in_flight(in_flight);
+    dev.begin_step(1, Wall::now());
+    ChunkContext ctx;
+    ctx.samples = sample;
+    const auto t0 = Wall::now();
+    for (int i = 0; i < 5; ++i) {
+      dev.run_chunk(ctx, [](ChunkContext&) {});
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+    dev.finish_chunks();
+    CHECK(dev.step_device_seconds().value() == doctest::Approx(0.025));
+    return std::chrono::duration<double, std::milli>(Wall::now() - t0).count();
+  };
+  const double sync_ms = run(1), async_ms = run(2);
+  CHECK(sync_ms >= 29.0);
+  CHECK(async_ms >= 25.0);
+  CHECK(async_ms < 28.0);
+  CHECK_THROWS_AS(SimDevice(0, 1.0, 1e-3).set_in_flight(0), ConfigError);
 }
 
 TEST_CASE("Runtime.ConfigErrorsNameTheField") {

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -89,6 +90,10 @@ class Device {
   // The summed loss the chunks added on the device since the last call, read after finish_chunks() (GPU); 0 on host
   // devices, whose chunks use add_loss.
   virtual double take_device_loss() { return 0; }
+  // The device's own busy time for this step's chunks, read after finish_chunks(), when it keeps one: a device with
+  // chunks in flight knows it better than its worker's time in run_chunk() does. Empty: the runtime measures the
+  // device by its worker (busy time in the chunk phase plus the wait in finish_chunks()).
+  virtual std::optional<double> step_device_seconds() const { return std::nullopt; }
   virtual void* workspace(std::size_t bytes);
 
   // Cancellation, for the stall watchdog: cancel() wakes every sleep_until_or_cancel() of this device now and

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 
 namespace stealbatch {
@@ -30,6 +31,13 @@ class SimDevice final : public Device {
   void set_link(double bytes_per_sample, double link_bw, double latency) {
     m_bytes_per_sample = bytes_per_sample, m_link_bw = link_bw, m_latency = latency;
   }
+  // Chunks launched and not yet finished, as on a GPU stream (1: each run_chunk() returns when its chunk is done).
+  // The device runs its chunks back to back on a timeline of its own: a chunk starts when it is launched or when
+  // the one before it ends, whichever is later, so a worker that wakes late (timer overshoot, a busy core) costs
+  // the device nothing while a launched chunk is still queued. Set before the runtime runs; [1, 16].
+  void set_in_flight(std::size_t k);
+  void finish_chunks() override;
+  std::optional<double> step_device_seconds() const override { return m_step_seconds; }
 
  private:
   std::size_t m_index;
@@ -38,6 +46,10 @@ class SimDevice final : public Device {
   std::function<double(std::uint32_t)> m_sample_cost;
   std::function<double(std::uint64_t, double)> m_factor;
   double m_bytes_per_sample = 0, m_link_bw = 1, m_latency = 0;
+  std::size_t m_in_flight = 1;
+  // Worker-thread state: the end times of the launched, unfinished chunks, oldest first (at most m_in_flight).
+  std::deque<std::chrono::steady_clock::time_point> m_running;
+  double m_step_seconds = 0;  // this step's simulated chunk time so far
   // Written by the runtime's thread before a step and read by this device's worker during it: ordered by the
   // scheduler's step hand-off (its release/acquire of the step sequence).
   std::uint64_t m_step = 0;
