@@ -70,14 +70,15 @@ def util_chart(a):
 
 
 def last_step(path):
-    """The chunk spans of the last step in a runtime trace: those after the second-to-last AllReduce span."""
+    """The chunk spans of the last step in a runtime trace: those after the second-to-last AllReduce span ends."""
     ev = json.load(open(path))["traceEvents"]
     names = {e["tid"]: e["args"]["name"] for e in ev if e.get("ph") == "M"}
     spans = [e for e in ev if e.get("ph") == "X"]
-    ars = sorted(e["ts"] for e in spans if e["cat"] == "allreduce")
+    ar_spans = sorted((e for e in spans if e["cat"] == "allreduce"), key=lambda e: e["ts"])
+    ars = [e["ts"] for e in ar_spans]
     if len(ars) < 2:
         sys.exit(f"plot_dashboards: {path}: fewer than two steps")
-    lo = ars[-2]
+    lo = ar_spans[-2]["ts"] + ar_spans[-2]["dur"]  # the previous step's spans (its barrier too) end by then
     end = max(e["ts"] + e["dur"] for e in spans if e["cat"] == "allreduce" and e["ts"] >= ars[-1])
     chunks = [e for e in spans if e["cat"] in ("chunk", "barrier") and lo <= e["ts"] < end]
     start = min(e["ts"] for e in chunks if e["cat"] == "chunk")

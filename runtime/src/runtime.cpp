@@ -40,6 +40,7 @@ struct alignas(detail::kCacheLine) Runtime::Replica {
   // How long finish_chunks() waited this step for chunks still in flight (a GPU, a simulated device): device time
   // of this step's chunks that the worker's busy time in the chunk phase does not hold.
   Clock::duration finish{};
+  Clock::time_point device_end{};  // trace only: the end of the device's last chunk this step, on its own timeline
   // The stall watchdog's view, written by the device's worker and read by the caller's thread: when the chunk
   // now running started (ns since the runtime's creation; 0 when none runs), and which chunk. Relaxed: a timer
   // that may read a value a moment old, nothing is published through it.
@@ -378,7 +379,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   if (m_grads_dirty) {  // after compute_gradient() or a failed step; a completed step() leaves them zeroed
     m_sched->broadcast([&](std::size_t d) { m_devices[d]->zero_grad(); });
   }
-  for (auto& r : m_replicas) r->loss = 0, r->samples = 0;
+  for (auto& r : m_replicas) r->loss = 0, r->samples = 0, r->device_end = {};
   m_grads_dirty = true;
 
   for (auto& d : m_devices) d->reset_cancel(), d->begin_step(m_steps + 1, t_start);
@@ -420,7 +421,10 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     ran_on[c] = static_cast<std::uint32_t>(w);
     ++runs[c];
     if (m_trace) {
-      m_trace->push(w, {static_cast<std::uint32_t>(m_ids[w]), c, (t0 - m_epoch).count(), (Clock::now() - m_epoch).count(), 0});
+      const bool own = ctx.device_end != Clock::time_point{};  // the device's timeline, when it keeps one
+      if (own) r.device_end = std::max(r.device_end, ctx.device_end);
+      m_trace->push(w, {static_cast<std::uint32_t>(m_ids[w]), c, ((own ? ctx.device_begin : t0) - m_epoch).count(),
+                        ((own ? ctx.device_end : Clock::now()) - m_epoch).count(), 0});
     }
   };
   StepStats st;
@@ -541,9 +545,14 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   rep.excluded_devices = std::move(excluded);
   rep.rerun_chunks = rerun;
   if (m_trace) {
-    for (std::size_t d = 0; d < n; ++d) {  // each device's wait for the others, from its last chunk to the barrier
-      const auto from = t_start + (st.workers[d].chunks_run > 0 ? st.workers[d].last_end : std::chrono::nanoseconds(0));
-      m_trace->add({static_cast<std::uint32_t>(m_ids[d]), 0, (from - m_epoch).count(), (t_chunks - m_epoch).count(), 3});
+    // Each device's wait for the others, from its last chunk to the barrier: the end of the chunk phase, or the end
+    // of the last chunk still in flight then (on a device with its own timeline), whichever is later.
+    Clock::time_point barrier = t_chunks;
+    for (std::size_t d = 0; d < n; ++d) barrier = std::max(barrier, std::min(m_replicas[d]->device_end, t_reduced));
+    for (std::size_t d = 0; d < n; ++d) {
+      const auto from = std::max(t_start + (st.workers[d].chunks_run > 0 ? st.workers[d].last_end : std::chrono::nanoseconds(0)),
+                                 std::min(m_replicas[d]->device_end, barrier));
+      m_trace->add({static_cast<std::uint32_t>(m_ids[d]), 0, (from - m_epoch).count(), (barrier - m_epoch).count(), 3});
     }
     m_trace->add({static_cast<std::uint32_t>(m_ids.size() + m_lost.size()), 0, (t_chunks - m_epoch).count(), (t_reduced - m_epoch).count(), 1});
   }

@@ -56,6 +56,8 @@ void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   }
   m_step_seconds += seconds;
   m_running.push_back(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
+  ctx.device_begin = start;
+  ctx.device_end = m_running.back();
   // Return once fewer than m_in_flight chunks are unfinished (with 1: once this one is done).
   while (m_running.size() >= m_in_flight) {
     if (!sleep_until_or_cancel(m_running.front())) {

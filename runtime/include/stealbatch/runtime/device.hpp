@@ -51,6 +51,10 @@ struct ChunkContext {
   // Scratch memory of the running device (device memory on a GPU), at least `bytes`, reused by the device's
   // next chunk: on a GPU its chunks run in stream order, so one workspace serves them all.
   void* workspace(std::size_t bytes) const;
+
+  // Set by a device that runs its chunks on a timeline of its own (a simulated device with chunks in flight): when
+  // this chunk runs on the device, which the trace shows instead of the worker's call. Unset elsewhere.
+  std::chrono::steady_clock::time_point device_begin{}, device_end{};
 };
 
 using ChunkFunction = std::function<void(ChunkContext&)>;
