@@ -149,6 +149,8 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
       }
     } else {
       m_devices.push_back(std::make_unique<CpuDevice>(i, threads, f));
+      // More device threads than cores: each chunk ends with a preemption point (see CpuDevice::run_chunk()).
+      static_cast<CpuDevice&>(*m_devices.back()).set_preemption_point(n * static_cast<std::size_t>(threads) > cores);
     }
     m_replicas.push_back(std::make_unique<Replica>());
   }
