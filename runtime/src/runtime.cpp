@@ -1,6 +1,7 @@
 // The Runtime: cut, place, run with stealing, reduce, scale by the true sample count, update every replica.
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/cpu_device.hpp>
+#include <stealbatch/runtime/detail/speed_shares.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 #include <stealbatch/runtime/sim_device.hpp>
 
@@ -333,9 +334,13 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     // gets a sixth of the samples in chunks a sixth as large, so its chunks take about as long as anyone's and
     // the step's tail stays about one fast chunk long.
     const double fastest = *std::max_element(speeds.begin(), speeds.end());
-    const std::vector<ChunkRange> share = place_proportional(samples.size(), speeds);
     for (std::size_t d = 0; d < n; ++d) {
       size_of[d] = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(static_cast<double>(cs) * speeds[d] / fastest)));
+    }
+    // Plus a margin for slower devices whose speed is uncertain (see speed_share_weights()).
+    const std::vector<double> weights = detail::speed_share_weights(speeds, m_speed_history, size_of, samples.size());
+    const std::vector<ChunkRange> share = place_proportional(samples.size(), weights);
+    for (std::size_t d = 0; d < n; ++d) {
       ranges[d].begin = static_cast<ChunkId>(spans.size());
       // Full chunks while more than two are left, then halves of what is left (the factoring of guided
       // self-scheduling): the owner ends its share, and thieves (who take from the high end) start, on small

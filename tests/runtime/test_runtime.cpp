@@ -5,6 +5,7 @@
 
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/cpu_device.hpp>
+#include <stealbatch/runtime/detail/speed_shares.hpp>
 #include <stealbatch/runtime/idx.hpp>
 #include <stealbatch/runtime/sim_device.hpp>
 #include <stealbatch/runtime/runtime.hpp>
@@ -241,6 +242,29 @@ TEST_CASE("Runtime.SimDeviceWithChunksInFlightAbsorbsALateWorker") {
   CHECK(async_ms >= 25.0);
   CHECK(async_ms < 28.0);
   CHECK_THROWS_AS(SimDevice(0, 1.0, 1e-3).set_in_flight(0), ConfigError);
+}
+
+TEST_CASE("Runtime.SpeedSharesGiveUncertainSlowDevicesAMargin") {
+  using detail::speed_share_weights;
+  const std::vector<double> speeds = {100, 100, 600, 600};       // samples/s: two devices six times slower
+  const std::vector<std::size_t> chunk = {5, 5, 32, 32};          // speed-sized chunks
+  const std::vector<double> steady = {100, 100, 100, 100, 100}, fast = {600, 600, 600, 600, 600};
+  // Steady speeds: exactly proportional (1400 samples in all).
+  auto w = speed_share_weights(speeds, std::vector<std::vector<double>>{steady, steady, fast, fast}, chunk, 1400);
+  CHECK(w == std::vector<double>{100, 100, 600, 600});
+  // Device 0 noisy (spread well over 10%): three own chunks more, scaled by 1 - 100/600; device 1 slightly noisy
+  // (spread 5%): half that. The fastest devices get no margin even when they are noisy.
+  const std::vector<double> noisy = {70, 130, 70, 130, 100}, slightly = {95, 105, 95, 105, 100}, fast_noisy = {300, 900, 300, 900, 600};
+  w = speed_share_weights(speeds, std::vector<std::vector<double>>{noisy, slightly, fast_noisy, fast}, chunk, 1400);
+  const double full = 3.0 * (1.0 - 100.0 / 600.0) * 5;
+  CHECK(w[0] == doctest::Approx(100 + full));
+  const double spread1 = std::sqrt((4 * 25.0) / 5) / 100;  // 0.0447
+  CHECK(w[1] == doctest::Approx(100 + full * spread1 / 0.1));
+  CHECK(w[2] == doctest::Approx(600));
+  CHECK(w[3] == doctest::Approx(600));
+  // Fewer than three measurements: no spread yet, no margin.
+  w = speed_share_weights(speeds, std::vector<std::vector<double>>{{70, 130}, steady, fast, fast}, chunk, 1400);
+  CHECK(w[0] == doctest::Approx(100));
 }
 
 TEST_CASE("Runtime.ConfigErrorsNameTheField") {

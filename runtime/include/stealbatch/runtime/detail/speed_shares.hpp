@@ -1,0 +1,49 @@
+// How many samples each device gets when the runtime places a step by measured speed (speed-sized chunks).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <numeric>
+#include <span>
+#include <vector>
+
+namespace stealbatch::detail {
+
+// The weights (in samples) for place_proportional(): each device's share in proportion to its speed, plus a
+// margin for a device whose speed is uncertain. A device that finishes its own chunks early idles at the end of
+// the step if it is slower than the others: their chunks are too long for it (the end game declines them). So a
+// slower device whose measured speed varies from step to step (the spread of its window: standard deviation over
+// mean, from three measurements on) gets up to three own chunks more than its proportional share, in proportion
+// to that spread (full at 10%) and to how much slower it is than the fastest; the faster devices steal back what
+// it does not get to. Devices with steady speeds (simulated ones) get none, and the fastest never does.
+//
+// Measured on the 2-core build machine, cpu:4 with slowdown 6.6,6.6,1,1 (spread 7-28% on the slowed devices,
+// 1-5% on the others), batch 1024: the slowed devices' utilization 0.82-0.84 without a margin, 0.85-0.88 with up
+// to two chunks and 0.87-0.90 with up to three (three runs each), the epoch no slower.
+//
+// speeds: samples/s per device (> 0); history: each device's recent measurements; own_chunk: each device's chunk
+// size in samples; samples: the step's batch.
+inline std::vector<double> speed_share_weights(std::span<const double> speeds, std::span<const std::vector<double>> history,
+                                               std::span<const std::size_t> own_chunk, std::size_t samples) {
+  constexpr double kMaxChunks = 3.0, kFullAtSpread = 0.1;
+  const double fastest = *std::max_element(speeds.begin(), speeds.end());
+  const double total = std::accumulate(speeds.begin(), speeds.end(), 0.0);
+  std::vector<double> weights(speeds.size());
+  for (std::size_t d = 0; d < speeds.size(); ++d) {
+    const std::vector<double>& h = history[d];
+    double spread = 0;
+    if (h.size() >= 3) {
+      double mean = 0, var = 0;
+      for (double x : h) mean += x;
+      mean /= static_cast<double>(h.size());
+      for (double x : h) var += (x - mean) * (x - mean);
+      if (mean > 0) spread = std::sqrt(var / static_cast<double>(h.size())) / mean;
+    }
+    const double margin = kMaxChunks * std::min(1.0, spread / kFullAtSpread) * (1.0 - speeds[d] / fastest) * static_cast<double>(own_chunk[d]);
+    weights[d] = speeds[d] / total * static_cast<double>(samples) + margin;
+  }
+  return weights;
+}
+
+}  // namespace stealbatch::detail
