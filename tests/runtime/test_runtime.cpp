@@ -4,6 +4,7 @@
 #include "model_test_support.hpp"
 
 #include <stealbatch/error.hpp>
+#include <stealbatch/runtime/communicator.hpp>
 #include <stealbatch/runtime/cpu_device.hpp>
 #include <stealbatch/runtime/detail/speed_shares.hpp>
 #include <stealbatch/runtime/idx.hpp>
@@ -265,6 +266,46 @@ TEST_CASE("Runtime.SpeedSharesGiveUncertainSlowDevicesAMargin") {
   // Fewer than three measurements: no spread yet, no margin.
   w = speed_share_weights(speeds, std::vector<std::vector<double>>{{70, 130}, steady, fast, fast}, chunk, 1400);
   CHECK(w[0] == doctest::Approx(100));
+}
+
+TEST_CASE("Runtime.NoDeviceSpecMeansEveryGpuWhenThereIsOne") {
+  // The device-choice rule, checked with a stand-in backend for cuda: specs (simulated devices behind it): with no
+  // spec, a backend that reports GPUs gets them all; with none (or none available), the runtime takes CPU devices.
+  struct FakeGpus final : DeviceBackend {
+    std::size_t count;
+    std::string seen;
+    explicit FakeGpus(std::size_t n) : count(n) {}
+    std::size_t available() const noexcept override { return count; }
+    std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec& spec, const RuntimeOptions&) override {
+      seen = spec.text;
+      std::vector<std::unique_ptr<Device>> out;
+      for (std::size_t i = 0; i < count; ++i) out.push_back(std::make_unique<SimDevice>(i, 1.0, 1e-6));
+      return out;
+    }
+    std::unique_ptr<Communicator> make_communicator(std::span<Device* const>) override { return std::make_unique<InProcessCommunicator>(); }
+  };
+  struct Restore {
+    std::shared_ptr<DeviceBackend> before = device_backend(DeviceKind::kCuda);
+    ~Restore() { register_device_backend(DeviceKind::kCuda, before); }
+  } restore;
+  auto gpus = std::make_shared<FakeGpus>(3);
+  register_device_backend(DeviceKind::kCuda, gpus);
+  {
+    Runtime rt({});
+    CHECK(rt.device_count() == 3);
+    CHECK(gpus->seen == "cuda:all");
+    CHECK(rt.device(0).name() == "sim0");
+    CHECK(rt.options().devices == "cuda:all");
+  }
+  gpus->count = 0;  // a backend without GPUs: CPU devices
+  {
+    Runtime rt({});
+    CHECK(rt.device_count() >= 1);
+    CHECK(rt.device(0).name() == "cpu0");
+  }
+  register_device_backend(DeviceKind::kCuda, nullptr);  // no backend at all: CPU devices too
+  Runtime rt({});
+  CHECK(rt.device(0).name() == "cpu0");
 }
 
 TEST_CASE("Runtime.ConfigErrorsNameTheField") {
