@@ -253,11 +253,11 @@ TEST_CASE("Runtime.SpeedSharesGiveUncertainSlowDevicesAMargin") {
   // Steady speeds: exactly proportional (1400 samples in all).
   auto w = speed_share_weights(speeds, std::vector<std::vector<double>>{steady, steady, fast, fast}, chunk, 1400);
   CHECK(w == std::vector<double>{100, 100, 600, 600});
-  // Device 0 noisy (spread well over 10%): three own chunks more, scaled by 1 - 100/600; device 1 slightly noisy
+  // Device 0 noisy (spread well over 10%): five own chunks more, scaled by 1 - 100/600; device 1 slightly noisy
   // (spread 5%): half that. The fastest devices get no margin even when they are noisy.
   const std::vector<double> noisy = {70, 130, 70, 130, 100}, slightly = {95, 105, 95, 105, 100}, fast_noisy = {300, 900, 300, 900, 600};
   w = speed_share_weights(speeds, std::vector<std::vector<double>>{noisy, slightly, fast_noisy, fast}, chunk, 1400);
-  const double full = 3.0 * (1.0 - 100.0 / 600.0) * 5;
+  const double full = 5.0 * (1.0 - 100.0 / 600.0) * 5;
   CHECK(w[0] == doctest::Approx(100 + full));
   const double spread1 = std::sqrt((4 * 25.0) / 5) / 100;  // 0.0447
   CHECK(w[1] == doctest::Approx(100 + full * spread1 / 0.1));

@@ -14,19 +14,20 @@ namespace stealbatch::detail {
 // margin for a device whose speed is uncertain. A device that finishes its own chunks early idles at the end of
 // the step if it is slower than the others: their chunks are too long for it (the end game declines them). So a
 // slower device whose measured speed varies from step to step (the spread of its window: standard deviation over
-// mean, from three measurements on) gets up to three own chunks more than its proportional share, in proportion
+// mean, from three measurements on) gets up to five own chunks more than its proportional share, in proportion
 // to that spread (full at 10%) and to how much slower it is than the fastest; the faster devices steal back what
 // it does not get to. Devices with steady speeds (simulated ones) get none, and the fastest never does.
 //
 // Measured on the 2-core build machine, cpu:4 with slowdown 6.6,6.6,1,1 (spread 7-28% on the slowed devices,
-// 1-5% on the others), batch 1024: the slowed devices' utilization 0.82-0.84 without a margin, 0.85-0.88 with up
-// to two chunks and 0.87-0.90 with up to three (three runs each), the epoch no slower.
+// 1-5% on the others), batch 1024: the slowed devices' utilization 0.82-0.84 without a margin (three runs);
+// with up to three chunks 0.84-0.88, five 0.87-0.90, eight 0.86-0.91 (`mlp --compare`, four runs each,
+// interleaved); the epoch no slower with any of them.
 //
 // speeds: samples/s per device (> 0); history: each device's recent measurements; own_chunk: each device's chunk
 // size in samples; samples: the step's batch.
 inline std::vector<double> speed_share_weights(std::span<const double> speeds, std::span<const std::vector<double>> history,
                                                std::span<const std::size_t> own_chunk, std::size_t samples) {
-  constexpr double kMaxChunks = 3.0, kFullAtSpread = 0.1;
+  constexpr double kMaxChunks = 5.0, kFullAtSpread = 0.1;
   const double fastest = *std::max_element(speeds.begin(), speeds.end());
   const double total = std::accumulate(speeds.begin(), speeds.end(), 0.0);
   std::vector<double> weights(speeds.size());
