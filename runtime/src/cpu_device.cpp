@@ -11,7 +11,6 @@
 #include <thread>
 
 #if defined(__linux__)
-#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -31,7 +30,7 @@ std::chrono::nanoseconds thread_cpu_time() noexcept {
 // thread's sched_runtime is its slice; older kernels ignore the field). A thread with a shorter slice gets an
 // earlier virtual deadline, so when it wakes it takes a core from a thread that has been computing for a while.
 void request_short_slice() noexcept {
-#if defined(__linux__) && defined(SYS_sched_setattr)
+#if defined(__linux__) && defined(SYS_sched_setattr) && defined(SYS_sched_getattr)
   struct {  // the kernel's struct sched_attr (glibc has no wrapper; <linux/sched/types.h> clashes with <sched.h>)
     std::uint32_t size, sched_policy;
     std::uint64_t sched_flags;
@@ -40,11 +39,12 @@ void request_short_slice() noexcept {
     std::uint64_t sched_runtime, sched_deadline, sched_period;
     std::uint32_t sched_util_min, sched_util_max;
   } attr{};
+  // Read the thread's settings and change only the slice, and only under SCHED_OTHER (a thread the user put under
+  // SCHED_BATCH, SCHED_IDLE or a real-time policy keeps it). Best effort: on any failure the default slice stays.
+  if (syscall(SYS_sched_getattr, 0, &attr, static_cast<unsigned>(sizeof attr), 0U) != 0 || attr.sched_policy != 0) return;
   attr.size = sizeof attr;
-  attr.sched_policy = 0;             // SCHED_OTHER, unchanged
-  attr.sched_runtime = 100'000;      // ns: the shortest slice the kernel accepts
-  attr.sched_nice = getpriority(PRIO_PROCESS, 0);
-  (void)syscall(SYS_sched_setattr, 0, &attr, 0U);  // best effort: on failure the thread keeps the default slice
+  attr.sched_runtime = 100'000;  // ns: the shortest slice the kernel accepts
+  (void)syscall(SYS_sched_setattr, 0, &attr, 0U);
 #endif
 }
 

@@ -41,7 +41,7 @@ struct alignas(detail::kCacheLine) Runtime::Replica {
   // How long finish_chunks() waited this step for chunks still in flight (a GPU, a simulated device): device time
   // of this step's chunks that the worker's busy time in the chunk phase does not hold.
   Clock::duration finish{};
-  Clock::time_point device_end{};  // trace only: the end of the device's last chunk this step, on its own timeline
+  Clock::time_point device_end{};  // the end of the device's last chunk this step, on its own timeline (if it keeps one)
   // The stall watchdog's view, written by the device's worker and read by the caller's thread: when the chunk
   // now running started (ns since the runtime's creation; 0 when none runs), and which chunk. Relaxed: a timer
   // that may read a value a moment old, nothing is published through it.
@@ -427,9 +427,9 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     r.samples += ctx.samples.size();
     ran_on[c] = static_cast<std::uint32_t>(w);
     ++runs[c];
+    const bool own = ctx.device_end != Clock::time_point{};  // the device's timeline, when it keeps one
+    if (own) r.device_end = std::max(r.device_end, ctx.device_end);
     if (m_trace) {
-      const bool own = ctx.device_end != Clock::time_point{};  // the device's timeline, when it keeps one
-      if (own) r.device_end = std::max(r.device_end, ctx.device_end);
       m_trace->push(w, {static_cast<std::uint32_t>(m_ids[w]), c, ((own ? ctx.device_begin : t0) - m_epoch).count(),
                         ((own ? ctx.device_end : Clock::now()) - m_epoch).count(), 0});
     }
@@ -520,7 +520,15 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     const std::optional<double> own = m_devices[d]->step_device_seconds();
     dr.busy_s = own ? *own + std::max(0.0, seconds(reduce.workers[d].busy) - seconds(m_replicas[d]->finish))
                     : seconds(wc.busy) + seconds(reduce.workers[d].busy);
-    dr.barrier_wait_s = wc.chunks_run > 0 ? std::max(0.0, seconds(st.wall - wc.last_end)) : seconds(st.wall);
+    // Waiting for the others: from its last chunk's end (on the device's own timeline when it keeps one, where
+    // the last chunk may end after the worker's last call returned) to the end of the chunk phase.
+    if (wc.chunks_run == 0) {
+      dr.barrier_wait_s = seconds(st.wall);
+    } else if (m_replicas[d]->device_end != Clock::time_point{}) {
+      dr.barrier_wait_s = std::max(0.0, seconds(t_chunks - m_replicas[d]->device_end));
+    } else {
+      dr.barrier_wait_s = std::max(0.0, seconds(st.wall - wc.last_end));
+    }
     dr.chunks_run = wc.chunks_run;
     dr.samples = m_replicas[d]->samples;
     loss += m_replicas[d]->loss;

@@ -54,10 +54,13 @@ void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   if (ctx.home_device != m_index && m_bytes_per_sample > 0) {
     seconds += m_bytes_per_sample * static_cast<double>(ctx.samples.size()) / m_link_bw + m_latency;
   }
-  m_step_seconds += seconds;
-  m_running.push_back(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
+  // The chunk ends when its simulated time is up, or when its function returns if that took longer (a chunk
+  // function doing real host work): with one in flight this is the synchronous device's max(work, simulated).
+  const auto end = std::max(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)), Clock::now());
+  m_step_seconds += std::chrono::duration<double>(end - start).count();
+  m_running.push_back(end);
   ctx.device_begin = start;
-  ctx.device_end = m_running.back();
+  ctx.device_end = end;
   // Return once fewer than m_in_flight chunks are unfinished (with 1: once this one is done).
   while (m_running.size() >= m_in_flight) {
     if (!sleep_until_or_cancel(m_running.front())) {

@@ -10,7 +10,9 @@ namespace stealbatch {
 // `slowdown` >= 1 emulates a slower device: after each chunk the device idles (sleeps, burning no CPU) for
 // (slowdown - 1) times the chunk's compute time, so it runs at 1/slowdown of its speed. The compute time is the
 // CPU time the device's thread spent in the chunk when the device has one thread (so time spent waiting for a
-// core, or blocked, is not multiplied), and the chunk's wall time when it has more.
+// core, or blocked, is not multiplied), and the chunk's wall time when it has more. Threads the chunk function
+// starts itself (a multithreaded BLAS, OpenMP) are not in the first: keep such libraries to one thread, as the
+// examples do, or give the device more threads.
 //
 //   CpuDevice d(0, /*threads=*/2, /*slowdown=*/6.6);
 class CpuDevice final : public Device {

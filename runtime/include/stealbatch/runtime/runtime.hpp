@@ -82,6 +82,7 @@ struct RuntimeOptions {
   std::size_t input_bytes = 0;                     // [0, 1 << 30]; 0 = no inputs travel (the chunk function finds its own)
   std::function<void(std::uint32_t sample, std::byte* dst)> gather{};
   std::size_t in_flight = 2;                       // GPU and simulated devices: chunks launched and not yet finished, [1, 16]
+                                                   // (a worker may wait for in_flight - 1 chunks at once: keep stall_timeout above that)
   // The stall watchdog: a step in which some device has been inside one chunk for longer than stall_timeout
   // seconds fails with a TimeoutError, and that device's waits are cancelled. (0, 86400]; default 10 minutes.
   double stall_timeout = 600;

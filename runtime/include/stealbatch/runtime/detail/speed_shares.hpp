@@ -14,9 +14,11 @@ namespace stealbatch::detail {
 // margin for a device whose speed is uncertain. A device that finishes its own chunks early idles at the end of
 // the step if it is slower than the others: their chunks are too long for it (the end game declines them). So a
 // slower device whose measured speed varies from step to step (the spread of its window: standard deviation over
-// mean, from three measurements on) gets up to five own chunks more than its proportional share, in proportion
-// to that spread (full at 10%) and to how much slower it is than the fastest; the faster devices steal back what
-// it does not get to. Devices with steady speeds (simulated ones) get none, and the fastest never does.
+// mean, from three measurements on) gets a margin of up to five own chunks on top of its proportional share, in
+// proportion to that spread (full at 10%) and to how much slower it is than the fastest; the faster devices steal
+// back what it does not get to. (place_proportional() scales all weights to the batch, so a device ends up with
+// the margin less its own share of it.) Devices with steady speeds get none (simulated devices, unless a speed
+// schedule varies them), and the fastest never does.
 //
 // Measured on the 2-core build machine, cpu:4 with slowdown 6.6,6.6,1,1 (spread 7-28% on the slowed devices,
 // 1-5% on the others), batch 1024: the slowed devices' utilization 0.82-0.84 without a margin (three runs);
