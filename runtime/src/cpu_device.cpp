@@ -86,12 +86,13 @@ void CpuDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   // the thread waited for a core, and multiplying that wait by the slowdown makes the device far slower than
   // asked (measured on 2 cores, cpu:4, slowdown 6.6,6.6,1,1: the slowed threads waited for a core 30% of the time
   // and took 4.4% of the samples each instead of about 6.6%). With more threads the work is spread over the
-  // arena's threads, whose CPU time this thread does not see, so the wall time stands in. (The second clock read
-  // is also the preemption point above.)
+  // arena's threads, whose CPU time this thread does not see, so the wall time stands in. (The clock reads, or the
+  // sleep after them, are also the preemption point above.)
+  const bool cpu_clock = m_threads == 1;
   const auto w0 = std::chrono::steady_clock::now();
-  const auto c0 = thread_cpu_time();
+  const auto c0 = cpu_clock ? thread_cpu_time() : std::chrono::nanoseconds(0);
   m_arena.execute([&] { fn(ctx); });
-  const auto compute = m_threads == 1 ? thread_cpu_time() - c0 : std::chrono::steady_clock::now() - w0;
+  const auto compute = cpu_clock ? thread_cpu_time() - c0 : std::chrono::steady_clock::now() - w0;
   sleep_until_or_cancel(std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(compute * (m_slowdown - 1.0)));
 }
 

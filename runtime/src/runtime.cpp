@@ -515,11 +515,14 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     const WorkerCounters& wc = st.workers[d];
     DeviceReport& dr = rep.devices[d];
     dr.name = m_devices[d]->name();
-    // Busy: its chunks and its part of the AllReduce (as a GPU's utilization counts its NCCL kernels). A device
-    // that keeps its own chunk time (chunks in flight) reports that instead of its worker's time with its chunks.
+    // The device's time for its chunks: its own figure when it keeps one (chunks in flight), else its worker's busy
+    // time in the chunk phase plus the wait in finish_chunks() for what was still in flight when that phase ended
+    // (without it a device with K chunks in flight looks faster the fewer chunks it ran).
     const std::optional<double> own = m_devices[d]->step_device_seconds();
-    dr.busy_s = own ? *own + std::max(0.0, seconds(reduce.workers[d].busy) - seconds(m_replicas[d]->finish))
-                    : seconds(wc.busy) + seconds(reduce.workers[d].busy);
+    const double finish_s = seconds(m_replicas[d]->finish);
+    const double chunks_s = own ? *own : seconds(wc.busy) + finish_s;
+    // Busy: its chunks and the rest of its part of the AllReduce (as a GPU's utilization counts its NCCL kernels).
+    dr.busy_s = chunks_s + std::max(0.0, seconds(reduce.workers[d].busy) - finish_s);
     // Waiting for the others: from its last chunk's end (on the device's own timeline when it keeps one, where
     // the last chunk may end after the worker's last call returned) to the end of the chunk phase.
     if (wc.chunks_run == 0) {
@@ -535,12 +538,9 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     auto& h = m_speed_history[d];
     if (!excluded.empty()) {
       // A step with a re-run round: the counters cover that round only; the next step measures again.
-    } else if (wc.busy.count() > 0 && dr.samples > 0) {
+    } else if (chunks_s > 0 && dr.samples > 0) {
       if (h.size() >= m_options.throughput_window) h.erase(h.begin(), h.end() - static_cast<std::ptrdiff_t>(m_options.throughput_window - 1));
-      // The device's time for its samples: its busy time in the chunk phase, plus the wait for what was still in
-      // flight when that phase ended (else a device with K chunks in flight looks faster the fewer chunks it ran).
-      const double device_s = own && *own > 0 ? *own : seconds(wc.busy) + seconds(m_replicas[d]->finish);
-      h.push_back(static_cast<double>(dr.samples) / device_s);
+      h.push_back(static_cast<double>(dr.samples) / chunks_s);
       m_idle_steps[d] = 0;
     } else if (++m_idle_steps[d] >= kStaleAfterIdleSteps) {
       // A device that runs nothing gets no fresh figure, and a wrong low one (a slow first step, a passing

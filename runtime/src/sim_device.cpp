@@ -26,7 +26,7 @@ std::string SimDevice::name() const { return "sim" + std::to_string(m_index); }
 void SimDevice::begin_step(std::uint64_t step, std::chrono::steady_clock::time_point start) {
   m_step = step;
   m_step_start = start;
-  m_running.clear();  // a failed step may have left chunks unfinished: they hold up nothing in this one
+  m_count = 0;  // a failed step may have left chunks unfinished: they hold up nothing in this one
   m_step_seconds = 0;
 }
 
@@ -38,7 +38,7 @@ void SimDevice::set_in_flight(std::size_t k) {
 void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   using Clock = std::chrono::steady_clock;
   const auto launched = Clock::now();
-  const auto start = m_running.empty() ? launched : std::max(launched, m_running.back());
+  const auto start = m_count == 0 ? launched : std::max(launched, m_running[(m_head + m_count - 1) % m_running.size()]);
   double speed = m_speed;
   if (m_factor) {
     const double f = m_factor(m_step, std::chrono::duration<double>(start - m_step_start).count());
@@ -58,22 +58,22 @@ void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   // function doing real host work): with one in flight this is the synchronous device's max(work, simulated).
   const auto end = std::max(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)), Clock::now());
   m_step_seconds += std::chrono::duration<double>(end - start).count();
-  m_running.push_back(end);
+  m_running[(m_head + m_count++) % m_running.size()] = end;
   ctx.device_begin = start;
   ctx.device_end = end;
   // Return once fewer than m_in_flight chunks are unfinished (with 1: once this one is done).
-  while (m_running.size() >= m_in_flight) {
-    if (!sleep_until_or_cancel(m_running.front())) {
-      m_running.clear();  // cancelled by the watchdog: the step fails, nothing of it is left to finish
+  while (m_count >= m_in_flight) {
+    if (!sleep_until_or_cancel(m_running[m_head])) {
+      m_count = 0;  // cancelled by the watchdog: the step fails, nothing of it is left to finish
       return;
     }
-    m_running.pop_front();
+    m_head = (m_head + 1) % m_running.size(), --m_count;
   }
 }
 
 void SimDevice::finish_chunks() {
-  if (!m_running.empty()) (void)sleep_until_or_cancel(m_running.back());
-  m_running.clear();
+  if (m_count > 0) (void)sleep_until_or_cancel(m_running[(m_head + m_count - 1) % m_running.size()]);
+  m_count = 0;
 }
 
 }  // namespace stealbatch

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# A short stealbench run: every chunk exactly once, and stealing beats the static split on seed-slow.
+# A short stealbench run: every chunk exactly once, and stealing beats the static split on seed-slow. Samples of
+# 50 us (time-scale 10): at 10 us, another test on the same two cores could push steal steps onto 4 ms timer ticks.
 set -euo pipefail
 bench=$1
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-"$bench" --scenario seed-slow,hetero --policy static,steal,steal-adaptive --steps 6 --warmup 2 --batch 512 --time-scale 2 --json "$out"
+"$bench" --scenario seed-slow,hetero --policy static,steal,steal-adaptive --steps 6 --warmup 2 --batch 512 --time-scale 10 --json "$out"
 python3 - "$out" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))

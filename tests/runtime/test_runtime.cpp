@@ -396,9 +396,11 @@ TEST_CASE("Runtime.SimDevicesGiveTheExactGradient") {
 
 TEST_CASE("Runtime.StealingBeatsStaticOnUnequalSimDevices") {
   // Two devices at 15% speed: a static split waits for them; stealing does not. The ideal gain is 3.8x; the check
-  // asks for a third of it, so a noisy machine cannot fail it, while a runtime that did not balance would.
+  // asks for a third of it, so a noisy machine cannot fail it, while a runtime that did not balance would. The
+  // samples cost 100 us (a 24 ms step when balanced): with 20 us, another test on the same two cores made the
+  // steal steps land on 4 ms timer ticks (preempt=none kernels wake a waiting thread at the tick) and lose.
   auto mean_step = [](SchedulePolicy policy) {
-    Runtime rt({.devices = "sim:1,1,0.15,0.15", .chunk_size = 8, .policy = policy, .sim_sample_seconds = 20e-6});
+    Runtime rt({.devices = "sim:1,1,0.15,0.15", .chunk_size = 8, .policy = policy, .sim_sample_seconds = 100e-6});
     ParameterLayout layout;
     layout.add("p", 4);
     rt.register_parameters(layout, std::vector<float>(4, 0.0f));
@@ -413,7 +415,7 @@ TEST_CASE("Runtime.StealingBeatsStaticOnUnequalSimDevices") {
     return total / 10;
   };
   const double stat = mean_step(SchedulePolicy::kStatic), steal = mean_step(SchedulePolicy::kSteal);
-  MESSAGE("sim:1,1,0.15,0.15, 512 samples, 20 us/sample: static " << stat * 1e3 << " ms, steal " << steal * 1e3 << " ms per step");
+  MESSAGE("sim:1,1,0.15,0.15, 512 samples, 100 us/sample: static " << stat * 1e3 << " ms, steal " << steal * 1e3 << " ms per step");
   CHECK(steal < stat / 1.25);
 }
 

@@ -3,9 +3,9 @@
 
 #include <stealbatch/runtime/device.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
 
 namespace stealbatch {
@@ -47,8 +47,10 @@ class SimDevice final : public Device {
   std::function<double(std::uint64_t, double)> m_factor;
   double m_bytes_per_sample = 0, m_link_bw = 1, m_latency = 0;
   std::size_t m_in_flight = 1;
-  // Worker-thread state: the end times of the launched, unfinished chunks, oldest first (at most m_in_flight).
-  std::deque<std::chrono::steady_clock::time_point> m_running;
+  // Worker-thread state: the end times of the launched, unfinished chunks, a ring of at most m_in_flight (<= 16),
+  // oldest at m_head. A fixed ring: the chunk path allocates nothing.
+  std::array<std::chrono::steady_clock::time_point, 16> m_running{};
+  std::size_t m_head = 0, m_count = 0;
   double m_step_seconds = 0;  // this step's simulated chunk time so far
   // Written by the runtime's thread before a step and read by this device's worker during it: ordered by the
   // scheduler's step hand-off (its release/acquire of the step sequence).
