@@ -26,6 +26,11 @@ using Clock = std::chrono::steady_clock;
 double seconds(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
 
 constexpr std::size_t kStaleAfterIdleSteps = 10;
+// An own chunk that takes more than this many times what the device's measured speed predicts marks the device as
+// slowed down for the rest of the step (see Scheduler::set_live_factor). Well above the chunk-to-chunk spread of
+// real devices (the CPU devices here: 7-28% over a window) and of simulated variable costs (a 16-sample chunk of
+// lognormal sigma-1 costs: about 33%), so only a real change of speed trips it.
+constexpr double kSlowedDown = 2.0;
 // The watchdog's mark for a device busy in the reduction or the update rather than in a chunk.
 constexpr ChunkId kReductionPhase = ~ChunkId{0};
 // A chunk's home device when that device was lost during the step (the chunk counts as moved wherever it ran).
@@ -166,6 +171,7 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
   check("sim_allreduce_bytes", m_options.sim_allreduce_bytes, 0, 1e12);
   check("sim_busbw", m_options.sim_busbw, 1, 1e15);
   m_is_sim = spec.kind == DeviceKind::kSim;
+  m_host_devices = !backend;
   if (m_options.throughput_window < 1 || m_options.throughput_window > 100) {
     throw ConfigError("throughput_window = " + std::to_string(m_options.throughput_window) + "; valid range is [1, 100]");
   }
@@ -367,12 +373,17 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     }
   }
   const std::size_t chunks = spans.size();
+  bool watch_speed = false;
   // The scheduler's end game: each device's expected time for one of its own chunks, and for a stolen one (at
   // most a full-size chunk).
   if (known && m_options.endgame == EndGame::kOn) {
     std::vector<double> own(n), stolen(n);
     for (std::size_t d = 0; d < n; ++d) own[d] = static_cast<double>(size_of[d]) / speeds[d], stolen[d] = static_cast<double>(cs) / speeds[d];
     m_sched->set_chunk_costs(std::move(own), std::move(stolen));
+    // A device whose own chunks take far longer than its measured speed says has slowed down in this step (a
+    // throttled GPU, a device that lost speed mid-step): the end game then weighs its chunks at what they take now.
+    // Only where a chunk's time is known when its call returns: host devices and simulated ones (their timeline).
+    watch_speed = m_host_devices;
   } else {
     m_sched->set_chunk_costs({});
   }
@@ -429,6 +440,13 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     ++runs[c];
     const bool own = ctx.device_end != Clock::time_point{};  // the device's timeline, when it keeps one
     if (own) r.device_end = std::max(r.device_end, ctx.device_end);
+    if (watch_speed && home[c] == w) {
+      // Its own chunks only: a stolen one may hold samples of another cost (another device's share of a batch
+      // whose cost varies by position), which says nothing about this device's speed.
+      const double took = seconds(own ? ctx.device_end - ctx.device_begin : Clock::now() - t0);
+      const double expected = static_cast<double>(ctx.samples.size()) / speeds[w];
+      m_sched->set_live_factor(w, took > kSlowedDown * expected ? took / expected : 1.0);
+    }
     if (m_trace) {
       m_trace->push(w, {static_cast<std::uint32_t>(m_ids[w]), c, ((own ? ctx.device_begin : t0) - m_epoch).count(),
                         ((own ? ctx.device_end : Clock::now()) - m_epoch).count(), 0});
@@ -447,6 +465,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
       const std::size_t dead = pending->index();
       excluded.push_back(pending->device());
       pending.reset();
+      watch_speed = false;  // the speeds are indexed by the devices as they were
       exclude_device(dead);
       n = m_devices.size();
       std::vector<ChunkId> redo;

@@ -38,6 +38,11 @@ struct alignas(detail::kCacheLine) Scheduler::Worker {
   VictimSelector victims;
   WorkerCounters counters;
   std::uint32_t seen_seq = 0;
+  // This step's observed slowdown (set_live_factor) and whether this worker, one of the fastest as placed, has
+  // left the rest of the step to the others. Touched only by this worker during a step, reset by the caller
+  // between steps (ordered by the step hand-off).
+  double live_factor = 1.0;
+  bool left_takers = false;
   std::thread thread;
 };
 
@@ -206,14 +211,31 @@ void Scheduler::set_chunk_costs(std::vector<double> own, std::vector<double> sto
   for (double c : m_costs) m_rate_sum += 1.0 / c;
 }
 
-bool Scheduler::worth_taking(std::size_t w, Source from) const noexcept {
+bool Scheduler::worth_taking(std::size_t w, Source from) noexcept {
   if (m_costs.empty() || m_options.schedule != SchedulePolicy::kSteal) return true;
-  const double mine = from == Source::kOwn ? m_own_costs[w] : m_costs[w];
-  if (mine <= 1.5 * m_min_cost) return true;  // the fastest workers always take: the step always ends
+  Worker& me = *m_workers[w];
+  const double placed = from == Source::kOwn ? m_own_costs[w] : m_costs[w];
+  const double mine = placed * me.live_factor;
   const double others = m_rate_sum - 1.0 / m_costs[w];
   // Relaxed: an estimate; the chunks still running elsewhere are counted as left, which only makes this take more.
   const auto left = static_cast<double>(m_remaining.load(std::memory_order_relaxed));
-  return others <= 0 || mine <= left / others;
+  const bool worth = others <= 0 || mine <= left / others;
+  if (m_costs[w] > 1.5 * m_min_cost) return worth;
+  // One of the fastest as placed. These always take, so the step always ends; one that has slowed down in this
+  // step (its live factor) may leave the rest to the others like any slow worker, but only while another fastest
+  // worker still takes: m_takers counts those, and the last one never leaves. Once left, it stays out this step.
+  if (worth || me.live_factor <= 1.0) return !me.left_takers;
+  if (me.left_takers) return false;
+  // Relaxed: the count guards no data; the RMW alone keeps it from dropping below 1.
+  std::uint32_t k = m_takers.load(std::memory_order_relaxed);
+  while (k >= 2) {
+    if (m_takers.compare_exchange_weak(k, k - 1, std::memory_order_relaxed)) return !(me.left_takers = true);
+  }
+  return true;
+}
+
+void Scheduler::set_live_factor(std::size_t w, double factor) noexcept {
+  m_workers[w]->live_factor = std::isfinite(factor) && factor > 1.0 ? factor : 1.0;
 }
 
 std::size_t Scheduler::steal_cap(std::size_t w) const noexcept {
@@ -250,6 +272,12 @@ StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn) {
   // Relaxed: the release bump of m_step_seq below publishes these, and the deques, to the workers.
   m_abort.store(false, std::memory_order_relaxed);
   m_remaining.store(chunks, std::memory_order_relaxed);
+  std::uint32_t fastest = 0;
+  for (std::size_t w = 0; w < m_workers.size(); ++w) {
+    m_workers[w]->live_factor = 1.0, m_workers[w]->left_takers = false;
+    fastest += !m_costs.empty() && m_costs[w] <= 1.5 * m_min_cost;
+  }
+  m_takers.store(fastest, std::memory_order_relaxed);
   m_in_step.store(static_cast<std::uint32_t>(m_workers.size()), std::memory_order_relaxed);
   // Release: pairs with the workers' acquire loads of m_step_seq.
   m_step_seq.fetch_add(1, std::memory_order_release);

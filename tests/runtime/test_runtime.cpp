@@ -246,6 +246,34 @@ TEST_CASE("Runtime.SimDeviceWithChunksInFlightAbsorbsALateWorker") {
   CHECK_THROWS_AS(SimDevice(0, 1.0, 1e-3).set_in_flight(0), ConfigError);
 }
 
+TEST_CASE("Runtime.ADeviceThatSlowsDownMidStepDoesNotEndTheStepLate") {
+  // Two equal simulated devices, 1 ms chunks. In step 3, 5 ms in, device 0 drops to a tenth of its speed: its
+  // chunks now take 10 ms. Its first slow chunk tells the runtime so, and the end game stops it taking chunks once
+  // device 1 would finish what is left sooner: the step ends on device 1, not on a 10 ms chunk of device 0's
+  // started near the end. (Without that, device 0 keeps taking its own chunks, as one of the fastest as placed,
+  // and device 1 waits for its last one: up to 10 ms.)
+  RuntimeOptions o;
+  o.devices = "sim:1,1";
+  o.chunk_size = 1;
+  o.in_flight = 1;
+  o.sim_sample_seconds = 1e-3;
+  o.sim_speed_factor = [](std::size_t d, std::uint64_t step, double t) { return d == 0 && step == 3 && t >= 5e-3 ? 0.1 : 1.0; };
+  Runtime rt(o);
+  ParameterLayout layout;
+  layout.add("w", 1);
+  rt.register_parameters(layout, std::vector<float>{0.0f});
+  std::vector<std::uint32_t> batch(100);
+  std::iota(batch.begin(), batch.end(), 0u);
+  StepReport rep;
+  for (int i = 0; i < 3; ++i) rep = rt.compute_gradient(batch, [](ChunkContext& ctx) { ctx.grad[0] += 1.0f; });
+  REQUIRE(rep.step == 3);
+  // The fluid bound: 10 chunks in the first 5 ms, then 90 at 1.1 chunks per ms: 87 ms.
+  MESSAGE("step " << rep.step_s * 1e3 << " ms; device 0 ran " << rep.devices[0].chunks_run << " chunks, device 1 waited "
+                  << rep.devices[1].barrier_wait_s * 1e3 << " ms");
+  CHECK(rep.devices[0].chunks_run + rep.devices[1].chunks_run == 100);
+  CHECK(rep.devices[1].barrier_wait_s < 3e-3);  // measured: 0.14-0.20 ms; 5.0-7.1 ms with the end game blind to it
+}
+
 TEST_CASE("Runtime.SpeedSharesGiveUncertainSlowDevicesAMargin") {
   using detail::speed_share_weights;
   const std::vector<double> speeds = {100, 100, 600, 600};       // samples/s: two devices six times slower

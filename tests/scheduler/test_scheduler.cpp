@@ -283,6 +283,54 @@ TEST_CASE("Scheduler.EndGameLeavesTheTailToFastWorkers") {
   for (const auto& wc : st2.workers) CHECK(wc.endgame_declines == 0);
 }
 
+TEST_CASE("Scheduler.AWorkerThatSlowsDownMidStepLeavesTheEndToTheOthers") {
+  // Equal costs as placed, so both workers are among the fastest and, by the placed costs alone, always take.
+  // Worker 0's first chunk reports it now runs 100x slower: with 62 chunks left at most it is not worth another
+  // one, so it leaves the step (worker 1 is still taking), and worker 1 runs everything else, its deque included.
+  Scheduler sched({.workers = 2});
+  sched.set_chunk_costs({1, 1});
+  std::vector<std::atomic<int>> runs(64);
+  const StepStats st = sched.run(place_equal(64, 2), [&](std::size_t w, ChunkId c) {
+    runs[c].fetch_add(1);
+    if (w == 0) sched.set_live_factor(0, 100.0);
+    std::this_thread::sleep_for(200us);  // worker 1 is busy with its own 32 chunks (6 ms) while worker 0 runs its first
+  });
+  int wrong = 0;
+  for (auto& r : runs) wrong += r.load() != 1;
+  CHECK(wrong == 0);
+  CHECK(st.workers[0].chunks_run == 1);
+  CHECK(st.workers[0].endgame_declines == 1);
+  CHECK(st.workers[1].chunks_run == 63);
+  CHECK(st.workers[1].endgame_declines == 0);
+
+  // The factor lasts one step: in the next, worker 0 takes its share again.
+  const StepStats st2 = sched.run(place_equal(64, 2), [&](std::size_t, ChunkId) { std::this_thread::sleep_for(50us); });
+  CHECK(st2.workers[0].endgame_declines == 0);
+  CHECK(st2.workers[0].chunks_run > 1);
+}
+
+TEST_CASE("Scheduler.WhenEveryWorkerSlowsDownTheLastOneStillTakes") {
+  // Every worker reports a 1000x slowdown after each chunk, so each would rather leave the rest to the others. The
+  // fastest workers may leave only while another of them still takes: the last one keeps taking, and the step
+  // ends with every chunk run exactly once instead of hanging with chunks left and nobody to take them.
+  Scheduler sched({.workers = 4});
+  sched.set_chunk_costs({1, 1, 1, 1});
+  for (int round = 0; round < 20; ++round) {
+    std::vector<std::atomic<int>> runs(200);
+    const StepStats st = sched.run(place_equal(200, 4), [&](std::size_t w, ChunkId c) {
+      runs[c].fetch_add(1);
+      sched.set_live_factor(w, 1000.0);
+    });
+    int wrong = 0;
+    for (auto& r : runs) wrong += r.load() != 1;
+    REQUIRE(wrong == 0);
+    std::uint64_t stayed = 0, ran = 0;
+    for (const auto& wc : st.workers) stayed += wc.endgame_declines == 0, ran += wc.chunks_run;
+    CHECK(ran == 200);
+    CHECK(stayed >= 1);
+  }
+}
+
 TEST_CASE("Scheduler.ChunkCostsAreValidated") {
   Scheduler sched({.workers = 2});
   // Own chunks dearer than stolen ones would let the fastest worker refuse its own chunks while the other refuses

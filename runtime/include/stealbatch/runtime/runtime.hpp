@@ -178,6 +178,7 @@ class Runtime {
   bool m_lr_pending = false;  // set_learning_rate() ran since the last update: the replicas take m_options.optimizer.lr
   std::vector<ChunkSpan> m_spans;  // this step's chunk table, reused
   bool m_is_sim = false;
+  bool m_host_devices = false;  // CPU or simulated devices: a chunk's time is known when its call returns
   double m_sim_allreduce_s = 0;    // the simulated AllReduce time per step (ring model)
   mutable std::vector<float> m_host_params;  // parameters()' copy
   std::vector<std::size_t> m_ids;            // each device's index at creation (stable across exclusions)

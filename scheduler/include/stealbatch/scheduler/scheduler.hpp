@@ -128,6 +128,13 @@ class Scheduler {
   // The rule's rates use the stolen costs. Throws ConfigError unless own[w] <= stolen[w]. With costs set, a slow
   // worker's batch steal is also capped at the chunks the rule would still let it take.
   void set_chunk_costs(std::vector<double> own, std::vector<double> stolen);
+  // During a step, from worker w's own thread (inside its chunk callback): its chunks now take `factor` times the
+  // cost set above (a device that slowed down in the middle of the step: a throttled GPU, a shared host). The end
+  // game then weighs its chunks at that cost, so it leaves the step's last chunks to the others instead of
+  // finishing them late; even one of the fastest workers may, while another of them still takes (so the step
+  // still ends). 1 (the default, and any value <= 1 or not finite) means as set; reset at each step's start.
+  //   if (took > 2 * expected) sched.set_live_factor(w, took / expected);
+  void set_live_factor(std::size_t w, double factor) noexcept;
 
   // A watchdog for the steps that follow: while a step runs, the caller wakes every `period` and calls `check`. A
   // non-null exception fails the step with it (what is not yet taken is discarded), then `on_fail` runs once (it
@@ -157,7 +164,7 @@ class Scheduler {
   Found find_work(Worker& me, ChunkId& out);
   bool step_over() const noexcept;
   enum class Source { kOwn, kStolen };
-  bool worth_taking(std::size_t w, Source from) const noexcept;
+  bool worth_taking(std::size_t w, Source from) noexcept;
   bool work_visible(std::size_t self) const noexcept;
   void execute(Worker& me, ChunkId c);
   void fail_step(std::exception_ptr e) noexcept;
@@ -193,6 +200,7 @@ class Scheduler {
 
   alignas(detail::kCacheLine) std::atomic<std::uint64_t> m_remaining{0};  // chunks of this step not yet finished
   alignas(detail::kCacheLine) std::atomic<bool> m_abort{false};
+  std::atomic<std::uint32_t> m_takers{0};  // the fastest workers (as placed) that have not left the step's end game
   alignas(detail::kCacheLine) std::atomic<std::uint32_t> m_step_seq{0};
   std::atomic<std::uint32_t> m_in_step{0};  // workers that have not yet left the current step; the caller waits on it
   std::atomic<bool> m_shutdown{false};
