@@ -47,6 +47,7 @@ struct alignas(detail::kCacheLine) Runtime::Replica {
   // of this step's chunks that the worker's busy time in the chunk phase does not hold.
   Clock::duration finish{};
   Clock::time_point device_end{};  // the end of the device's last chunk this step, on its own timeline (if it keeps one)
+  double live_factor = 1.0;         // this step: how much slower than measured its own chunks now run (see kSlowedDown)
   // The stall watchdog's view, written by the device's worker and read by the caller's thread: when the chunk
   // now running started (ns since the runtime's creation; 0 when none runs), and which chunk. Relaxed: a timer
   // that may read a value a moment old, nothing is published through it.
@@ -397,7 +398,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   if (m_grads_dirty) {  // after compute_gradient() or a failed step; a completed step() leaves them zeroed
     m_sched->broadcast([&](std::size_t d) { m_devices[d]->zero_grad(); });
   }
-  for (auto& r : m_replicas) r->loss = 0, r->samples = 0, r->device_end = {};
+  for (auto& r : m_replicas) r->loss = 0, r->samples = 0, r->device_end = {}, r->live_factor = 1.0;
   m_grads_dirty = true;
 
   for (auto& d : m_devices) d->reset_cancel(), d->begin_step(m_steps + 1, t_start);
@@ -440,12 +441,16 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     ++runs[c];
     const bool own = ctx.device_end != Clock::time_point{};  // the device's timeline, when it keeps one
     if (own) r.device_end = std::max(r.device_end, ctx.device_end);
-    if (watch_speed && home[c] == w) {
-      // Its own chunks only: a stolen one may hold samples of another cost (another device's share of a batch
-      // whose cost varies by position), which says nothing about this device's speed.
-      const double took = seconds(own ? ctx.device_end - ctx.device_begin : Clock::now() - t0);
-      const double expected = static_cast<double>(ctx.samples.size()) / speeds[w];
-      m_sched->set_live_factor(w, took > kSlowedDown * expected ? took / expected : 1.0);
+    if (watch_speed) {
+      // The factor from its own chunks only: a stolen one may hold samples of another cost (another device's
+      // share of a batch whose cost varies by position), which says nothing about this device's speed.
+      if (home[c] == w) {
+        const double took = seconds(own ? ctx.device_end - ctx.device_begin : Clock::now() - t0);
+        const double expected = static_cast<double>(ctx.samples.size()) / speeds[w];
+        r.live_factor = took > kSlowedDown * expected ? took / expected : 1.0;
+      }
+      // With chunks in flight, the next one starts only when those are done.
+      m_sched->set_live_factor(w, r.live_factor, dev.queued_seconds());
     }
     if (m_trace) {
       m_trace->push(w, {static_cast<std::uint32_t>(m_ids[w]), c, ((own ? ctx.device_begin : t0) - m_epoch).count(),

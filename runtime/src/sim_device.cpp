@@ -71,6 +71,12 @@ void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   }
 }
 
+double SimDevice::queued_seconds() const {
+  if (m_count == 0) return 0.0;
+  const auto last = m_running[(m_head + m_count - 1) % m_running.size()];
+  return std::max(0.0, std::chrono::duration<double>(last - std::chrono::steady_clock::now()).count());
+}
+
 void SimDevice::finish_chunks() {
   if (m_count > 0) (void)sleep_until_or_cancel(m_running[(m_head + m_count - 1) % m_running.size()]);
   m_count = 0;

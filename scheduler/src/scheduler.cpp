@@ -42,6 +42,7 @@ struct alignas(detail::kCacheLine) Scheduler::Worker {
   // left the rest of the step to the others. Touched only by this worker during a step, reset by the caller
   // between steps (ordered by the step hand-off).
   double live_factor = 1.0;
+  double live_ahead = 0.0;
   bool left_takers = false;
   std::thread thread;
 };
@@ -215,7 +216,7 @@ bool Scheduler::worth_taking(std::size_t w, Source from) noexcept {
   if (m_costs.empty() || m_options.schedule != SchedulePolicy::kSteal) return true;
   Worker& me = *m_workers[w];
   const double placed = from == Source::kOwn ? m_own_costs[w] : m_costs[w];
-  const double mine = placed * me.live_factor;
+  const double mine = placed * me.live_factor + me.live_ahead;
   const double others = m_rate_sum - 1.0 / m_costs[w];
   // Relaxed: an estimate; the chunks still running elsewhere are counted as left, which only makes this take more.
   const auto left = static_cast<double>(m_remaining.load(std::memory_order_relaxed));
@@ -234,8 +235,9 @@ bool Scheduler::worth_taking(std::size_t w, Source from) noexcept {
   return true;
 }
 
-void Scheduler::set_live_factor(std::size_t w, double factor) noexcept {
+void Scheduler::set_live_factor(std::size_t w, double factor, double ahead) noexcept {
   m_workers[w]->live_factor = std::isfinite(factor) && factor > 1.0 ? factor : 1.0;
+  m_workers[w]->live_ahead = std::isfinite(ahead) && ahead > 0.0 ? ahead : 0.0;
 }
 
 std::size_t Scheduler::steal_cap(std::size_t w) const noexcept {
@@ -274,7 +276,7 @@ StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn) {
   m_remaining.store(chunks, std::memory_order_relaxed);
   std::uint32_t fastest = 0;
   for (std::size_t w = 0; w < m_workers.size(); ++w) {
-    m_workers[w]->live_factor = 1.0, m_workers[w]->left_takers = false;
+    m_workers[w]->live_factor = 1.0, m_workers[w]->live_ahead = 0.0, m_workers[w]->left_takers = false;
     fastest += !m_costs.empty() && m_costs[w] <= 1.5 * m_min_cost;
   }
   m_takers.store(fastest, std::memory_order_relaxed);

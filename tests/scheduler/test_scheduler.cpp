@@ -307,6 +307,22 @@ TEST_CASE("Scheduler.AWorkerThatSlowsDownMidStepLeavesTheEndToTheOthers") {
   const StepStats st2 = sched.run(place_equal(64, 2), [&](std::size_t, ChunkId) { std::this_thread::sleep_for(50us); });
   CHECK(st2.workers[0].endgame_declines == 0);
   CHECK(st2.workers[0].chunks_run > 1);
+
+  // Work already queued on a device counts too: worker 0 (2x slower as placed, so not among the fastest) reports
+  // 1000 units still in flight after each chunk; a chunk it takes now would end after everything left is done
+  // elsewhere, so it takes no second one.
+  sched.set_chunk_costs({2, 1});
+  std::vector<std::atomic<int>> runs3(64);
+  const StepStats st3 = sched.run(place_equal(64, 2), [&](std::size_t w, ChunkId c) {
+    runs3[c].fetch_add(1);
+    if (w == 0) sched.set_live_factor(0, 1.0, 1000.0);
+    std::this_thread::sleep_for(200us);
+  });
+  wrong = 0;
+  for (auto& r : runs3) wrong += r.load() != 1;
+  CHECK(wrong == 0);
+  CHECK(st3.workers[0].chunks_run == 1);
+  CHECK(st3.workers[1].chunks_run == 63);
 }
 
 TEST_CASE("Scheduler.WhenEveryWorkerSlowsDownTheLastOneStillTakes") {

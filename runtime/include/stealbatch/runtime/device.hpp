@@ -83,6 +83,9 @@ class Device {
   virtual void zero_grad();
   // Waits until every chunk this device launched has finished (a GPU's in-flight chunks); throws on a device error.
   virtual void finish_chunks() {}
+  // Seconds until the chunks this device has launched and not finished are done: a chunk launched now starts no
+  // sooner. 0 for a device whose run_chunk() returns when its chunk is done (the default).
+  virtual double queued_seconds() const { return 0.0; }
   // Publishes the step's sample count of this device ahead of the reduction (a GPU sends it with the gradient).
   virtual void set_sample_count(std::uint64_t /*samples*/) {}
   // The optimizer step from the reduced gradient sum scaled by grad_scale, then zero_grad(). Returns once done.

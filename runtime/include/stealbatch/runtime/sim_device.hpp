@@ -37,6 +37,7 @@ class SimDevice final : public Device {
   // the device nothing while a launched chunk is still queued. Set before the runtime runs; [1, 16].
   void set_in_flight(std::size_t k);
   void finish_chunks() override;
+  double queued_seconds() const override;
   std::optional<double> step_device_seconds() const override { return m_step_seconds; }
 
  private:

@@ -129,12 +129,15 @@ class Scheduler {
   // worker's batch steal is also capped at the chunks the rule would still let it take.
   void set_chunk_costs(std::vector<double> own, std::vector<double> stolen);
   // During a step, from worker w's own thread (inside its chunk callback): its chunks now take `factor` times the
-  // cost set above (a device that slowed down in the middle of the step: a throttled GPU, a shared host). The end
-  // game then weighs its chunks at that cost, so it leaves the step's last chunks to the others instead of
-  // finishing them late; even one of the fastest workers may, while another of them still takes (so the step
-  // still ends). 1 (the default, and any value <= 1 or not finite) means as set; reset at each step's start.
-  //   if (took > 2 * expected) sched.set_live_factor(w, took / expected);
-  void set_live_factor(std::size_t w, double factor) noexcept;
+  // cost set above (a device that slowed down in the middle of the step: a throttled GPU, a shared host), and a
+  // chunk it takes now starts only after `ahead` (in the costs' unit: the work it has already launched and not
+  // finished, on a device that keeps chunks in flight). The end game then weighs a chunk at ahead + its cost x
+  // factor, so the worker leaves the step's last chunks to the others instead of finishing them late; a worker
+  // whose factor is above 1 may do so even if it is one of the fastest as placed, while another of those still
+  // takes (so the step still ends). factor 1 (and any value <= 1 or not finite) means as set, ahead 0 (and any
+  // value < 0 or not finite) none; both reset at each step's start.
+  //   sched.set_live_factor(w, took > 2 * expected ? took / expected : 1.0, device.queued_seconds());
+  void set_live_factor(std::size_t w, double factor, double ahead = 0) noexcept;
 
   // A watchdog for the steps that follow: while a step runs, the caller wakes every `period` and calls `check`. A
   // non-null exception fails the step with it (what is not yet taken is discarded), then `on_fail` runs once (it
