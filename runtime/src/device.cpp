@@ -2,6 +2,7 @@
 #include <stealbatch/runtime/device.hpp>
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace stealbatch {
 
@@ -9,18 +10,33 @@ void Device::init_replica(std::span<const float> initial, const OptimizerOptions
   m_params.assign(initial.begin(), initial.end());
   m_grad.assign(initial.size(), 0.0f);
   m_optimizer = std::make_unique<Optimizer>(options, initial.size());
+  m_shares = false, m_shared_params = {};
+}
+
+void Device::share_replica(std::span<const float> shared_params) {
+  m_params.clear(), m_params.shrink_to_fit();
+  m_optimizer.reset();
+  m_grad.assign(shared_params.size(), 0.0f);
+  m_shares = true, m_shared_params = shared_params;
 }
 
 void Device::zero_grad() { std::fill(m_grad.begin(), m_grad.end(), 0.0f); }
 
 void Device::apply_update(float grad_scale) {
+  if (m_shares) throw std::logic_error(name() + ": apply_update() on a device that shares the runtime's parameters");
   m_optimizer->step(m_params, m_grad, grad_scale);
   zero_grad();
 }
 
-void Device::set_lr(float lr) { m_optimizer->set_lr(lr); }
+void Device::set_lr(float lr) {
+  if (m_shares) throw std::logic_error(name() + ": set_lr() on a device that shares the runtime's parameters");
+  m_optimizer->set_lr(lr);
+}
 
-void Device::copy_params(std::span<float> out) const { std::copy(m_params.begin(), m_params.end(), out.begin()); }
+void Device::copy_params(std::span<float> out) const {
+  const std::span<const float> p = params();
+  std::copy(p.begin(), p.end(), out.begin());
+}
 
 void Device::copy_grad(std::span<float> out) const { std::copy(m_grad.begin(), m_grad.end(), out.begin()); }
 

@@ -26,8 +26,8 @@ using Clock = std::chrono::steady_clock;
 double seconds(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
 
 constexpr std::size_t kStaleAfterIdleSteps = 10;
-// An own chunk that takes more than this many times what the device's measured speed predicts marks the device as
-// slowed down for the rest of the step (see Scheduler::set_live_factor). Well above the chunk-to-chunk spread of
+// Two own chunks in a row that take more than this many times what the device's measured speed predicts mark the
+// device as slowed down for the rest of the step (see Scheduler::set_live_factor). Well above the chunk-to-chunk spread of
 // real devices (the CPU devices here: 7-28% over a window) and of simulated variable costs (a 16-sample chunk of
 // lognormal sigma-1 costs: about 33%), so only a real change of speed trips it.
 constexpr double kSlowedDown = 2.0;
@@ -47,7 +47,9 @@ struct alignas(detail::kCacheLine) Runtime::Replica {
   // of this step's chunks that the worker's busy time in the chunk phase does not hold.
   Clock::duration finish{};
   Clock::time_point device_end{};  // the end of the device's last chunk this step, on its own timeline (if it keeps one)
+  Clock::duration update{};         // its part of the fused update this step (shared host parameters)
   double live_factor = 1.0;         // this step: how much slower than measured its own chunks now run (see kSlowedDown)
+  double last_ratio = 0.0;          // this step: its last own chunk's time over what its measured speed predicted
   // The stall watchdog's view, written by the device's worker and read by the caller's thread: when the chunk
   // now running started (ns since the runtime's creation; 0 when none runs), and which chunk. Relaxed: a timer
   // that may read a value a moment old, nothing is published through it.
@@ -276,7 +278,14 @@ void Runtime::register_parameters(ParameterLayout layout, std::span<const float>
                       std::to_string(layout.size()) + " floats");
   }
   m_layout = std::move(layout);
-  m_sched->broadcast([&](std::size_t d) { m_devices[d]->init_replica(initial, m_options.optimizer); });
+  if (m_host_devices) {
+    for (auto& buffer : m_shared_params) buffer.assign(initial.begin(), initial.end());
+    m_shared_live = 0;
+    m_shared_optimizer = std::make_unique<Optimizer>(m_options.optimizer, initial.size(), /*double_buffered=*/true);
+    m_sched->broadcast([&](std::size_t d) { m_devices[d]->share_replica(m_shared_params[0]); });
+  } else {
+    m_sched->broadcast([&](std::size_t d) { m_devices[d]->init_replica(initial, m_options.optimizer); });
+  }
   m_mean_grad.assign(initial.size(), 0.0f);
   m_grads_dirty = false;
 }
@@ -312,7 +321,7 @@ std::vector<double> Runtime::throughput_estimates() const {
 
 std::uint64_t Runtime::trace_events_dropped() const noexcept { return m_trace ? m_trace->dropped() : 0; }
 
-StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
+StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const ChunkFunction& fn, bool update) {
   if (samples.empty()) throw ConfigError("batch = 0 samples; a step needs at least 1");
   if (samples.size() > std::numeric_limits<std::uint32_t>::max()) {
     throw ConfigError("batch = " + std::to_string(samples.size()) + " samples; at most 4294967295 per step");
@@ -398,7 +407,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   if (m_grads_dirty) {  // after compute_gradient() or a failed step; a completed step() leaves them zeroed
     m_sched->broadcast([&](std::size_t d) { m_devices[d]->zero_grad(); });
   }
-  for (auto& r : m_replicas) r->loss = 0, r->samples = 0, r->device_end = {}, r->live_factor = 1.0;
+  for (auto& r : m_replicas) r->loss = 0, r->samples = 0, r->device_end = {}, r->live_factor = 1.0, r->last_ratio = 0.0;
   m_grads_dirty = true;
 
   for (auto& d : m_devices) d->reset_cancel(), d->begin_step(m_steps + 1, t_start);
@@ -445,9 +454,12 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
       // The factor from its own chunks only: a stolen one may hold samples of another cost (another device's
       // share of a batch whose cost varies by position), which says nothing about this device's speed.
       if (home[c] == w) {
+        // Two in a row: one slow chunk is as often a chunk that lost its core for a while (four CPU devices on two
+        // cores: 5-7 single chunks an epoch at 2.6-6.4x in the demo) as a device that slowed down.
         const double took = seconds(own ? ctx.device_end - ctx.device_begin : Clock::now() - t0);
-        const double expected = static_cast<double>(ctx.samples.size()) / speeds[w];
-        r.live_factor = took > kSlowedDown * expected ? took / expected : 1.0;
+        const double ratio = took * speeds[w] / static_cast<double>(ctx.samples.size());
+        r.live_factor = ratio > kSlowedDown && r.last_ratio > kSlowedDown ? std::min(ratio, r.last_ratio) : 1.0;
+        r.last_ratio = ratio;
       }
       // With chunks in flight, the next one starts only when those are done.
       m_sched->set_live_factor(w, r.live_factor, dev.queued_seconds());
@@ -511,6 +523,8 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
 
   std::vector<float*> bufs(n);
   for (std::size_t d = 0; d < n; ++d) bufs[d] = m_devices[d]->grad().data();
+  const float scale = 1.0f / static_cast<float>(samples.size());
+  if (update && m_lr_pending) m_shared_optimizer->set_lr(m_options.optimizer.lr), m_lr_pending = false;  // set since the last update
   const StepStats reduce = m_sched->broadcast([&](std::size_t d) {
     Device& dev = *m_devices[d];
     const WatchStamp stamp(m_replicas[d]->chunk_started_ns, m_replicas[d]->current_chunk, kReductionPhase, m_epoch);  // the watchdog covers the reduction too
@@ -519,9 +533,27 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     m_replicas[d]->finish = Clock::now() - f0;
     m_replicas[d]->loss += dev.take_device_loss();
     dev.set_sample_count(m_replicas[d]->samples);
-    m_comm->allreduce_sum(d, bufs, m_layout.size());
+    const std::size_t count = m_layout.size();
+    if (update) {
+      // Slice d of every device's gradient is complete (the chunk phase is over, and a host device's chunks write
+      // their gradient before their call returns), and no other device touches slice d: sum it, write slice d of
+      // the next parameters (and optimizer state) from it, and zero it in every buffer for the next step. No
+      // device waits for another, so the reduction and the update are one phase, and the update is done once,
+      // not once a device. step() switches to the next parameters once every device has done its slice.
+      InProcessCommunicator::sum_slice(d, bufs, count);
+    } else {
+      m_comm->allreduce_sum(d, bufs, count);
+    }
     if (m_sim_allreduce_s > 0) {  // the ring model, cancellable like any simulated wait
       dev.sleep_until_or_cancel(Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(m_sim_allreduce_s)));
+    }
+    if (update) {
+      const auto u0 = Clock::now();
+      const auto [b, e] = InProcessCommunicator::slice(d, n, count);
+      m_shared_optimizer->update_into(m_shared_params[m_shared_live], m_shared_params[1 - m_shared_live], std::span<const float>(bufs[0], count),
+                                      scale, b, e);
+      for (float* g : bufs) std::fill(g + b, g + e, 0.0f);
+      m_replicas[d]->update = Clock::now() - u0;
     }
   });
   m_comm->allreduce_all(bufs, m_layout.size());  // a collective issued from one thread (NCCL's group call)
@@ -631,6 +663,22 @@ StepReport Runtime::compute_gradient(std::span<const std::uint32_t> samples, con
 
 StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
   const auto t0 = Clock::now();
+  if (m_shared_optimizer) {
+    // Host devices: the update is part of the reduction phase (see run_chunks); its figure is the longest
+    // device's part of it.
+    StepReport rep = run_chunks(samples, fn, true);
+    m_shared_optimizer->commit();
+    m_shared_live = 1 - m_shared_live;
+    for (auto& d : m_devices) d->set_shared_params(m_shared_params[m_shared_live]);
+    Clock::duration longest{};
+    for (const auto& r : m_replicas) longest = std::max(longest, r->update);
+    rep.optimizer_s = seconds(longest);
+    rep.reduce_s = std::max(0.0, rep.reduce_s - rep.optimizer_s);
+    m_grads_dirty = false;  // every slice of every buffer was zeroed after its update
+    finish(rep, t0);
+    if (m_trace) m_trace->drain();
+    return rep;
+  }
   StepReport rep = run_chunks(samples, fn);
   const auto t_opt = Clock::now();
   // Each device's worker updates its own replica from its copy of the summed gradient, scaled by 1 / the true

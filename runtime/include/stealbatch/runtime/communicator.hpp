@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <span>
+#include <utility>
 
 namespace stealbatch {
 
@@ -32,6 +33,13 @@ class Communicator {
 class InProcessCommunicator final : public Communicator {
  public:
   void allreduce_sum(std::size_t device, std::span<float* const> buffers, std::size_t count) override;
+  // Device `device`'s slice of the buffers: [count x device / n, count x (device + 1) / n).
+  static std::pair<std::size_t, std::size_t> slice(std::size_t device, std::size_t n, std::size_t count) noexcept {
+    return {count * device / n, count * (device + 1) / n};
+  }
+  // The first half of allreduce_sum(): the sum of the device's slice over all buffers, in device order, left in
+  // buffers[0] only (for a caller that consumes it there: the runtime's update of shared host parameters).
+  static void sum_slice(std::size_t device, std::span<float* const> buffers, std::size_t count) noexcept;
 };
 
 }  // namespace stealbatch

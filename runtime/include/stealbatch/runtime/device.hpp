@@ -78,7 +78,13 @@ class Device {
 
   // The replica. params() and grad() are addresses the chunk functions use (device memory on a GPU).
   virtual void init_replica(std::span<const float> initial, const OptimizerOptions& options);
-  virtual std::span<const float> params() const { return m_params; }
+  // A host device in the same process as the others (CPU, simulated) needs no replica of its own: it reads the
+  // runtime's one host copy of the parameters, which the runtime updates, and keeps only its gradient buffer.
+  // apply_update() and set_lr() are then not for it (they throw std::logic_error).
+  void share_replica(std::span<const float> shared_params);
+  // Points a sharing device at the runtime's other copy (between steps, on any thread: the step hand-off orders it).
+  void set_shared_params(std::span<const float> shared_params) noexcept { m_shared_params = shared_params; }
+  virtual std::span<const float> params() const { return m_shares ? m_shared_params : std::span<const float>(m_params); }
   virtual std::span<float> grad() { return m_grad; }
   virtual void zero_grad();
   // Waits until every chunk this device launched has finished (a GPU's in-flight chunks); throws on a device error.
@@ -113,6 +119,8 @@ class Device {
  protected:
   std::vector<float> m_params, m_grad;
   std::unique_ptr<Optimizer> m_optimizer;
+  std::span<const float> m_shared_params;  // with share_replica()
+  bool m_shares = false;
   std::vector<std::byte> m_workspace;
 
  private:

@@ -30,9 +30,19 @@ OptimizerKind parse_optimizer(std::string_view name);
 // One replica's optimizer state (SGD velocity, or Adam's moments and step count).
 class Optimizer {
  public:
-  Optimizer(const OptimizerOptions& options, std::size_t size);
+  Optimizer(const OptimizerOptions& options, std::size_t size, bool double_buffered = false);
   // params -= update(grad_sum * grad_scale): grad_scale turns the reduced sum into the full-batch mean.
   void step(std::span<float> params, std::span<const float> grad_sum, float grad_scale);
+  // The same step in parts and out of place, for an optimizer made with double_buffered: update_into() reads
+  // `params` and the current state and writes `next_params` and the next state, over [begin, end); calls for
+  // ranges that do not overlap may run on any threads at once. commit() then makes the next state current and
+  // counts the step. Without commit() (a step that failed part way) the current state is untouched and the next
+  // update_into() starts over. Element for element the result is step()'s, so the parts may be split any way.
+  //   parallel_for(slices, [&](auto s) { opt.update_into(params, next, grad, scale, s.begin, s.end); });
+  //   opt.commit(); std::swap(params, next);
+  void update_into(std::span<const float> params, std::span<float> next_params, std::span<const float> grad_sum, float grad_scale,
+                   std::size_t begin, std::size_t end);
+  void commit() noexcept;
   std::uint64_t steps() const noexcept { return m_t; }
   // For learning-rate schedules; throws ConfigError outside (0, 10].
   void set_lr(float lr);
@@ -41,6 +51,7 @@ class Optimizer {
   OptimizerOptions m_o;
   std::vector<float> m_m;  // SGD velocity, or Adam's first moment
   std::vector<float> m_v;  // Adam's second moment
+  std::vector<float> m_m_next, m_v_next;  // double-buffered: the state update_into() writes
   std::uint64_t m_t = 0;
 };
 

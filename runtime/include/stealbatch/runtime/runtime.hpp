@@ -10,6 +10,7 @@
 #include <stealbatch/runtime/telemetry.hpp>
 #include <stealbatch/scheduler/scheduler.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -157,7 +158,9 @@ class Runtime {
     std::uint32_t begin;
     std::uint32_t size;
   };
-  StepReport run_chunks(std::span<const std::uint32_t> samples, const ChunkFunction& fn);
+  // The step up to the reduced gradient; with `update` (host devices sharing m_shared_params only), the optimizer
+  // update too, fused into the reduction.
+  StepReport run_chunks(std::span<const std::uint32_t> samples, const ChunkFunction& fn, bool update = false);
   void exclude_device(std::size_t position);
   std::exception_ptr check_stalls();
   void make_scheduler();
@@ -181,6 +184,13 @@ class Runtime {
   bool m_host_devices = false;  // CPU or simulated devices: a chunk's time is known when its call returns
   double m_sim_allreduce_s = 0;    // the simulated AllReduce time per step (ring model)
   mutable std::vector<float> m_host_params;  // parameters()' copy
+  // Host devices (CPU, simulated) share one copy of the parameters and one optimizer: each device's worker reduces
+  // and updates its own slice of them in one phase, instead of every device updating a full replica of its own.
+  // Double-buffered: the update writes the other buffer (and the optimizer's next state), and only a step that
+  // completed switches to it, so a step that fails in that phase leaves nothing applied.
+  std::array<std::vector<float>, 2> m_shared_params;
+  std::size_t m_shared_live = 0;  // the buffer the devices read
+  std::unique_ptr<Optimizer> m_shared_optimizer;
   std::vector<std::size_t> m_ids;            // each device's index at creation (stable across exclusions)
   std::vector<std::unique_ptr<Device>> m_lost;  // excluded devices, kept until the runtime goes
   std::shared_ptr<DeviceBackend> m_backend;
