@@ -287,6 +287,7 @@ void Runtime::register_parameters(ParameterLayout layout, std::span<const float>
     m_sched->broadcast([&](std::size_t d) { m_devices[d]->init_replica(initial, m_options.optimizer); });
   }
   m_mean_grad.assign(initial.size(), 0.0f);
+  m_mean_next.assign(initial.size(), 0.0f);
   m_grads_dirty = false;
 }
 
@@ -321,7 +322,7 @@ std::vector<double> Runtime::throughput_estimates() const {
 
 std::uint64_t Runtime::trace_events_dropped() const noexcept { return m_trace ? m_trace->dropped() : 0; }
 
-StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const ChunkFunction& fn, bool update) {
+StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to) {
   if (samples.empty()) throw ConfigError("batch = 0 samples; a step needs at least 1");
   if (samples.size() > std::numeric_limits<std::uint32_t>::max()) {
     throw ConfigError("batch = " + std::to_string(samples.size()) + " samples; at most 4294967295 per step");
@@ -524,6 +525,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   std::vector<float*> bufs(n);
   for (std::size_t d = 0; d < n; ++d) bufs[d] = m_devices[d]->grad().data();
   const float scale = 1.0f / static_cast<float>(samples.size());
+  const bool update = reduce_to == Reduce::kUpdate, sliced = reduce_to != Reduce::kSum;
   if (update && m_lr_pending) m_shared_optimizer->set_lr(m_options.optimizer.lr), m_lr_pending = false;  // set since the last update
   const StepStats reduce = m_sched->broadcast([&](std::size_t d) {
     Device& dev = *m_devices[d];
@@ -534,7 +536,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     m_replicas[d]->loss += dev.take_device_loss();
     dev.set_sample_count(m_replicas[d]->samples);
     const std::size_t count = m_layout.size();
-    if (update) {
+    if (sliced) {
       // Slice d of every device's gradient is complete (the chunk phase is over, and a host device's chunks write
       // their gradient before their call returns), and no other device touches slice d: sum it, write slice d of
       // the next parameters (and optimizer state) from it, and zero it in every buffer for the next step. No
@@ -547,11 +549,15 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     if (m_sim_allreduce_s > 0) {  // the ring model, cancellable like any simulated wait
       dev.sleep_until_or_cancel(Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(m_sim_allreduce_s)));
     }
-    if (update) {
+    if (sliced) {
       const auto u0 = Clock::now();
       const auto [b, e] = InProcessCommunicator::slice(d, n, count);
-      m_shared_optimizer->update_into(m_shared_params[m_shared_live], m_shared_params[1 - m_shared_live], std::span<const float>(bufs[0], count),
-                                      scale, b, e);
+      if (update) {
+        m_shared_optimizer->update_into(m_shared_params[m_shared_live], m_shared_params[1 - m_shared_live], std::span<const float>(bufs[0], count),
+                                        scale, b, e);
+      } else {
+        for (std::size_t i = b; i < e; ++i) m_mean_next[i] = bufs[0][i] * scale;  // compute_gradient() swaps it in on success
+      }
       for (float* g : bufs) std::fill(g + b, g + e, 0.0f);
       m_replicas[d]->update = Clock::now() - u0;
     }
@@ -644,9 +650,18 @@ void finish(StepReport& rep, Clock::time_point t_start) {
 
 StepReport Runtime::compute_gradient(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
   const auto t0 = Clock::now();
-  StepReport rep = run_chunks(samples, fn);
   // The full-batch mean: the sum over every sample divided by the true sample count (a partial last chunk weighs
   // what it holds), never a mean of per-device means.
+  if (m_host_devices) {
+    // Host devices write the mean slice by slice in the reduction phase and zero their buffers there.
+    StepReport rep = run_chunks(samples, fn, Reduce::kMean);
+    m_mean_grad.swap(m_mean_next);  // only now: after a failed step gradient() still holds the last one
+    m_grads_dirty = false;
+    finish(rep, t0);
+    if (m_trace) m_trace->drain();
+    return rep;
+  }
+  StepReport rep = run_chunks(samples, fn, Reduce::kSum);
   const float scale = 1.0f / static_cast<float>(samples.size());
   // One phase: device 0 hands over the sum, and every device zeroes its buffer for the next step (which then
   // needs no zeroing phase of its own).
@@ -666,7 +681,7 @@ StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunc
   if (m_shared_optimizer) {
     // Host devices: the update is part of the reduction phase (see run_chunks); its figure is the longest
     // device's part of it.
-    StepReport rep = run_chunks(samples, fn, true);
+    StepReport rep = run_chunks(samples, fn, Reduce::kUpdate);
     m_shared_optimizer->commit();
     m_shared_live = 1 - m_shared_live;
     for (auto& d : m_devices) d->set_shared_params(m_shared_params[m_shared_live]);
@@ -679,7 +694,7 @@ StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunc
     if (m_trace) m_trace->drain();
     return rep;
   }
-  StepReport rep = run_chunks(samples, fn);
+  StepReport rep = run_chunks(samples, fn, Reduce::kSum);
   const auto t_opt = Clock::now();
   // Each device's worker updates its own replica from its copy of the summed gradient, scaled by 1 / the true
   // sample count: the same update on the same values in the same order, so the replicas stay identical. Then it

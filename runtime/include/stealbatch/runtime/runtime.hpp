@@ -158,9 +158,11 @@ class Runtime {
     std::uint32_t begin;
     std::uint32_t size;
   };
-  // The step up to the reduced gradient; with `update` (host devices sharing m_shared_params only), the optimizer
-  // update too, fused into the reduction.
-  StepReport run_chunks(std::span<const std::uint32_t> samples, const ChunkFunction& fn, bool update = false);
+  // What the reduction phase leaves: the sum in every device's buffer (kSum); or, on host devices only, fused into
+  // that phase slice by slice with the buffers zeroed after, the optimizer update of the shared parameters
+  // (kUpdate) or the mean gradient in m_mean_grad (kMean).
+  enum class Reduce { kSum, kUpdate, kMean };
+  StepReport run_chunks(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to);
   void exclude_device(std::size_t position);
   std::exception_ptr check_stalls();
   void make_scheduler();
@@ -173,6 +175,7 @@ class Runtime {
   std::unique_ptr<TraceWriter> m_trace;
   ParameterLayout m_layout;
   std::vector<float> m_mean_grad;
+  std::vector<float> m_mean_next;  // host devices: the mean being written in the reduction phase
   std::vector<std::vector<double>> m_speed_history;  // per device, the last samples/s measurements
   std::vector<std::size_t> m_idle_steps;             // per device, consecutive steps in which it ran nothing
   std::chrono::steady_clock::time_point m_epoch;
