@@ -31,6 +31,8 @@ constexpr std::size_t kStaleAfterIdleSteps = 10;
 // real devices (the CPU devices here: 7-28% over a window) and of simulated variable costs (a 16-sample chunk of
 // lognormal sigma-1 costs: about 33%), so only a real change of speed trips it.
 constexpr double kSlowedDown = 2.0;
+// The stolen chunks a device's data slowness is the median of (see detail::data_slowness()).
+constexpr std::size_t kSlownessWindow = 16;
 // The watchdog's mark for a device busy in the reduction or the update rather than in a chunk.
 constexpr ChunkId kReductionPhase = ~ChunkId{0};
 // A chunk's home device when that device was lost during the step (the chunk counts as moved wherever it ran).
@@ -186,6 +188,7 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
     (void)place_proportional(1, m_options.placement_weights);  // validates: finite, >= 0, not all 0
   }
   m_speed_history.resize(n);
+  m_stolen_slowness.resize(n);
   m_idle_steps.assign(n, 0);
   m_backend = backend;
   make_communicator();
@@ -257,6 +260,7 @@ void Runtime::exclude_device(std::size_t position) {
   m_devices.erase(m_devices.begin() + static_cast<std::ptrdiff_t>(position));
   m_replicas.erase(m_replicas.begin() + static_cast<std::ptrdiff_t>(position));
   m_speed_history.erase(m_speed_history.begin() + static_cast<std::ptrdiff_t>(position));
+  m_stolen_slowness.erase(m_stolen_slowness.begin() + static_cast<std::ptrdiff_t>(position));
   m_idle_steps.erase(m_idle_steps.begin() + static_cast<std::ptrdiff_t>(position));
   m_ids.erase(m_ids.begin() + static_cast<std::ptrdiff_t>(position));
   if (m_options.placement == PlacementPolicy::kGiven) {
@@ -389,7 +393,16 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   // most a full-size chunk).
   if (known && m_options.endgame == EndGame::kOn) {
     std::vector<double> own(n), stolen(n);
-    for (std::size_t d = 0; d < n; ++d) own[d] = static_cast<double>(size_of[d]) / speeds[d], stolen[d] = static_cast<double>(cs) / speeds[d];
+    for (std::size_t d = 0; d < n; ++d) {
+      // A device's samples/s mixes its speed with the cost of the samples placed on it. When the chunks taken from
+      // its share ran as slowly on other devices as on it (the batch costs more where its share lies, as when
+      // data is sorted by length), it is not a slow device: a chunk it steals from elsewhere costs it what it
+      // costs them. Its measured speed times that slowness (the median of the last stolen chunks) is then its
+      // speed for the end game, so it keeps taking work instead of idling as a "slow" device.
+      const double slowness = detail::data_slowness(m_stolen_slowness[d]);
+      own[d] = static_cast<double>(size_of[d]) / speeds[d];
+      stolen[d] = std::max(own[d], static_cast<double>(cs) / (speeds[d] * slowness));
+    }
     m_sched->set_chunk_costs(std::move(own), std::move(stolen));
     // A device whose own chunks take far longer than its measured speed says has slowed down in this step (a
     // throttled GPU, a device that lost speed mid-step): the end game then weighs its chunks at what they take now.
@@ -403,6 +416,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     for (ChunkId c = ranges[d].begin; c < ranges[d].end; ++c) home[c] = static_cast<std::uint32_t>(d);
   }
   std::vector<std::uint32_t> ran_on(chunks);
+  std::vector<float> stolen_ratio(watch_speed ? chunks : 0, 0.0f);  // a stolen chunk's time over what its thief's speed predicts
   std::vector<std::uint8_t> runs(chunks, 0);  // each chunk's run count: the exactly-once check, chunk by chunk
 
   if (m_grads_dirty) {  // after compute_gradient() or a failed step; a completed step() leaves them zeroed
@@ -454,11 +468,12 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     if (watch_speed) {
       // The factor from its own chunks only: a stolen one may hold samples of another cost (another device's
       // share of a batch whose cost varies by position), which says nothing about this device's speed.
+      const double took = seconds(own ? ctx.device_end - ctx.device_begin : Clock::now() - t0);
+      const double ratio = took * speeds[w] / static_cast<double>(ctx.samples.size());
+      if (home[c] != w) stolen_ratio[c] = static_cast<float>(ratio);
       if (home[c] == w) {
         // Two in a row: one slow chunk is as often a chunk that lost its core for a while (four CPU devices on two
         // cores: 5-7 single chunks an epoch at 2.6-6.4x in the demo) as a device that slowed down.
-        const double took = seconds(own ? ctx.device_end - ctx.device_begin : Clock::now() - t0);
-        const double ratio = took * speeds[w] / static_cast<double>(ctx.samples.size());
         r.live_factor = ratio > kSlowedDown && r.last_ratio > kSlowedDown ? std::min(ratio, r.last_ratio) : 1.0;
         r.last_ratio = ratio;
       }
@@ -613,6 +628,11 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     }
   }
   for (std::size_t c = 0; c < chunks; ++c) {
+    if (!stolen_ratio.empty() && excluded.empty() && ran_on[c] != home[c] && stolen_ratio[c] > 0) {
+      std::vector<double>& h = m_stolen_slowness[home[c]];
+      if (h.size() >= kSlownessWindow) h.erase(h.begin());
+      h.push_back(stolen_ratio[c]);
+    }
     if (ran_on[c] != home[c]) {
       ++rep.steals, ++rep.devices[ran_on[c]].chunks_stolen;
       if (m_is_sim) rep.bytes_moved += m_options.sim_bytes_per_sample * spans[c].size;

@@ -346,6 +346,18 @@ TEST_CASE("Runtime.SpeedSharesGiveUncertainSlowDevicesAMargin") {
   CHECK(w[0] == doctest::Approx(100));
 }
 
+TEST_CASE("Runtime.DataSlownessTellsCostlySamplesFromASlowDevice") {
+  using detail::data_slowness;
+  // Chunks taken from the device's share ran 6-7x slower on their thieves than the thieves' speed predicts: its
+  // samples cost that much more, and its speed is its samples/s times the median.
+  CHECK(data_slowness(std::vector<double>{6.4, 6.7, 6.6, 7.0, 6.5}) == doctest::Approx(6.6));
+  // About the thieves' own pace (variable costs, transfer time): not data, no correction.
+  CHECK(data_slowness(std::vector<double>{0.8, 1.4, 1.1, 2.5, 0.9}) == 1.0);
+  // Too few to say.
+  CHECK(data_slowness(std::vector<double>{6.6, 6.6}) == 1.0);
+  CHECK(data_slowness(std::vector<double>{}) == 1.0);
+}
+
 TEST_CASE("Runtime.NoDeviceSpecMeansEveryGpuWhenThereIsOne") {
   // The device-choice rule, checked with a stand-in backend for cuda: specs (simulated devices behind it): with no
   // spec, a backend that reports GPUs gets them all; with none (or none available), the runtime takes CPU devices.

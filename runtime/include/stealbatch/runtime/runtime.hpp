@@ -177,6 +177,9 @@ class Runtime {
   std::vector<float> m_mean_grad;
   std::vector<float> m_mean_next;  // host devices: the mean being written in the reduction phase
   std::vector<std::vector<double>> m_speed_history;  // per device, the last samples/s measurements
+  // Per device, how much slower than their thieves' own speed predicts its chunks ran on them (the last few stolen
+  // chunks): samples that cost more where this device's share lies, not a slower device (see run_chunks).
+  std::vector<std::vector<double>> m_stolen_slowness;
   std::vector<std::size_t> m_idle_steps;             // per device, consecutive steps in which it ran nothing
   std::chrono::steady_clock::time_point m_epoch;
   std::uint64_t m_steps = 0;
