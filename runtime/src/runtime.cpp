@@ -31,6 +31,9 @@ constexpr std::size_t kStaleAfterIdleSteps = 10;
 // real devices (the CPU devices here: 7-28% over a window) and of simulated variable costs (a 16-sample chunk of
 // lognormal sigma-1 costs: about 33%), so only a real change of speed trips it.
 constexpr double kSlowedDown = 2.0;
+// ... and by at least this much (seconds): a chunk of microseconds that took three times as long says nothing about
+// the device (a cache miss, a timer read, a context switch); with empty chunks the rule would otherwise trip.
+constexpr double kSlowedDownAtLeast = 100e-6;
 // The stolen chunks a device's data slowness is the median of (see detail::data_slowness()).
 constexpr std::size_t kSlownessWindow = 16;
 // The watchdog's mark for a device busy in the reduction or the update rather than in a chunk.
@@ -474,8 +477,9 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
       if (home[c] == w) {
         // Two in a row: one slow chunk is as often a chunk that lost its core for a while (four CPU devices on two
         // cores: 5-7 single chunks an epoch at 2.6-6.4x in the demo) as a device that slowed down.
-        r.live_factor = ratio > kSlowedDown && r.last_ratio > kSlowedDown ? std::min(ratio, r.last_ratio) : 1.0;
-        r.last_ratio = ratio;
+        const bool slow = ratio > kSlowedDown && took * (1.0 - 1.0 / ratio) > kSlowedDownAtLeast;  // took - expected
+        r.live_factor = slow && r.last_ratio > kSlowedDown ? std::min(ratio, r.last_ratio) : 1.0;
+        r.last_ratio = slow ? ratio : 0.0;
       }
       // With chunks in flight, the next one starts only when those are done.
       m_sched->set_live_factor(w, r.live_factor, dev.queued_seconds());
