@@ -114,7 +114,9 @@ SchedulePolicy parse_policy(std::string_view name);
 
 // A training runtime. One worker thread per device runs chunks; idle devices steal from busy ones; each
 // device accumulates its chunks' gradients into its own buffer; one AllReduce sums them; dividing by the step's
-// sample count gives the full-batch mean gradient, which the optimizer applies to every replica.
+// sample count gives the full-batch mean gradient, which the optimizer applies to every replica. (GPUs keep a
+// replica each; CPU and simulated devices, in one address space, share one, which each device's worker updates
+// slice by slice in the reduction phase.)
 //
 //   Runtime rt({.devices = "cpu:4", .chunk_size = 32});
 //   rt.register_parameters(layout, initial_values);
@@ -143,7 +145,8 @@ class Runtime {
   std::size_t device_count() const noexcept { return m_devices.size(); }
   const Device& device(std::size_t i) const { return *m_devices.at(i); }
   const ParameterLayout& layout() const noexcept { return m_layout; }
-  // A host copy of a replica's parameters, valid until the next call (GPU replicas are copied from the device).
+  // A host copy of a replica's parameters, valid until the next call: copy it to keep it (GPU replicas are copied
+  // from the device; CPU and simulated devices share one).
   std::span<const float> parameters(std::size_t device = 0) const;
   // The full-batch mean gradient of the last compute_gradient().
   std::span<const float> gradient() const noexcept { return m_mean_grad; }
