@@ -468,10 +468,13 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     ++runs[c];
     const bool own = ctx.device_end != Clock::time_point{};  // the device's timeline, when it keeps one
     if (own) r.device_end = std::max(r.device_end, ctx.device_end);
+    // The chunk's span: on the device's timeline when it keeps one, else the worker's call (read once, for both uses).
+    const auto begin = own ? ctx.device_begin : t0;
+    const auto end = own ? ctx.device_end : (watch_speed || m_trace ? Clock::now() : t0);
     if (watch_speed) {
       // The factor from its own chunks only: a stolen one may hold samples of another cost (another device's
       // share of a batch whose cost varies by position), which says nothing about this device's speed.
-      const double took = seconds(own ? ctx.device_end - ctx.device_begin : Clock::now() - t0);
+      const double took = seconds(end - begin);
       const double ratio = took * speeds[w] / static_cast<double>(ctx.samples.size());
       if (home[c] != w) stolen_ratio[c] = static_cast<float>(ratio);
       if (home[c] == w) {
@@ -485,8 +488,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
       m_sched->set_live_factor(w, r.live_factor, dev.queued_seconds());
     }
     if (m_trace) {
-      m_trace->push(w, {static_cast<std::uint32_t>(m_ids[w]), c, ((own ? ctx.device_begin : t0) - m_epoch).count(),
-                        ((own ? ctx.device_end : Clock::now()) - m_epoch).count(), 0});
+      m_trace->push(w, {static_cast<std::uint32_t>(m_ids[w]), c, (begin - m_epoch).count(), (end - m_epoch).count(), 0});
     }
   };
   StepStats st;

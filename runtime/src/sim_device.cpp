@@ -38,7 +38,7 @@ void SimDevice::set_in_flight(std::size_t k) {
 void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   using Clock = std::chrono::steady_clock;
   const auto launched = Clock::now();
-  const auto start = m_count == 0 ? launched : std::max(launched, m_running[(m_head + m_count - 1) % m_running.size()]);
+  const auto start = m_count == 0 ? launched : std::max(launched, last_end());
   double speed = m_speed;
   if (m_factor) {
     const double f = m_factor(m_step, std::chrono::duration<double>(start - m_step_start).count());
@@ -73,12 +73,11 @@ void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
 
 double SimDevice::queued_seconds() const {
   if (m_count == 0) return 0.0;
-  const auto last = m_running[(m_head + m_count - 1) % m_running.size()];
-  return std::max(0.0, std::chrono::duration<double>(last - std::chrono::steady_clock::now()).count());
+  return std::max(0.0, std::chrono::duration<double>(last_end() - std::chrono::steady_clock::now()).count());
 }
 
 void SimDevice::finish_chunks() {
-  if (m_count > 0) (void)sleep_until_or_cancel(m_running[(m_head + m_count - 1) % m_running.size()]);
+  if (m_count > 0) (void)sleep_until_or_cancel(last_end());
   m_count = 0;
 }
 

@@ -320,7 +320,7 @@ TEST_CASE("Runtime.ADeviceThatSlowsDownMidStepDoesNotEndTheStepLate") {
   MESSAGE("step " << rep.step_s * 1e3 << " ms; device 0 ran " << rep.devices[0].chunks_run << " chunks, device 1 waited "
                   << rep.devices[1].barrier_wait_s * 1e3 << " ms");
   CHECK(rep.devices[0].chunks_run + rep.devices[1].chunks_run == 100);
-  CHECK(rep.devices[1].barrier_wait_s < 3e-3);  // measured: 0.14-0.20 ms; 5.0-7.1 ms with the end game blind to it
+  CHECK(rep.devices[1].barrier_wait_s < 3e-3);  // measured: 0.12-0.20 ms; 5.0-7.1 ms with the end game blind to it
 }
 
 TEST_CASE("Runtime.SpeedSharesGiveUncertainSlowDevicesAMargin") {

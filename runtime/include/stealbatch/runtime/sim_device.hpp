@@ -52,6 +52,8 @@ class SimDevice final : public Device {
   // oldest at m_head. A fixed ring: the chunk path allocates nothing.
   std::array<std::chrono::steady_clock::time_point, 16> m_running{};
   std::size_t m_head = 0, m_count = 0;
+  // The end of the last launched chunk (m_count > 0): when a chunk launched now could start.
+  std::chrono::steady_clock::time_point last_end() const { return m_running[(m_head + m_count - 1) % m_running.size()]; }
   double m_step_seconds = 0;  // this step's simulated chunk time so far
   // Written by the runtime's thread before a step and read by this device's worker during it: ordered by the
   // scheduler's step hand-off (its release/acquire of the step sequence).
