@@ -105,6 +105,7 @@ struct Row {
   double overhead_ms = -1;         // --overhead: the same steps with every simulated cost removed (median)
   double ideal_speedup = 0;        // the static split's ideal step / the ideal step (medians): the most stealing can gain
   double step_ms_per_step = 0;     // the median over single steps (the same as step_ms except for slowdown)
+  std::size_t by_cost = 0;         // timed steps the runtime placed by learnt position costs
 };
 
 
@@ -196,8 +197,9 @@ int main(int argc, char** argv) {
   std::printf("# speedup = static step / this step, same scenario and devices; steals per step; util = busy / step (min and max over devices)\n#\n");
   if (overhead) std::printf("# overhead = the same steps with every simulated cost at zero (median): the runtime's own time, and its share of step\n");
   std::printf("# ideal-x = the static split's ideal step / the ideal step: the largest speedup over static there is\n");
-  std::printf("%-10s %-15s %5s %10s %10s %6s %8s %8s %8s %9s %6s %6s %7s%s\n", "# scenario", "policy", "devs", "step(ms)", "ideal(ms)", "eff",
-              "speedup", "ideal-x", "steals", "moved(MB)", "umin", "umax", "#wrong", overhead ? " overhead(ms)  share" : "");
+  std::printf("# bycost = timed steps the runtime placed by learnt batch-position costs (RuntimeOptions::cost_by_position)\n");
+  std::printf("%-10s %-15s %5s %10s %10s %6s %8s %8s %8s %9s %6s %6s %7s %6s%s\n", "# scenario", "policy", "devs", "step(ms)", "ideal(ms)", "eff",
+              "speedup", "ideal-x", "steals", "moved(MB)", "umin", "umax", "#wrong", "bycost", overhead ? " overhead(ms)  share" : "");
 
   std::vector<Row> rows;
   try {
@@ -273,6 +275,7 @@ int main(int argc, char** argv) {
           std::vector<double> step_s, ideal_s, ideal_static_s, umin, umax, steals, moved;
           std::vector<std::vector<double>> util(n);
           std::uint64_t wrong = 0;
+          std::size_t by_cost = 0;  // timed steps placed by position costs
           for (std::size_t i = 0; i < warmup + steps; ++i) {
             const auto first = static_cast<std::uint32_t>(i * step_batch);
             std::iota(samples.begin(), samples.end(), first);
@@ -306,6 +309,7 @@ int main(int argc, char** argv) {
               ideal_static_s.push_back(worst + t_ar);
             }
             step_s.push_back(r.step_s);
+            by_cost += r.placed_by_cost ? 1 : 0;
             steals.push_back(static_cast<double>(r.steals));
             moved.push_back(r.bytes_moved);
             double lo = 1e9, hi = 0;
@@ -341,6 +345,7 @@ int main(int argc, char** argv) {
           row.util_min = median(umin);
           row.util_max = median(umax);
           row.wrong = wrong;
+          row.by_cost = by_cost;
           for (auto& u : util) row.util.push_back(median(u));
           if (overhead) {
             // The same runtime, policy, chunking and placement machinery with every simulated cost at zero: the
@@ -364,6 +369,7 @@ int main(int argc, char** argv) {
           std::printf("%-10s %-15s %5zu %10.3f %10.3f %6.3f %8.2f %8.2f %8.1f %9.2f %6.2f %6.2f %7llu", row.scenario.c_str(), row.policy.c_str(),
                       row.devices, row.step_ms, row.ideal_ms, row.efficiency, row.speedup, row.ideal_speedup, row.steals, row.moved_mb, row.util_min,
                       row.util_max, static_cast<unsigned long long>(row.wrong));
+          std::printf(" %6zu", row.by_cost);
           if (overhead) std::printf(" %9.3f %6.2f%%", row.overhead_ms, 100.0 * row.overhead_ms / row.step_ms);
           std::printf("\n");
           std::fflush(stdout);
@@ -384,7 +390,7 @@ int main(int argc, char** argv) {
                    {"step_ms_median", r.step_ms}, {"ideal_ms", r.ideal_ms}, {"efficiency", r.efficiency}, {"speedup_vs_static", r.speedup},
                    {"steals_per_step", r.steals}, {"bytes_moved_per_step", r.moved_mb * 1e6}, {"util_min", r.util_min}, {"util_max", r.util_max}, {"wrong", r.wrong},
                    {"util", r.util}, {"ideal_speedup", r.ideal_speedup}, {"step_ms_median_per_step", r.step_ms_per_step},
-                   {"statistic", r.scenario == "slowdown" ? "median over 3-step periods" : "median over steps"}});
+                   {"steps_placed_by_cost", r.by_cost}, {"statistic", r.scenario == "slowdown" ? "median over 3-step periods" : "median over steps"}});
       if (r.overhead_ms >= 0) j.back()["overhead_ms"] = r.overhead_ms, j.back()["overhead_pct"] = 100.0 * r.overhead_ms / r.step_ms;
     }
     std::ofstream(json_path) << j.dump(2) << "\n";

@@ -1,6 +1,7 @@
 // The Runtime: cut, place, run with stealing, reduce, scale by the true sample count, update every replica.
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/cpu_device.hpp>
+#include <stealbatch/runtime/detail/cost_profile.hpp>
 #include <stealbatch/runtime/detail/speed_shares.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 #include <stealbatch/runtime/sim_device.hpp>
@@ -264,6 +265,7 @@ void Runtime::exclude_device(std::size_t position) {
   m_replicas.erase(m_replicas.begin() + static_cast<std::ptrdiff_t>(position));
   m_speed_history.erase(m_speed_history.begin() + static_cast<std::ptrdiff_t>(position));
   m_stolen_slowness.erase(m_stolen_slowness.begin() + static_cast<std::ptrdiff_t>(position));
+  m_cost_profile.reset();  // indexed by the devices as they were
   m_idle_steps.erase(m_idle_steps.begin() + static_cast<std::ptrdiff_t>(position));
   m_ids.erase(m_ids.begin() + static_cast<std::ptrdiff_t>(position));
   if (m_options.placement == PlacementPolicy::kGiven) {
@@ -347,23 +349,42 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   const bool adaptive = known && ((m_options.placement == PlacementPolicy::kThroughput && m_options.policy == SchedulePolicy::kSteal) ||
                                   m_options.placement == PlacementPolicy::kPreviousStep);
   const bool by_speed = adaptive && m_options.policy == SchedulePolicy::kSteal && m_options.chunk_sizing == ChunkSizing::kBySpeed;
+  // Positions' costs and devices' speeds learnt apart (detail::CostProfile): where a chunk's time is known when its
+  // call returns (host devices), with the policy that places by speed.
+  const bool learn_costs = m_host_devices && m_options.cost_by_position && m_options.policy == SchedulePolicy::kSteal &&
+                           m_options.placement == PlacementPolicy::kThroughput && m_options.chunk_sizing == ChunkSizing::kBySpeed;
+  const bool by_cost = by_speed && learn_costs && m_cost_profile.active(samples.size(), n);
+  // Each device's speed in cost units per second: samples/s, or the profile's speeds when placing by cost.
+  std::vector<double> rate = speeds;
+  if (by_cost) rate.assign(m_cost_profile.speeds().begin(), m_cost_profile.speeds().end());
+  const std::span<const double> position_cost = by_cost ? m_cost_profile.costs() : std::span<const double>{};
 
   // The chunk table: chunk c covers samples [spans[c].begin, spans[c].begin + spans[c].size).
   std::vector<ChunkSpan>& spans = m_spans;
   spans.clear();
   std::vector<ChunkRange> ranges(n);
-  std::vector<std::size_t> size_of(n, cs);  // each device's own chunk size
+  std::vector<double> own_cost(n, static_cast<double>(cs));  // each device's own chunk, in cost units (samples when flat)
   if (by_speed) {
     // Samples in proportion to speed, and chunks sized to it: a device at a sixth of the fastest one's speed
     // gets a sixth of the samples in chunks a sixth as large, so its chunks take about as long as anyone's and
-    // the step's tail stays about one fast chunk long.
-    const double fastest = *std::max_element(speeds.begin(), speeds.end());
+    // the step's tail stays about one fast chunk long. Placed by cost, the same in cost units: a device's share is
+    // its part of the batch's cost, and a chunk where samples cost twice the mean holds half the samples.
+    const double fastest = *std::max_element(rate.begin(), rate.end());
+    std::vector<std::size_t> size_of(n);
     for (std::size_t d = 0; d < n; ++d) {
-      size_of[d] = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(static_cast<double>(cs) * speeds[d] / fastest)));
+      size_of[d] = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(static_cast<double>(cs) * rate[d] / fastest)));
+      own_cost[d] = by_cost ? static_cast<double>(cs) * rate[d] / fastest : static_cast<double>(size_of[d]);
     }
     // Plus a margin for slower devices whose speed is uncertain (see speed_share_weights()).
-    const std::vector<double> weights = detail::speed_share_weights(speeds, m_speed_history, size_of, samples.size());
-    const std::vector<ChunkRange> share = place_proportional(samples.size(), weights);
+    const std::vector<double> weights = detail::speed_share_weights(rate, m_speed_history, size_of, samples.size());
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> share(n);
+    if (by_cost) {
+      share = detail::split_by_cost(position_cost, weights);
+    } else {
+      const std::vector<ChunkRange> r = place_proportional(samples.size(), weights);
+      for (std::size_t d = 0; d < n; ++d) share[d] = {r[d].begin, r[d].end};
+    }
+    std::vector<std::uint32_t> sizes;
     for (std::size_t d = 0; d < n; ++d) {
       ranges[d].begin = static_cast<ChunkId>(spans.size());
       // Full chunks while more than two are left, then halves of what is left (the factoring of guided
@@ -371,13 +392,11 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
       // chunks, so the step's tail is a fraction of a chunk instead of a whole one, at the cost of
       // two or three more chunks per device (halving stops at a quarter chunk). Measured on varcost (stealbench, 4 devices, three runs each):
       // efficiency 0.956-0.963 with it, 0.941-0.950 without; seed-skew unchanged within noise.
-      for (std::size_t at = share[d].begin; at < share[d].end;) {
-        const std::size_t left = share[d].end - at;
-        const std::size_t floor = std::max<std::size_t>(1, size_of[d] / 4);  // each chunk pays a fixed cost: stop at a quarter
-        const std::size_t size = left > 2 * size_of[d] ? size_of[d] : std::min(left, std::max(floor, (left + 1) / 2));
-        spans.push_back({static_cast<std::uint32_t>(at), static_cast<std::uint32_t>(size)});
-        at += size;
-      }
+      const double floor = by_cost ? own_cost[d] / 4 : static_cast<double>(std::max<std::size_t>(1, size_of[d] / 4));
+      sizes.clear();
+      detail::cut_share(share[d].first, share[d].second, own_cost[d], floor, position_cost, sizes);
+      std::uint32_t at = share[d].first;
+      for (std::uint32_t size : sizes) spans.push_back({at, size}), at += size;
       ranges[d].end = static_cast<ChunkId>(spans.size());
     }
   } else {
@@ -391,6 +410,16 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     }
   }
   const std::size_t chunks = spans.size();
+  // Each chunk's cost in the units of `rate`: its samples, or the sum of its positions' costs.
+  std::vector<double> chunk_cost(spans.size());
+  for (std::size_t c = 0; c < spans.size(); ++c) {
+    double cost = static_cast<double>(spans[c].size);
+    if (by_cost) {
+      cost = 0;
+      for (std::uint32_t x = spans[c].begin; x < spans[c].begin + spans[c].size; ++x) cost += position_cost[x];
+    }
+    chunk_cost[c] = cost;
+  }
   bool watch_speed = false;
   // The scheduler's end game: each device's expected time for one of its own chunks, and for a stolen one (at
   // most a full-size chunk).
@@ -401,10 +430,11 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
       // its share ran as slowly on other devices as on it (the batch costs more where its share lies, as when
       // data is sorted by length), it is not a slow device: a chunk it steals from elsewhere costs it what it
       // costs them. Its measured speed times that slowness (the median of the last stolen chunks) is then its
-      // speed for the end game, so it keeps taking work instead of idling as a "slow" device.
-      const double slowness = detail::data_slowness(m_stolen_slowness[d]);
-      own[d] = static_cast<double>(size_of[d]) / speeds[d];
-      stolen[d] = std::max(own[d], static_cast<double>(cs) / (speeds[d] * slowness));
+      // speed for the end game, so it keeps taking work instead of idling as a "slow" device. Placed by cost, the
+      // speeds are already apart from the costs.
+      const double slowness = by_cost ? 1.0 : detail::data_slowness(m_stolen_slowness[d]);
+      own[d] = own_cost[d] / rate[d];
+      stolen[d] = std::max(own[d], static_cast<double>(cs) / (rate[d] * slowness));
     }
     m_sched->set_chunk_costs(std::move(own), std::move(stolen));
     // A device whose own chunks take far longer than its measured speed says has slowed down in this step (a
@@ -420,6 +450,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   }
   std::vector<std::uint32_t> ran_on(chunks);
   std::vector<float> stolen_ratio(watch_speed ? chunks : 0, 0.0f);  // a stolen chunk's time over what its thief's speed predicts
+  std::vector<double> took_s(learn_costs ? chunks : 0, 0.0);         // each chunk's time on its device, for the cost profile
   std::vector<std::uint8_t> runs(chunks, 0);  // each chunk's run count: the exactly-once check, chunk by chunk
 
   if (m_grads_dirty) {  // after compute_gradient() or a failed step; a completed step() leaves them zeroed
@@ -470,12 +501,13 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     if (own) r.device_end = std::max(r.device_end, ctx.device_end);
     // The chunk's span: on the device's timeline when it keeps one, else the worker's call (read once, for both uses).
     const auto begin = own ? ctx.device_begin : t0;
-    const auto end = own ? ctx.device_end : (watch_speed || m_trace ? Clock::now() : t0);
+    const auto end = own ? ctx.device_end : (watch_speed || learn_costs || m_trace ? Clock::now() : t0);
+    const double took = seconds(end - begin);
+    if (learn_costs) took_s[c] = took;
     if (watch_speed) {
       // The factor from its own chunks only: a stolen one may hold samples of another cost (another device's
       // share of a batch whose cost varies by position), which says nothing about this device's speed.
-      const double took = seconds(end - begin);
-      const double ratio = took * speeds[w] / static_cast<double>(ctx.samples.size());
+      const double ratio = took * rate[w] / chunk_cost[c];
       if (home[c] != w) stolen_ratio[c] = static_cast<float>(ratio);
       if (home[c] == w) {
         // Two in a row: one slow chunk is as often a chunk that lost its core for a while (four CPU devices on two
@@ -633,6 +665,12 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
       m_idle_steps[d] = 0;
     }
   }
+  if (learn_costs && excluded.empty()) {
+    std::vector<detail::CostProfile::ChunkTime> times(chunks);
+    for (std::size_t c = 0; c < chunks; ++c) times[c] = {spans[c].begin, spans[c].size, ran_on[c], took_s[c]};
+    m_cost_profile.observe(samples.size(), n, times, speeds);  // speeds: samples/s as this step began, the flat model
+  }
+  rep.placed_by_cost = by_cost;
   for (std::size_t c = 0; c < chunks; ++c) {
     if (!stolen_ratio.empty() && excluded.empty() && ran_on[c] != home[c] && stolen_ratio[c] > 0) {
       std::vector<double>& h = m_stolen_slowness[home[c]];

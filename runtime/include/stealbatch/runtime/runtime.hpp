@@ -4,6 +4,7 @@
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/communicator.hpp>
 #include <stealbatch/runtime/device.hpp>
+#include <stealbatch/runtime/detail/cost_profile.hpp>
 #include <stealbatch/runtime/device_spec.hpp>
 #include <stealbatch/runtime/optimizer.hpp>
 #include <stealbatch/runtime/parameters.hpp>
@@ -62,6 +63,11 @@ struct RuntimeOptions {
   std::vector<double> slowdown{};                  // per device, each in [1, 1000]; empty = all 1 (CPU devices only)
   int threads_per_device = 0;                      // CPU devices; 0 = cores / devices, at least 1
   std::size_t throughput_window = 5;               // steps in the throughput median, [1, 100]
+  // With kSteal, kThroughput and kBySpeed on CPU or simulated devices: learn, from chunk times, what each batch
+  // position costs apart from each device's speed, and place by cost when that predicts chunk times far better than
+  // samples/s does (a batch whose cost depends on position: several sources in fixed proportions, data sorted by
+  // length). See detail/cost_profile.hpp; StepReport::placed_by_cost tells when a step was.
+  bool cost_by_position = true;
   double sim_sample_seconds = 100e-6;              // simulated devices: seconds per sample at speed 1, [0, 1]
   std::function<double(std::uint32_t)> sim_sample_cost{};  // simulated devices: a sample's relative cost (default 1)
   std::vector<double> placement_weights{};         // kGiven: one weight >= 0 per device
@@ -183,6 +189,7 @@ class Runtime {
   // Per device, how much slower than their thieves' own speed predicts its chunks ran on them (the last few stolen
   // chunks): samples that cost more where this device's share lies, not a slower device (see run_chunks).
   std::vector<std::vector<double>> m_stolen_slowness;
+  detail::CostProfile m_cost_profile;  // costs by batch position, apart from device speeds (cost_by_position)
   std::vector<std::size_t> m_idle_steps;             // per device, consecutive steps in which it ran nothing
   std::chrono::steady_clock::time_point m_epoch;
   std::uint64_t m_steps = 0;

@@ -41,6 +41,7 @@ struct StepReport {
   // (those the lost devices had run or held). Empty and 0 in a step where nothing failed.
   std::vector<std::string> excluded_devices;
   std::uint64_t rerun_chunks = 0;
+  bool placed_by_cost = false;  // placed by learnt batch-position costs (RuntimeOptions::cost_by_position)
 };
 
 // Sums step reports into one (an epoch): times and counts add, utilization is recomputed from the sums.

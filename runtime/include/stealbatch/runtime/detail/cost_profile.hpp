@@ -1,0 +1,76 @@
+// Costs that belong to batch positions, told apart from the devices' speeds.
+//
+// Placement by samples/s assumes every sample costs the same. When the cost depends on where a sample sits in the
+// batch (a loader that builds each batch from several sources in fixed proportions, or sorts by length), a device
+// whose share holds the costly part measures slow, the next step gives it fewer samples and its costly part to
+// someone else, and the placement chases its own tail. This model fits, from the chunk times of the last steps,
+//   time of a chunk on device d = (sum of its positions' costs) / speed of d,
+// with the costs per position and the speeds per device both unknown. Speeds come from positions that ran on two
+// devices (in one step and another, or a chunk and a later steal of the same positions): the ratio of their
+// times per sample is the ratio of the devices' speeds. Over a graph of such pairs the log speeds are a least
+// squares fit (a Laplacian system, solved directly). Costs are then each position's recent times times the speed
+// of the device that ran it, mean 1 over the batch.
+//
+// The runtime places by it only when it earns it: before learning from a step, both models predict that step's
+// chunk times (out of sample), and the profile is used for the next step only if its mean squared log error is
+// under half that of samples/s, and samples/s was off by more than 10% (RMS). With equal sample costs (seed-slow,
+// hetero) samples/s is exact and stays; with costs drawn afresh per step (varcost) a position's past says nothing
+// and samples/s stays too.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace stealbatch::detail {
+
+class CostProfile {
+ public:
+  // The largest device count it models (a dense n x n system per step); above it, placement is by samples/s.
+  static constexpr std::size_t kMaxDevices = 256;
+
+  struct ChunkTime {
+    std::uint32_t begin = 0;   // first batch position
+    std::uint32_t size = 0;    // samples
+    std::uint32_t device = 0;  // where it ran
+    double seconds = 0;        // its time on that device (<= 0: unknown, ignored)
+  };
+
+  // Learns from one step. flat_speeds: the samples/s per device the step was placed with (empty: none yet).
+  void observe(std::size_t batch, std::size_t devices, std::span<const ChunkTime> chunks, std::span<const double> flat_speeds);
+  // Whether the next step, of `batch` samples on `devices` devices, should be placed by position costs.
+  bool active(std::size_t batch, std::size_t devices) const noexcept;
+  // Relative cost per batch position (mean 1), and each device's speed in those units per second.
+  std::span<const double> costs() const noexcept { return m_cost; }
+  std::span<const double> speeds() const noexcept { return m_speed; }
+  // The last step's out-of-sample mean squared log errors of the chunk times (negative: not measured).
+  double error_by_position() const noexcept { return m_err_profile; }
+  double error_by_samples() const noexcept { return m_err_flat; }
+  void reset();
+
+ private:
+  static constexpr std::size_t kRing = 4;  // observations kept per position (steps)
+  std::size_t m_batch = 0, m_devices = 0;
+  std::vector<std::uint32_t> m_obs_device;  // [position * kRing + k]
+  std::vector<float> m_obs_log_tau;         // log(seconds per sample) of that observation
+  std::vector<std::uint32_t> m_obs_count;   // per position, observations so far
+  std::vector<double> m_pair_weight, m_pair_sum;  // n x n: pairs seen, and their summed log speed differences
+  std::vector<double> m_log_speed;
+  std::vector<double> m_cost, m_speed;
+  double m_err_profile = -1, m_err_flat = -1;
+  bool m_active = false;
+};
+
+// Splits positions [0, costs.size()) into contiguous ranges whose costs are in proportion to `weights` (each
+// boundary at the position nearest its share of the cumulative cost). Weights: finite, >= 0, not all 0.
+std::vector<std::pair<std::uint32_t, std::uint32_t>> split_by_cost(std::span<const double> costs, std::span<const double> weights);
+
+// Cuts one device's share, positions [begin, end), into chunks: chunks of `target` cost while more than two are
+// left, then halves of what is left, down to `floor` (the factoring of guided self-scheduling), each chunk
+// ending at the position nearest its cost. Empty `costs`: every position costs 1. Appends each chunk's size.
+void cut_share(std::uint32_t begin, std::uint32_t end, double target, double floor, std::span<const double> costs,
+               std::vector<std::uint32_t>& sizes);
+
+}  // namespace stealbatch::detail

@@ -1,0 +1,230 @@
+// Position costs and device speeds from chunk times (see cost_profile.hpp).
+#include <stealbatch/runtime/detail/cost_profile.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace stealbatch::detail {
+
+namespace {
+
+// A pair seen k steps ago weighs kDecay^k: old pairs fade as speeds drift, and about ten steps' pairs hold
+// the fit together while a settled placement moves few positions between devices.
+constexpr double kDecay = 0.8;
+// Use the profile when samples/s was off by more than 10% (RMS of log errors) and the profile halved its squared error.
+constexpr double kFlatErrorFloor = 0.01;
+constexpr double kMustBeBetter = 0.5;
+
+// Solves A x = b for a symmetric positive definite n x n matrix (row-major) in place; false if a pivot is not positive.
+bool cholesky_solve(std::vector<double>& a, std::vector<double>& b, std::size_t n) {
+  for (std::size_t j = 0; j < n; ++j) {
+    double d = a[j * n + j];
+    for (std::size_t k = 0; k < j; ++k) d -= a[j * n + k] * a[j * n + k];
+    if (!(d > 0)) return false;
+    const double l = std::sqrt(d);
+    a[j * n + j] = l;
+    for (std::size_t i = j + 1; i < n; ++i) {
+      double s = a[i * n + j];
+      for (std::size_t k = 0; k < j; ++k) s -= a[i * n + k] * a[j * n + k];
+      a[i * n + j] = s / l;
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {  // L y = b
+    double s = b[i];
+    for (std::size_t k = 0; k < i; ++k) s -= a[i * n + k] * b[k];
+    b[i] = s / a[i * n + i];
+  }
+  for (std::size_t i = n; i-- > 0;) {  // L^T x = y
+    double s = b[i];
+    for (std::size_t k = i + 1; k < n; ++k) s -= a[k * n + i] * b[k];
+    b[i] = s / a[i * n + i];
+  }
+  return true;
+}
+
+}  // namespace
+
+void CostProfile::reset() {
+  m_batch = m_devices = 0;
+  m_obs_device.clear(), m_obs_log_tau.clear(), m_obs_count.clear();
+  m_pair_weight.clear(), m_pair_sum.clear(), m_log_speed.clear();
+  m_cost.clear(), m_speed.clear();
+  m_err_profile = m_err_flat = -1;
+  m_active = false;
+}
+
+bool CostProfile::active(std::size_t batch, std::size_t devices) const noexcept {
+  return m_active && batch == m_batch && devices == m_devices && m_cost.size() == batch && m_speed.size() == devices;
+}
+
+void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<const ChunkTime> chunks, std::span<const double> flat_speeds) {
+  m_active = false;
+  if (devices == 0 || devices > kMaxDevices || batch == 0) {
+    reset();
+    return;
+  }
+  const std::size_t n = devices;
+  if (n != m_devices) {
+    reset();
+    m_devices = n;
+    m_pair_weight.assign(n * n, 0.0), m_pair_sum.assign(n * n, 0.0), m_log_speed.assign(n, 0.0);
+  }
+  if (batch != m_batch) {  // positions of another batch size are other positions
+    m_batch = batch;
+    m_obs_device.assign(batch * kRing, 0), m_obs_log_tau.assign(batch * kRing, 0.0f), m_obs_count.assign(batch, 0);
+    m_cost.clear(), m_speed.clear();
+  }
+  auto valid = [&](const ChunkTime& c) {
+    return c.seconds > 0 && std::isfinite(c.seconds) && c.size > 0 && c.device < n && std::size_t{c.begin} + c.size <= batch;
+  };
+
+  // 1. Out of sample: how well each model, as it stood, predicted this step's chunk times.
+  m_err_profile = m_err_flat = -1;
+  bool flat_known = flat_speeds.size() == n;
+  for (double v : flat_speeds) flat_known = flat_known && v > 0 && std::isfinite(v);
+  if (flat_known && m_cost.size() == batch && m_speed.size() == n) {
+    double ep = 0, ef = 0;
+    std::size_t k = 0;
+    for (const ChunkTime& c : chunks) {
+      if (!valid(c)) continue;
+      double cost = 0;
+      for (std::uint32_t x = c.begin; x < c.begin + c.size; ++x) cost += m_cost[x];
+      const double lp = std::log(c.seconds * m_speed[c.device] / std::max(cost, 1e-300));
+      const double lf = std::log(c.seconds * flat_speeds[c.device] / c.size);
+      ep += lp * lp, ef += lf * lf, ++k;
+    }
+    if (k > 0) m_err_profile = ep / static_cast<double>(k), m_err_flat = ef / static_cast<double>(k);
+  }
+
+  // 2. Pairs: a position this step ran on device d, and in an earlier step on d': their times per sample differ
+  // by log speed(d) - log speed(d') when the position costs the same both times.
+  for (double& w : m_pair_weight) w *= kDecay;
+  for (double& s : m_pair_sum) s *= kDecay;
+  for (const ChunkTime& c : chunks) {
+    if (!valid(c)) continue;
+    const auto lt = static_cast<float>(std::log(c.seconds / c.size));
+    for (std::uint32_t x = c.begin; x < c.begin + c.size; ++x) {
+      const std::size_t have = std::min<std::size_t>(m_obs_count[x], kRing);
+      for (std::size_t k = 0; k < have; ++k) {
+        const std::uint32_t other = m_obs_device[x * kRing + k];
+        if (other == c.device) continue;
+        const double diff = m_obs_log_tau[x * kRing + k] - lt;  // log speed(d) - log speed(other)
+        m_pair_weight[c.device * n + other] += 1, m_pair_weight[other * n + c.device] += 1;
+        m_pair_sum[c.device * n + other] += diff, m_pair_sum[other * n + c.device] -= diff;
+      }
+    }
+  }
+  for (const ChunkTime& c : chunks) {  // then this step's observations join the ring
+    if (!valid(c)) continue;
+    const auto lt = static_cast<float>(std::log(c.seconds / c.size));
+    for (std::uint32_t x = c.begin; x < c.begin + c.size; ++x) {
+      const std::size_t slot = x * kRing + m_obs_count[x] % kRing;
+      m_obs_device[slot] = c.device, m_obs_log_tau[slot] = lt;
+      ++m_obs_count[x];
+    }
+  }
+
+  // 3. The log speeds: minimize sum over pairs of w (phi_d - phi_d' - mean difference)^2, a Laplacian system.
+  // The fit fixes speeds only up to a common factor, and only within a connected set of devices: a tiny pull
+  // towards the last solution pins the common factor, and a graph in pieces leaves the profile unused.
+  std::vector<bool> seen(n, false);
+  std::vector<std::size_t> stack{0};
+  seen[0] = true;
+  std::size_t reached = 1;
+  while (!stack.empty()) {
+    const std::size_t d = stack.back();
+    stack.pop_back();
+    for (std::size_t e = 0; e < n; ++e) {
+      if (!seen[e] && m_pair_weight[d * n + e] > 0) seen[e] = true, ++reached, stack.push_back(e);
+    }
+  }
+  const bool connected = reached == n;
+  std::vector<double> a(n * n, 0.0), b(n, 0.0);
+  double trace = 0;
+  for (std::size_t d = 0; d < n; ++d) {
+    for (std::size_t e = 0; e < n; ++e) {
+      if (e == d) continue;
+      a[d * n + e] = -m_pair_weight[d * n + e];
+      a[d * n + d] += m_pair_weight[d * n + e];
+      b[d] += m_pair_sum[d * n + e];
+    }
+    trace += a[d * n + d];
+  }
+  const double pull = 1e-9 * trace / static_cast<double>(n) + 1e-12;
+  for (std::size_t d = 0; d < n; ++d) a[d * n + d] += pull, b[d] += pull * m_log_speed[d];
+  if (!cholesky_solve(a, b, n)) {
+    reset();
+    return;
+  }
+  const double mean = std::accumulate(b.begin(), b.end(), 0.0) / static_cast<double>(n);
+  for (std::size_t d = 0; d < n; ++d) m_log_speed[d] = b[d] - mean;
+
+  // 4. Costs: each position's recent times per sample times the speed of the device that ran them, mean 1.
+  m_cost.assign(batch, 0.0);
+  double total = 0;
+  for (std::size_t x = 0; x < batch; ++x) {
+    const std::size_t have = std::min<std::size_t>(m_obs_count[x], kRing);
+    if (have == 0) continue;
+    double s = 0;
+    for (std::size_t k = 0; k < have; ++k) s += std::exp(m_obs_log_tau[x * kRing + k] + m_log_speed[m_obs_device[x * kRing + k]]);
+    m_cost[x] = s / static_cast<double>(have);
+    total += m_cost[x];
+  }
+  if (!(total > 0) || !std::isfinite(total)) {
+    reset();
+    return;
+  }
+  const double scale = static_cast<double>(batch) / total;
+  bool unseen = false;
+  for (std::size_t x = 0; x < batch; ++x) {
+    if (m_obs_count[x] == 0) unseen = true;
+    m_cost[x] *= scale;
+  }
+  m_speed.resize(n);
+  for (std::size_t d = 0; d < n; ++d) m_speed[d] = std::exp(m_log_speed[d]) * scale;
+  m_active = connected && !unseen && m_err_flat > kFlatErrorFloor && m_err_profile >= 0 && m_err_profile < kMustBeBetter * m_err_flat;
+}
+
+}  // namespace stealbatch::detail
+
+namespace stealbatch::detail {
+
+std::vector<std::pair<std::uint32_t, std::uint32_t>> split_by_cost(std::span<const double> costs, std::span<const double> weights) {
+  const double wsum = std::accumulate(weights.begin(), weights.end(), 0.0);
+  const double total = std::accumulate(costs.begin(), costs.end(), 0.0);
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> out(weights.size());
+  std::size_t at = 0;
+  double before = 0, wanted = 0;  // the cost of [0, at), and the cumulative share up to this device
+  for (std::size_t d = 0; d < weights.size(); ++d) {
+    wanted += weights[d] / wsum * total;
+    const std::size_t begin = at;
+    if (d + 1 == weights.size()) {
+      at = costs.size();
+    } else {
+      // Take a position while that leaves the cumulative cost nearer the wanted one.
+      while (at < costs.size() && before + costs[at] / 2 < wanted) before += costs[at++];
+    }
+    out[d] = {static_cast<std::uint32_t>(begin), static_cast<std::uint32_t>(at)};
+  }
+  return out;
+}
+
+void cut_share(std::uint32_t begin, std::uint32_t end, double target, double floor, std::span<const double> costs,
+               std::vector<std::uint32_t>& sizes) {
+  auto cost = [&](std::uint32_t x) { return costs.empty() ? 1.0 : costs[x]; };
+  double left = 0;
+  for (std::uint32_t x = begin; x < end; ++x) left += cost(x);
+  for (std::uint32_t at = begin; at < end;) {
+    const double want = left > 2 * target ? target : std::max(floor, costs.empty() ? std::ceil(left / 2) : left / 2);  // flat: whole samples, as before
+    std::uint32_t size = 0;
+    double got = 0;
+    // At least one position; then a position while that leaves the chunk's cost nearer the wanted one.
+    while (at + size < end && (size == 0 || got + cost(at + size) / 2 < want)) got += cost(at + size++);
+    sizes.push_back(size);
+    at += size;
+    left -= got;
+  }
+}
+
+}  // namespace stealbatch::detail
