@@ -156,6 +156,10 @@ int main(int argc, char** argv) {
   std::size_t in_flight = 2;
   app.add_option("--in-flight", in_flight, "chunks a simulated device has launched and not finished, as on a GPU stream (1: synchronous)")
       ->check(CLI::Range(1, 16))->capture_default_str();
+  double lead_us = RuntimeOptions{}.sim_launch_lead * 1e6;
+  app.add_option("--launch-lead-us", lead_us,
+                 "a device takes its next chunk when its queued work ends within this many us (0: as soon as fewer than --in-flight are queued)")
+      ->check(CLI::Range(0.0, 1e6))->capture_default_str();
   app.add_option("--json", json_path, "write the rows as JSON to this file");
   bool overhead = false;
   std::string trace_dir;
@@ -185,8 +189,8 @@ int main(int argc, char** argv) {
 
   const auto [jit50, jit99] = timer_jitter_us();
   std::printf("# stealbench, stealbatch %s: batch %zu, chunk %zu, %zu warm-up + %zu timed steps per row, %.1f us per sample at speed 1, "
-              "%zu chunk%s in flight per device\n",
-              kVersionString, batch, chunk, warmup, steps, sample_seconds * 1e6, in_flight, in_flight == 1 ? "" : "s");
+              "%zu chunk%s in flight per device, the next taken %.0f us before the queue runs out\n",
+              kVersionString, batch, chunk, warmup, steps, sample_seconds * 1e6, in_flight, in_flight == 1 ? "" : "s", lead_us);
   std::printf("# timer overshoot of a 1 ms sleep on this machine: median %.1f us, p99 %.1f us (the ideal does not include it)\n", jit50, jit99);
   std::printf("# stolen inputs: %.0f bytes per sample over %.0f GB/s + %.0f us; AllReduce: %.0f MB at busbw %.0f GB/s, ring model\n",
               bytes_per_sample, link_gbps, latency_us, allreduce_mb, busbw_gbps);
@@ -261,6 +265,7 @@ int main(int argc, char** argv) {
           ps.options.sim_allreduce_bytes = allreduce_mb * 1e6;
           ps.options.sim_busbw = busbw_gbps * 1e9;
           ps.options.in_flight = in_flight;
+          ps.options.sim_launch_lead = lead_us * 1e-6;
           // The ring AllReduce floor of nccl-tests' PERFORMANCE.md, plus its latency: part of the ideal.
           const double nd = static_cast<double>(n);
           const double t_ar = allreduce_mb > 0 ? 2.0 * (nd - 1.0) / nd * allreduce_mb * 1e6 / (busbw_gbps * 1e9) + latency_us * 1e-6 : 0.0;

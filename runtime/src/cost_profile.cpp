@@ -47,7 +47,7 @@ bool cholesky_solve(std::vector<double>& a, std::vector<double>& b, std::size_t 
 
 void CostProfile::reset() {
   m_batch = m_devices = 0;
-  m_obs_device.clear(), m_obs_log_tau.clear(), m_obs_count.clear();
+  m_obs_device.clear(), m_obs_tau.clear(), m_obs_log_tau.clear(), m_obs_count.clear();
   m_pair_weight.clear(), m_pair_sum.clear(), m_log_speed.clear();
   m_cost.clear(), m_speed.clear();
   m_err_profile = m_err_flat = -1;
@@ -72,7 +72,8 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
   }
   if (batch != m_batch) {  // positions of another batch size are other positions
     m_batch = batch;
-    m_obs_device.assign(batch * kRing, 0), m_obs_log_tau.assign(batch * kRing, 0.0f), m_obs_count.assign(batch, 0);
+    m_obs_device.assign(batch * kRing, 0), m_obs_count.assign(batch, 0);
+    m_obs_tau.assign(batch * kRing, 0.0f), m_obs_log_tau.assign(batch * kRing, 0.0f);
     m_cost.clear(), m_speed.clear();
   }
   auto valid = [&](const ChunkTime& c) {
@@ -98,29 +99,30 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
   }
 
   // 2. Pairs: a position this step ran on device d, and in an earlier step on d': their times per sample differ
-  // by log speed(d) - log speed(d') when the position costs the same both times.
+  // by log speed(d) - log speed(d') when the position costs the same both times. Kept one-sided here (the pair
+  // (d, d') in row d only); the system below adds both directions.
   for (double& w : m_pair_weight) w *= kDecay;
   for (double& s : m_pair_sum) s *= kDecay;
   for (const ChunkTime& c : chunks) {
     if (!valid(c)) continue;
-    const auto lt = static_cast<float>(std::log(c.seconds / c.size));
+    const float tau = static_cast<float>(c.seconds / c.size), lt = std::log(tau);
+    double* weight = &m_pair_weight[std::size_t{c.device} * n];
+    double* sum = &m_pair_sum[std::size_t{c.device} * n];
     for (std::uint32_t x = c.begin; x < c.begin + c.size; ++x) {
       const std::size_t have = std::min<std::size_t>(m_obs_count[x], kRing);
       for (std::size_t k = 0; k < have; ++k) {
         const std::uint32_t other = m_obs_device[x * kRing + k];
         if (other == c.device) continue;
-        const double diff = m_obs_log_tau[x * kRing + k] - lt;  // log speed(d) - log speed(other)
-        m_pair_weight[c.device * n + other] += 1, m_pair_weight[other * n + c.device] += 1;
-        m_pair_sum[c.device * n + other] += diff, m_pair_sum[other * n + c.device] -= diff;
+        weight[other] += 1, sum[other] += m_obs_log_tau[x * kRing + k] - lt;  // log speed(d) - log speed(other)
       }
     }
   }
   for (const ChunkTime& c : chunks) {  // then this step's observations join the ring
     if (!valid(c)) continue;
-    const auto lt = static_cast<float>(std::log(c.seconds / c.size));
+    const float tau = static_cast<float>(c.seconds / c.size), lt = std::log(tau);
     for (std::uint32_t x = c.begin; x < c.begin + c.size; ++x) {
       const std::size_t slot = x * kRing + m_obs_count[x] % kRing;
-      m_obs_device[slot] = c.device, m_obs_log_tau[slot] = lt;
+      m_obs_device[slot] = c.device, m_obs_tau[slot] = tau, m_obs_log_tau[slot] = lt;
       ++m_obs_count[x];
     }
   }
@@ -136,7 +138,7 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
     const std::size_t d = stack.back();
     stack.pop_back();
     for (std::size_t e = 0; e < n; ++e) {
-      if (!seen[e] && m_pair_weight[d * n + e] > 0) seen[e] = true, ++reached, stack.push_back(e);
+      if (!seen[e] && m_pair_weight[d * n + e] + m_pair_weight[e * n + d] > 0) seen[e] = true, ++reached, stack.push_back(e);
     }
   }
   const bool connected = reached == n;
@@ -145,9 +147,10 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
   for (std::size_t d = 0; d < n; ++d) {
     for (std::size_t e = 0; e < n; ++e) {
       if (e == d) continue;
-      a[d * n + e] = -m_pair_weight[d * n + e];
-      a[d * n + d] += m_pair_weight[d * n + e];
-      b[d] += m_pair_sum[d * n + e];
+      const double w = m_pair_weight[d * n + e] + m_pair_weight[e * n + d];
+      a[d * n + e] = -w;
+      a[d * n + d] += w;
+      b[d] += m_pair_sum[d * n + e] - m_pair_sum[e * n + d];
     }
     trace += a[d * n + d];
   }
@@ -161,13 +164,15 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
   for (std::size_t d = 0; d < n; ++d) m_log_speed[d] = b[d] - mean;
 
   // 4. Costs: each position's recent times per sample times the speed of the device that ran them, mean 1.
+  std::vector<double> speed(n);
+  for (std::size_t d = 0; d < n; ++d) speed[d] = std::exp(m_log_speed[d]);
   m_cost.assign(batch, 0.0);
   double total = 0;
   for (std::size_t x = 0; x < batch; ++x) {
     const std::size_t have = std::min<std::size_t>(m_obs_count[x], kRing);
     if (have == 0) continue;
     double s = 0;
-    for (std::size_t k = 0; k < have; ++k) s += std::exp(m_obs_log_tau[x * kRing + k] + m_log_speed[m_obs_device[x * kRing + k]]);
+    for (std::size_t k = 0; k < have; ++k) s += m_obs_tau[x * kRing + k] * speed[m_obs_device[x * kRing + k]];
     m_cost[x] = s / static_cast<double>(have);
     total += m_cost[x];
   }
@@ -182,7 +187,7 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
     m_cost[x] *= scale;
   }
   m_speed.resize(n);
-  for (std::size_t d = 0; d < n; ++d) m_speed[d] = std::exp(m_log_speed[d]) * scale;
+  for (std::size_t d = 0; d < n; ++d) m_speed[d] = speed[d] * scale;
   m_active = connected && !unseen && m_err_flat > kFlatErrorFloor && m_err_profile >= 0 && m_err_profile < kMustBeBetter * m_err_flat;
 }
 
@@ -216,7 +221,7 @@ void cut_share(std::uint32_t begin, std::uint32_t end, double target, double flo
   double left = 0;
   for (std::uint32_t x = begin; x < end; ++x) left += cost(x);
   for (std::uint32_t at = begin; at < end;) {
-    const double want = left > 2 * target ? target : std::max(floor, costs.empty() ? std::ceil(left / 2) : left / 2);  // flat: whole samples, as before
+    const double want = left > kTailChunks * target ? target : std::max(floor, costs.empty() ? std::ceil(left / kTailChunks) : left / kTailChunks);
     std::uint32_t size = 0;
     double got = 0;
     // At least one position; then a position while that leaves the chunk's cost nearer the wanted one.

@@ -54,6 +54,8 @@ struct alignas(detail::kCacheLine) Runtime::Replica {
   Clock::duration finish{};
   Clock::time_point device_end{};  // the end of the device's last chunk this step, on its own timeline (if it keeps one)
   Clock::duration update{};         // its part of the fused update this step (shared host parameters)
+  Clock::time_point ready{};        // simulated devices: when it was ready for the AllReduce this step
+  Clock::duration ar_wait{};        // simulated devices: how long it slept out the AllReduce for all (0 for all but one)
   double live_factor = 1.0;         // this step: how much slower than measured its own chunks now run (see kSlowedDown)
   double last_ratio = 0.0;          // this step: its last own chunk's time over what its measured speed predicted
   // The stall watchdog's view, written by the device's worker and read by the caller's thread: when the chunk
@@ -120,6 +122,9 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
   if (m_options.in_flight < 1 || m_options.in_flight > 16) {
     throw ConfigError("in_flight = " + std::to_string(m_options.in_flight) + "; valid range is [1, 16]");
   }
+  if (!std::isfinite(m_options.sim_launch_lead) || m_options.sim_launch_lead < 0 || m_options.sim_launch_lead > 1) {
+    throw ConfigError("sim_launch_lead = " + std::to_string(m_options.sim_launch_lead) + " s; valid range is [0, 1]");
+  }
   if (m_options.input_bytes > (std::size_t{1} << 30)) {
     throw ConfigError("input_bytes = " + std::to_string(m_options.input_bytes) + "; valid range is [0, 1073741824]");
   }
@@ -156,7 +161,7 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
       // A simulated device's speed is its spec'd speed divided by its slowdown factor.
       m_devices.push_back(std::make_unique<SimDevice>(i, spec.speeds[i] / f, m_options.sim_sample_seconds, m_options.sim_sample_cost));
       static_cast<SimDevice&>(*m_devices.back()).set_link(m_options.sim_bytes_per_sample, m_options.sim_link_bw, m_options.sim_link_latency);
-      static_cast<SimDevice&>(*m_devices.back()).set_in_flight(m_options.in_flight);
+      static_cast<SimDevice&>(*m_devices.back()).set_in_flight(m_options.in_flight, m_options.sim_launch_lead);
       if (m_options.sim_speed_factor) {
         static_cast<SimDevice&>(*m_devices.back()).set_speed_factor([this, i](std::uint64_t step, double t) {
           return m_options.sim_speed_factor(i, step, t);
@@ -326,7 +331,7 @@ std::vector<double> Runtime::throughput_estimates() const {
     std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2), sorted.end());
     out.push_back(sorted[sorted.size() / 2]);
   }
-  return out;
+  return detail::pooled_speeds(out, m_speed_history);
 }
 
 std::uint64_t Runtime::trace_events_dropped() const noexcept { return m_trace ? m_trace->dropped() : 0; }
@@ -387,11 +392,10 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     std::vector<std::uint32_t> sizes;
     for (std::size_t d = 0; d < n; ++d) {
       ranges[d].begin = static_cast<ChunkId>(spans.size());
-      // Full chunks while more than two are left, then halves of what is left (the factoring of guided
-      // self-scheduling): the owner ends its share, and thieves (who take from the high end) start, on small
-      // chunks, so the step's tail is a fraction of a chunk instead of a whole one, at the cost of
-      // two or three more chunks per device (halving stops at a quarter chunk). Measured on varcost (stealbench, 4 devices, three runs each):
-      // efficiency 0.956-0.963 with it, 0.941-0.950 without; seed-skew unchanged within noise.
+      // Full chunks until the share's end, which is cut finer (detail::kTailChunks): the owner ends its share, and
+      // thieves (who take from the high end) start, on small chunks, so the step's tail is a fraction of a chunk
+      // instead of a whole one, at the cost of a few more chunks per device (down to a quarter chunk). With the halves
+      // of the last two chunks only, varcost at 4 devices was 0.956-0.963 (0.941-0.950 with none); see kTailChunks.
       const double floor = by_cost ? own_cost[d] / 4 : static_cast<double>(std::max<std::size_t>(1, size_of[d] / 4));
       sizes.clear();
       detail::cut_share(share[d].first, share[d].second, own_cost[d], floor, position_cost, sizes);
@@ -456,7 +460,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   if (m_grads_dirty) {  // after compute_gradient() or a failed step; a completed step() leaves them zeroed
     m_sched->broadcast([&](std::size_t d) { m_devices[d]->zero_grad(); });
   }
-  for (auto& r : m_replicas) r->loss = 0, r->samples = 0, r->device_end = {}, r->live_factor = 1.0, r->last_ratio = 0.0;
+  for (auto& r : m_replicas) r->loss = 0, r->samples = 0, r->device_end = {}, r->live_factor = 1.0, r->last_ratio = 0.0, r->ar_wait = {};
   m_grads_dirty = true;
 
   for (auto& d : m_devices) d->reset_cancel(), d->begin_step(m_steps + 1, t_start);
@@ -580,6 +584,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   const float scale = 1.0f / static_cast<float>(samples.size());
   const bool update = reduce_to == Reduce::kUpdate, sliced = reduce_to != Reduce::kSum;
   if (update && m_lr_pending) m_shared_optimizer->set_lr(m_options.optimizer.lr), m_lr_pending = false;  // set since the last update
+  m_ar_arrived.store(0, std::memory_order_relaxed);  // published to the workers by the broadcast that follows
   const StepStats reduce = m_sched->broadcast([&](std::size_t d) {
     Device& dev = *m_devices[d];
     const WatchStamp stamp(m_replicas[d]->chunk_started_ns, m_replicas[d]->current_chunk, kReductionPhase, m_epoch);  // the watchdog covers the reduction too
@@ -599,8 +604,20 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     } else {
       m_comm->allreduce_sum(d, bufs, count);
     }
-    if (m_sim_allreduce_s > 0) {  // the ring model, cancellable like any simulated wait
-      dev.sleep_until_or_cancel(Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(m_sim_allreduce_s)));
+    if (m_sim_allreduce_s > 0) {
+      // The ring model: the AllReduce starts when the last device is ready and ends the same time later for all.
+      // One worker sleeps it out for all, the last to get here; the others go on with their slices. (Every worker
+      // sleeping to the same instant woke 32 threads at once on two cores: 0.3 ms a step at 32 devices.)
+      // acq_rel: each worker's ready time, written before its increment, is visible to the worker whose increment
+      // is the last one (a release sequence on one counter); a step that fails before it is never the last.
+      m_replicas[d]->ready = Clock::now();
+      if (m_ar_arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == m_devices.size()) {
+        Clock::time_point latest{};
+        for (const auto& r : m_replicas) latest = std::max(latest, r->ready);
+        const auto s0 = Clock::now();
+        dev.sleep_until_or_cancel(latest + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(m_sim_allreduce_s)));
+        m_replicas[d]->ar_wait = Clock::now() - s0;
+      }
     }
     if (sliced) {
       const auto u0 = Clock::now();
@@ -637,7 +654,8 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     const double finish_s = seconds(m_replicas[d]->finish);
     const double chunks_s = own ? *own : seconds(wc.busy) + finish_s;
     // Busy: its chunks and the rest of its part of the AllReduce (as a GPU's utilization counts its NCCL kernels).
-    dr.busy_s = chunks_s + std::max(0.0, seconds(reduce.workers[d].busy) - finish_s);
+    // A simulated device's AllReduce counts once for every device, whichever worker slept it out.
+    dr.busy_s = chunks_s + std::max(0.0, seconds(reduce.workers[d].busy) - finish_s - seconds(m_replicas[d]->ar_wait)) + m_sim_allreduce_s;
     // Waiting for the others: from its last chunk's end (on the device's own timeline when it keeps one, where
     // the last chunk may end after the worker's last call returned) to the end of the chunk phase.
     if (wc.chunks_run == 0) {

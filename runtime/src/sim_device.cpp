@@ -30,9 +30,11 @@ void SimDevice::begin_step(std::uint64_t step, std::chrono::steady_clock::time_p
   m_step_seconds = 0;
 }
 
-void SimDevice::set_in_flight(std::size_t k) {
+void SimDevice::set_in_flight(std::size_t k, double lead) {
   if (k < 1 || k > 16) throw ConfigError("in_flight = " + std::to_string(k) + "; valid range is [1, 16]");
+  if (!std::isfinite(lead) || lead < 0 || lead > 1) throw ConfigError("sim_launch_lead = " + std::to_string(lead) + " s; valid range is [0, 1]");
   m_in_flight = k;
+  m_lead = std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(lead));
 }
 
 void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
@@ -61,13 +63,19 @@ void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   m_running[(m_head + m_count++) % m_running.size()] = end;
   ctx.device_begin = start;
   ctx.device_end = end;
-  // Return once fewer than m_in_flight chunks are unfinished (with 1: once this one is done).
-  while (m_count >= m_in_flight) {
-    if (!sleep_until_or_cancel(m_running[m_head])) {
+  // Return once fewer than m_in_flight chunks are unfinished (with 1: once this one is done), and, with a lead,
+  // once the queued work ends within the lead: one sleep, until the later of the two.
+  for (;;) {
+    const auto now = Clock::now();
+    while (m_count > 0 && m_running[m_head] <= now) m_head = (m_head + 1) % m_running.size(), --m_count;
+    if (m_count == 0) return;
+    const bool full = m_count >= m_in_flight;
+    const auto due = m_lead > Clock::duration::zero() ? last_end() - m_lead : now;  // when only the lead is left
+    if (!full && due <= now) return;
+    if (!sleep_until_or_cancel(std::max(full ? m_running[m_head] : now, due))) {
       m_count = 0;  // cancelled by the watchdog: the step fails, nothing of it is left to finish
       return;
     }
-    m_head = (m_head + 1) % m_running.size(), --m_count;
   }
 }
 

@@ -136,15 +136,16 @@ TEST_CASE("CostProfile.SplitsByCostAndCutsChunksByCost") {
   CHECK(split_by_cost(std::vector<double>(10, 1.0), std::vector<double>{0, 1, 0}) == std::vector<Range>{{0, 0}, {0, 10}, {10, 10}});
   CHECK(split_by_cost(std::vector<double>{1, 1, 1, 1, 6}, std::vector<double>{1, 1}) == std::vector<Range>{{0, 4}, {4, 5}});
 
-  // Equal costs: exactly the rule of whole samples (full chunks while more than two are left, then halves of what
-  // is left rounded up, down to the floor), for every share and chunk size.
+  // Equal costs: exactly the rule in whole samples (full chunks while more than kTailChunks chunks are left, then
+  // a kTailChunks-th of what is left rounded up, down to the floor), for every share and chunk size.
   for (std::uint32_t share = 1; share <= 150; ++share) {
     for (std::size_t chunk = 1; chunk <= 40; ++chunk) {
       std::vector<std::uint32_t> got, want;
       const std::size_t floor = std::max<std::size_t>(1, chunk / 4);
       cut_share(100, 100 + share, static_cast<double>(chunk), static_cast<double>(floor), {}, got);
       for (std::size_t left = share; left > 0;) {
-        const std::size_t size = left > 2 * chunk ? chunk : std::min(left, std::max(floor, (left + 1) / 2));
+        constexpr auto tail = static_cast<std::size_t>(detail::kTailChunks);
+        const std::size_t size = left > tail * chunk ? chunk : std::min(left, std::max(floor, (left + tail - 1) / tail));
         want.push_back(static_cast<std::uint32_t>(size));
         left -= size;
       }
@@ -153,15 +154,16 @@ TEST_CASE("CostProfile.SplitsByCostAndCutsChunksByCost") {
       REQUIRE(got == want);
     }
   }
-  // By cost: where samples cost 4, a chunk of cost 16 holds 4 of them; where they cost 1, 16. The last ones halve.
-  std::vector<double> cost(128, 1.0);
+  // By cost: where samples cost 4, a chunk of cost 16 holds 4 of them; where they cost 1, 16. The end gets finer.
+  std::vector<double> cost(256, 1.0);
   std::fill(cost.begin(), cost.begin() + 32, 4.0);
   std::vector<std::uint32_t> sizes;
-  cut_share(0, 128, 16.0, 4.0, cost, sizes);
-  REQUIRE(sizes.size() >= 4);
-  CHECK(std::vector<std::uint32_t>(sizes.begin(), sizes.begin() + 4) == std::vector<std::uint32_t>{4, 4, 4, 4});
-  CHECK(std::accumulate(sizes.begin(), sizes.end(), 0u) == 128);
-  CHECK(sizes.back() <= 8);
+  cut_share(0, 256, 16.0, 4.0, cost, sizes);
+  REQUIRE(sizes.size() >= 10);
+  CHECK(std::vector<std::uint32_t>(sizes.begin(), sizes.begin() + 9) == std::vector<std::uint32_t>{4, 4, 4, 4, 4, 4, 4, 4, 16});
+  CHECK(std::accumulate(sizes.begin(), sizes.end(), 0u) == 256);
+  CHECK(sizes.back() <= 4);  // the floor, or what is left
+  CHECK(std::is_sorted(sizes.begin() + 8, sizes.end(), std::greater<>()));
 }
 
 TEST_CASE("CostProfile.RuntimePlacesByCostWhenTheBatchCostsByPosition") {

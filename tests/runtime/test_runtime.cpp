@@ -346,6 +346,27 @@ TEST_CASE("Runtime.SpeedSharesGiveUncertainSlowDevicesAMargin") {
   CHECK(w[0] == doctest::Approx(100));
 }
 
+TEST_CASE("Runtime.SpeedsThatDifferByTheirNoiseArePooled") {
+  using detail::pooled_speeds;
+  // Four equal devices whose samples/s vary +-8% from step to step (random sample costs): the medians differ
+  // only by chance, and every device gets their common (geometric) mean.
+  const std::vector<std::vector<double>> noisy = {{100, 92, 108, 95, 104}, {104, 96, 110, 99, 93}, {97, 106, 91, 101, 108}, {94, 103, 99, 107, 92}};
+  const std::vector<double> medians = {100, 99, 101, 99};
+  auto v = pooled_speeds(medians, noisy);
+  for (double x : v) CHECK(x == doctest::Approx(std::exp((std::log(100) + 2 * std::log(99) + std::log(101)) / 4)));
+  // Really different speeds (hetero: 1, 0.8, 0.5, 0.25) with the same noise: kept within a fraction of a percent.
+  const std::vector<double> hetero = {1000, 800, 500, 250};
+  std::vector<std::vector<double>> h(4);
+  for (std::size_t d = 0; d < 4; ++d) {
+    for (double f : {1.0, 0.92, 1.08, 0.95, 1.04}) h[d].push_back(hetero[d] * f);
+  }
+  v = pooled_speeds(hetero, h);
+  for (std::size_t d = 0; d < 4; ++d) CHECK(v[d] == doctest::Approx(hetero[d]).epsilon(0.005));
+  // Windows too short to tell noise from speed: untouched.
+  v = pooled_speeds(medians, std::vector<std::vector<double>>{{100, 92}, {104, 96}, {97, 106}, {94, 103}});
+  CHECK(v == medians);
+}
+
 TEST_CASE("Runtime.DataSlownessTellsCostlySamplesFromASlowDevice") {
   using detail::data_slowness;
   // Chunks taken from the device's share ran 6-7x slower on their thieves than the thieves' speed predicts: its

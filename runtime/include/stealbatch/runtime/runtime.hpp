@@ -12,6 +12,7 @@
 #include <stealbatch/scheduler/scheduler.hpp>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -34,8 +35,8 @@ enum class PlacementPolicy { kEqual, kThroughput, kGiven, kPreviousStep };
 // kFixed: every chunk holds chunk_size samples (the last may hold fewer). kBySpeed (with kThroughput placement and
 // stealing, once speeds are measured): each device's samples are cut into chunks sized to its speed, chunk_size
 // on the fastest device and proportionally fewer (at least 1) on slower ones, so every chunk takes about as long;
-// the last two chunks of each device's share are cut in halves of what is left, down to a quarter chunk, so the step ends on
-// small chunks.
+// the end of each device's share (its last six chunks' worth) is cut finer, each chunk a sixth of what is left, down
+// to a quarter chunk, so the step ends on small chunks (detail::kTailChunks).
 enum class ChunkSizing { kFixed, kBySpeed };
 
 // kOn: once devices' speeds are measured, a slow device stops taking chunks when the faster ones would finish
@@ -90,6 +91,11 @@ struct RuntimeOptions {
   std::function<void(std::uint32_t sample, std::byte* dst)> gather{};
   std::size_t in_flight = 2;                       // GPU and simulated devices: chunks launched and not yet finished, [1, 16]
                                                    // (a worker may wait for in_flight - 1 chunks at once: keep stall_timeout above that)
+  // Simulated devices: a worker takes its next chunk only when the work its device has queued would run out
+  // within this many seconds (and fewer than in_flight are queued), so chunks stay in the deques, where idle
+  // devices can steal them, until just before they are needed. 0: as soon as fewer than in_flight are queued.
+  // The 0.5 ms default is several timer overshoots (median 48 us, p99 92 us on the 2-core build machine). [0, 1].
+  double sim_launch_lead = 0.5e-3;
   // The stall watchdog: a step in which some device has been inside one chunk for longer than stall_timeout
   // seconds fails with a TimeoutError, and that device's waits are cancelled. (0, 86400]; default 10 minutes.
   double stall_timeout = 600;
@@ -157,7 +163,8 @@ class Runtime {
   // The full-batch mean gradient of the last compute_gradient().
   std::span<const float> gradient() const noexcept { return m_mean_grad; }
   const RuntimeOptions& options() const noexcept { return m_options; }
-  // The current placement weights (samples/s per device); empty before the first step.
+  // The current placement weights (samples/s per device: each device's median, pooled where the devices differ no
+  // more than their noise, see detail::pooled_speeds); empty before the first step.
   std::vector<double> throughput_estimates() const;
   std::uint64_t trace_events_dropped() const noexcept;
 
@@ -199,6 +206,7 @@ class Runtime {
   bool m_is_sim = false;
   bool m_host_devices = false;  // CPU or simulated devices: a chunk's time is known when its call returns
   double m_sim_allreduce_s = 0;    // the simulated AllReduce time per step (ring model)
+  std::atomic<std::size_t> m_ar_arrived{0};  // simulated devices: workers ready for this step's AllReduce
   mutable std::vector<float> m_host_params;  // parameters()' copy
   // Host devices (CPU, simulated) share one copy of the parameters and one optimizer: each device's worker reduces
   // and updates its own slice of them in one phase, instead of every device updating a full replica of its own.

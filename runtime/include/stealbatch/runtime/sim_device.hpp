@@ -34,8 +34,10 @@ class SimDevice final : public Device {
   // Chunks launched and not yet finished, as on a GPU stream (1: each run_chunk() returns when its chunk is done).
   // The device runs its chunks back to back on a timeline of its own: a chunk starts when it is launched or when
   // the one before it ends, whichever is later, so a worker that wakes late (timer overshoot, a busy core) costs
-  // the device nothing while a launched chunk is still queued. Set before the runtime runs; [1, 16].
-  void set_in_flight(std::size_t k);
+  // the device nothing while a launched chunk is still queued. With a lead > 0, run_chunk() also returns only
+  // once the queued work would run out within `lead` seconds: the worker then takes its next chunk just in time,
+  // and until then the chunk stays where a thief can take it. Set before the runtime runs; k in [1, 16], lead in [0, 1].
+  void set_in_flight(std::size_t k, double lead = 0.0);
   void finish_chunks() override;
   double queued_seconds() const override;
   std::optional<double> step_device_seconds() const override { return m_step_seconds; }
@@ -48,6 +50,7 @@ class SimDevice final : public Device {
   std::function<double(std::uint64_t, double)> m_factor;
   double m_bytes_per_sample = 0, m_link_bw = 1, m_latency = 0;
   std::size_t m_in_flight = 1;
+  std::chrono::steady_clock::duration m_lead{};
   // Worker-thread state: the end times of the launched, unfinished chunks, a ring of at most m_in_flight (<= 16),
   // oldest at m_head. A fixed ring: the chunk path allocates nothing.
   std::array<std::chrono::steady_clock::time_point, 16> m_running{};

@@ -65,4 +65,44 @@ inline double data_slowness(std::span<const double> stolen_ratios) {
   return std::isfinite(m) && m >= kFloor ? m : 1.0;
 }
 
+// Pools speeds that differ by no more than their noise. Each device's speed is the median of its window; when
+// the devices' medians differ about as much as one device's measurements vary from step to step (samples of
+// random cost: every device measures a little fast or slow by chance), the differences are noise, and placing by
+// them only makes the step uneven. An empirical Bayes estimate on log speeds: the spread between the devices
+// beyond what their own noise explains (tau^2), and each device's median pulled towards the mean of all by
+// se^2 / (se^2 + tau^2), se^2 its window's variance over its size. Devices of really different speeds (tau much
+// larger than se) keep theirs; windows under three values are not pooled. Measured with stealbench varcost
+// (equal devices, lognormal costs), three interleaved runs each, medians: 0.963 -> 0.966 at 16 devices, 0.930 ->
+// 0.940 at 32; the other scenarios within noise.
+inline std::vector<double> pooled_speeds(std::span<const double> medians, std::span<const std::vector<double>> history) {
+  const std::size_t n = medians.size();
+  std::vector<double> out(medians.begin(), medians.end());
+  if (n < 2 || history.size() != n) return out;
+  std::vector<double> loc(n), se2(n);
+  for (std::size_t d = 0; d < n; ++d) {
+    const std::vector<double>& h = history[d];
+    if (h.size() < 3 || !(medians[d] > 0)) return out;
+    double mean = 0, var = 0;
+    for (double x : h) {
+      if (!(x > 0)) return out;
+      mean += std::log(x);
+    }
+    mean /= static_cast<double>(h.size());
+    for (double x : h) var += (std::log(x) - mean) * (std::log(x) - mean);
+    var /= static_cast<double>(h.size() - 1);
+    loc[d] = std::log(medians[d]);
+    se2[d] = var / static_cast<double>(h.size());
+  }
+  const double grand = std::accumulate(loc.begin(), loc.end(), 0.0) / static_cast<double>(n);
+  double between = 0, noise = 0;
+  for (std::size_t d = 0; d < n; ++d) between += (loc[d] - grand) * (loc[d] - grand), noise += se2[d];
+  between /= static_cast<double>(n - 1), noise /= static_cast<double>(n);
+  const double tau2 = std::max(0.0, between - noise);
+  for (std::size_t d = 0; d < n; ++d) {
+    const double keep = tau2 + se2[d] > 0 ? tau2 / (tau2 + se2[d]) : 1.0;
+    out[d] = std::exp(grand + keep * (loc[d] - grand));
+  }
+  return out;
+}
+
 }  // namespace stealbatch::detail
