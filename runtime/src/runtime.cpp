@@ -610,7 +610,10 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
       // sleeping to the same instant woke 32 threads at once on two cores: 0.3 ms a step at 32 devices.)
       // acq_rel: each worker's ready time, written before its increment, is visible to the worker whose increment
       // is the last one (a release sequence on one counter); a step that fails before it is never the last.
-      m_replicas[d]->ready = Clock::now();
+      // Ready: when the worker issued its part (the reduction phase reached it) or its last chunk ended on the
+      // device's timeline, whichever is later, as a GPU stream starts a collective queued behind a kernel; not
+      // when a worker woke from waiting for that chunk (a host thread's lateness, not the device's).
+      m_replicas[d]->ready = std::max(f0, m_replicas[d]->device_end);
       if (m_ar_arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == m_devices.size()) {
         Clock::time_point latest{};
         for (const auto& r : m_replicas) latest = std::max(latest, r->ready);
