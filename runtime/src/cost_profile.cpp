@@ -47,7 +47,8 @@ bool cholesky_solve(std::vector<double>& a, std::vector<double>& b, std::size_t 
 
 void CostProfile::reset() {
   m_batch = m_devices = 0;
-  m_obs_device.clear(), m_obs_tau.clear(), m_obs_log_tau.clear(), m_obs_count.clear();
+  for (auto& step : m_ring) step.clear();
+  m_ring_size = m_ring_next = 0;
   m_pair_weight.clear(), m_pair_sum.clear(), m_log_speed.clear();
   m_cost.clear(), m_speed.clear();
   m_err_profile = m_err_flat = -1;
@@ -72,8 +73,8 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
   }
   if (batch != m_batch) {  // positions of another batch size are other positions
     m_batch = batch;
-    m_obs_device.assign(batch * kRing, 0), m_obs_count.assign(batch, 0);
-    m_obs_tau.assign(batch * kRing, 0.0f), m_obs_log_tau.assign(batch * kRing, 0.0f);
+    for (auto& step : m_ring) step.clear();
+    m_ring_size = m_ring_next = 0;
     m_cost.clear(), m_speed.clear();
   }
   auto valid = [&](const ChunkTime& c) {
@@ -85,12 +86,13 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
   bool flat_known = flat_speeds.size() == n;
   for (double v : flat_speeds) flat_known = flat_known && v > 0 && std::isfinite(v);
   if (flat_known && m_cost.size() == batch && m_speed.size() == n) {
+    std::vector<double> before(batch + 1, 0.0);  // prefix sums of the costs: a chunk's cost in O(1)
+    for (std::size_t x = 0; x < batch; ++x) before[x + 1] = before[x] + m_cost[x];
     double ep = 0, ef = 0;
     std::size_t k = 0;
     for (const ChunkTime& c : chunks) {
       if (!valid(c)) continue;
-      double cost = 0;
-      for (std::uint32_t x = c.begin; x < c.begin + c.size; ++x) cost += m_cost[x];
+      const double cost = before[c.begin + c.size] - before[c.begin];
       const double lp = std::log(c.seconds * m_speed[c.device] / std::max(cost, 1e-300));
       const double lf = std::log(c.seconds * flat_speeds[c.device] / c.size);
       ep += lp * lp, ef += lf * lf, ++k;
@@ -98,34 +100,36 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
     if (k > 0) m_err_profile = ep / static_cast<double>(k), m_err_flat = ef / static_cast<double>(k);
   }
 
-  // 2. Pairs: a position this step ran on device d, and in an earlier step on d': their times per sample differ
-  // by log speed(d) - log speed(d') when the position costs the same both times. Kept one-sided here (the pair
-  // (d, d') in row d only); the system below adds both directions.
-  for (double& w : m_pair_weight) w *= kDecay;
-  for (double& s : m_pair_sum) s *= kDecay;
+  // 2. Pairs: positions this step ran on device d that an earlier step ran on d': their times per sample differ
+  // by log speed(d) - log speed(d') when the positions cost the same both times. Chunk against chunk (two sorted
+  // lists of ranges, merged), weighted by the positions they share; kept one-sided here (row d only), the system
+  // below adds both directions.
+  std::vector<Seen> now;
+  now.reserve(chunks.size());
   for (const ChunkTime& c : chunks) {
     if (!valid(c)) continue;
-    const float tau = static_cast<float>(c.seconds / c.size), lt = std::log(tau);
-    double* weight = &m_pair_weight[std::size_t{c.device} * n];
-    double* sum = &m_pair_sum[std::size_t{c.device} * n];
-    for (std::uint32_t x = c.begin; x < c.begin + c.size; ++x) {
-      const std::size_t have = std::min<std::size_t>(m_obs_count[x], kRing);
-      for (std::size_t k = 0; k < have; ++k) {
-        const std::uint32_t other = m_obs_device[x * kRing + k];
-        if (other == c.device) continue;
-        weight[other] += 1, sum[other] += m_obs_log_tau[x * kRing + k] - lt;  // log speed(d) - log speed(other)
+    const double tau = c.seconds / c.size;
+    now.push_back({c.begin, c.begin + c.size, c.device, tau, std::log(tau)});
+  }
+  std::sort(now.begin(), now.end(), [](const Seen& a, const Seen& b) { return a.begin < b.begin; });
+  for (double& w : m_pair_weight) w *= kDecay;
+  for (double& s : m_pair_sum) s *= kDecay;
+  for (std::size_t k = 0; k < m_ring_size; ++k) {
+    const std::vector<Seen>& then = m_ring[k];
+    for (std::size_t i = 0, j = 0; i < now.size() && j < then.size();) {
+      const Seen &a = now[i], &b = then[j];
+      const std::uint32_t lo = std::max(a.begin, b.begin), hi = std::min(a.end, b.end);
+      if (hi > lo && a.device != b.device) {
+        const double w = hi - lo;
+        m_pair_weight[std::size_t{a.device} * n + b.device] += w;
+        m_pair_sum[std::size_t{a.device} * n + b.device] += w * (b.log_tau - a.log_tau);  // log speed(a) - log speed(b)
       }
+      (a.end <= b.end ? i : j) += 1;
     }
   }
-  for (const ChunkTime& c : chunks) {  // then this step's observations join the ring
-    if (!valid(c)) continue;
-    const float tau = static_cast<float>(c.seconds / c.size), lt = std::log(tau);
-    for (std::uint32_t x = c.begin; x < c.begin + c.size; ++x) {
-      const std::size_t slot = x * kRing + m_obs_count[x] % kRing;
-      m_obs_device[slot] = c.device, m_obs_tau[slot] = tau, m_obs_log_tau[slot] = lt;
-      ++m_obs_count[x];
-    }
-  }
+  m_ring[m_ring_next] = std::move(now);  // this step joins the last kRing
+  m_ring_next = (m_ring_next + 1) % kRing;
+  m_ring_size = std::min(m_ring_size + 1, kRing);
 
   // 3. The log speeds: minimize sum over pairs of w (phi_d - phi_d' - mean difference)^2, a Laplacian system.
   // The fit fixes speeds only up to a common factor, and only within a connected set of devices: a tiny pull
@@ -166,14 +170,29 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
   // 4. Costs: each position's recent times per sample times the speed of the device that ran them, mean 1.
   std::vector<double> speed(n);
   for (std::size_t d = 0; d < n; ++d) speed[d] = std::exp(m_log_speed[d]);
+  // Sums over the ranges as difference arrays (O(chunks + batch)): each range adds its cost and a count from its
+  // first position and takes them back after its last.
+  std::vector<double> add(batch + 1, 0.0);
+  std::vector<int> count(batch + 1, 0);
+  for (std::size_t k = 0; k < m_ring_size; ++k) {
+    for (const Seen& c : m_ring[k]) {
+      const double cost = c.tau * speed[c.device];
+      add[c.begin] += cost, add[c.end] -= cost, ++count[c.begin], --count[c.end];
+    }
+  }
+  std::array<double, kRing + 1> inverse{};  // a position is seen at most once a step, so at most kRing times
+  for (std::size_t k = 1; k <= kRing; ++k) inverse[k] = 1.0 / static_cast<double>(k);
   m_cost.assign(batch, 0.0);
-  double total = 0;
+  double total = 0, running = 0;
+  int times = 0;
+  bool unseen = false;
   for (std::size_t x = 0; x < batch; ++x) {
-    const std::size_t have = std::min<std::size_t>(m_obs_count[x], kRing);
-    if (have == 0) continue;
-    double s = 0;
-    for (std::size_t k = 0; k < have; ++k) s += m_obs_tau[x * kRing + k] * speed[m_obs_device[x * kRing + k]];
-    m_cost[x] = s / static_cast<double>(have);
+    running += add[x], times += count[x];
+    if (times <= 0 || times > static_cast<int>(kRing)) {
+      unseen = true;  // never seen, or (more than kRing) chunks of one step that overlap: no profile to place by
+      continue;
+    }
+    m_cost[x] = std::max(0.0, running) * inverse[static_cast<std::size_t>(times)];
     total += m_cost[x];
   }
   if (!(total > 0) || !std::isfinite(total)) {
@@ -181,11 +200,7 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
     return;
   }
   const double scale = static_cast<double>(batch) / total;
-  bool unseen = false;
-  for (std::size_t x = 0; x < batch; ++x) {
-    if (m_obs_count[x] == 0) unseen = true;
-    m_cost[x] *= scale;
-  }
+  for (double& c : m_cost) c *= scale;
   m_speed.resize(n);
   for (std::size_t d = 0; d < n; ++d) m_speed[d] = speed[d] * scale;
   m_active = connected && !unseen && m_err_flat > kFlatErrorFloor && m_err_profile >= 0 && m_err_profile < kMustBeBetter * m_err_flat;

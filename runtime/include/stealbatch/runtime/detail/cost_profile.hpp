@@ -18,6 +18,7 @@
 // and samples/s stays too.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -53,9 +54,14 @@ class CostProfile {
  private:
   static constexpr std::size_t kRing = 4;  // observations kept per position (steps)
   std::size_t m_batch = 0, m_devices = 0;
-  std::vector<std::uint32_t> m_obs_device;  // [position * kRing + k]
-  std::vector<float> m_obs_tau, m_obs_log_tau;  // seconds per sample of that observation, and its log
-  std::vector<std::uint32_t> m_obs_count;   // per position, observations so far
+  // The chunks of the last kRing steps (valid ones, sorted by position): positions [begin, end), the device, and
+  // its seconds per sample (and their log).
+  struct Seen {
+    std::uint32_t begin, end, device;
+    double tau, log_tau;
+  };
+  std::array<std::vector<Seen>, kRing> m_ring;
+  std::size_t m_ring_size = 0, m_ring_next = 0;
   // n x n, row d: pairs seen of d with each other device, and their summed log speed differences (d's minus the other's)
   std::vector<double> m_pair_weight, m_pair_sum;
   std::vector<double> m_log_speed;
