@@ -210,7 +210,13 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
   const double scale = static_cast<double>(batch) / total;
   for (double& c : m_cost) c *= scale;
   m_speed.resize(n);
-  for (std::size_t d = 0; d < n; ++d) m_speed[d] = speed[d] * scale;
+  for (std::size_t d = 0; d < n; ++d) {
+    m_speed[d] = speed[d] * scale;
+    if (!std::isfinite(m_speed[d]) || !(m_speed[d] > 0)) {  // a fit thrown off by absurd times: start over
+      reset();
+      return;
+    }
+  }
   m_active = connected && !unseen && m_err_flat > kFlatErrorFloor && m_err_profile >= 0 && m_err_profile < kMustBeBetter * m_err_flat;
 }
 

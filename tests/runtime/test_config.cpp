@@ -53,6 +53,8 @@ TEST_CASE("Config.EveryFieldOutsideItsRangeNamesFieldAndValue") {
       {"weight_decay", "1", [](RuntimeOptions& o) { o.optimizer.weight_decay = 1; }},
       {"in_flight", "0", [](RuntimeOptions& o) { o.in_flight = 0; }},
       {"in_flight", "17", [](RuntimeOptions& o) { o.in_flight = 17; }},
+      {"sim_launch_lead", "-0.001", [](RuntimeOptions& o) { o.sim_launch_lead = -1e-3; }},
+      {"sim_launch_lead", "nan", [nan](RuntimeOptions& o) { o.sim_launch_lead = nan; }},
       {"input_bytes", "2147483648", [](RuntimeOptions& o) { o.input_bytes = std::size_t{1} << 31; }},
       {"input_bytes", "16", [](RuntimeOptions& o) { o.input_bytes = 16; }},  // no gather function
       {"stall_timeout", "0", [](RuntimeOptions& o) { o.stall_timeout = 0; }},

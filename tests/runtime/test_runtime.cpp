@@ -295,6 +295,32 @@ TEST_CASE("Runtime.SimDeviceWithChunksInFlightAbsorbsALateWorker") {
   CHECK_THROWS_AS(SimDevice(0, 1.0, 1e-3).set_in_flight(0), ConfigError);
 }
 
+TEST_CASE("Runtime.SimDeviceTakesItsNextChunkJustInTime") {
+  // Two in flight, a 10 ms chunk launched on an idle device. Without a lead the call returns at once (a slot is
+  // free), and the worker would take its next chunk now, 10 ms early, out of the thieves' reach; with a 2 ms lead
+  // it returns when the queued chunk has 2 ms left.
+  using Wall = std::chrono::steady_clock;
+  const std::vector<std::uint32_t> sample = {0};
+  auto first_return_ms = [&](double lead) {
+    SimDevice dev(0, /*speed=*/1.0, /*sample_seconds=*/10e-3);
+    dev.set_in_flight(2, lead);
+    dev.begin_step(1, Wall::now());
+    ChunkContext ctx;
+    ctx.samples = sample;
+    const auto t0 = Wall::now();
+    dev.run_chunk(ctx, [](ChunkContext&) {});
+    const double ms = std::chrono::duration<double, std::milli>(Wall::now() - t0).count();
+    if (lead > 0) CHECK(dev.queued_seconds() <= lead + 1e-4);  // what it still has queued is within the lead
+    dev.finish_chunks();
+    return ms;
+  };
+  const double eager = first_return_ms(0.0), just_in_time = first_return_ms(2e-3);
+  CHECK(eager < 5.0);
+  CHECK(just_in_time >= 7.9);
+  CHECK(just_in_time < 10.0 + 5.0);
+  CHECK_THROWS_AS(SimDevice(0, 1.0, 1e-3).set_in_flight(2, -1.0), ConfigError);
+}
+
 TEST_CASE("Runtime.ADeviceThatSlowsDownMidStepDoesNotEndTheStepLate") {
   // Two equal simulated devices, 1 ms chunks. In step 3, 5 ms in, device 0 drops to a tenth of its speed: its
   // chunks now take 10 ms. Its first two slow chunks tell the runtime so, and the end game stops it taking chunks once
