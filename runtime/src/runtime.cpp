@@ -693,7 +693,8 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   }
   rep.placed_by_cost = by_cost;
   for (std::size_t c = 0; c < chunks; ++c) {
-    if (!stolen_ratio.empty() && excluded.empty() && ran_on[c] != home[c] && stolen_ratio[c] > 0) {
+    // (Placed by cost, the ratios are against chunk costs, about 1: not the samples/s ratios this window holds.)
+    if (!stolen_ratio.empty() && excluded.empty() && !by_cost && ran_on[c] != home[c] && stolen_ratio[c] > 0) {
       std::vector<double>& h = m_stolen_slowness[home[c]];
       if (h.size() >= kSlownessWindow) h.erase(h.begin());
       h.push_back(stolen_ratio[c]);

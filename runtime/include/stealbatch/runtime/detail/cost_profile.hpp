@@ -5,9 +5,9 @@
 // whose share holds the costly part measures slow, the next step gives it fewer samples and its costly part to
 // someone else, and the placement chases its own tail. This model fits, from the chunk times of the last steps,
 //   time of a chunk on device d = (sum of its positions' costs) / speed of d,
-// with the costs per position and the speeds per device both unknown. Speeds come from positions that ran on two
-// devices (in one step and another, or a chunk and a later steal of the same positions): the ratio of their
-// times per sample is the ratio of the devices' speeds. Over a graph of such pairs the log speeds are a least
+// with the costs per position and the speeds per device both unknown. Speeds come from positions that ran on one
+// device in one step and on another in a later one (the placement moves, thieves take the ends of shares): the
+// ratio of their times per sample is the ratio of the devices' speeds. Over a graph of such pairs the log speeds are a least
 // squares fit (a Laplacian system, solved directly). Costs are then each position's recent times times the speed
 // of the device that ran it, mean 1 over the batch.
 //
@@ -29,8 +29,9 @@ namespace stealbatch::detail {
 
 class CostProfile {
  public:
-  // The largest device count it models (a dense n x n system per step); above it, placement is by samples/s.
-  static constexpr std::size_t kMaxDevices = 256;
+  // The largest device count it models (a dense n x n system, solved on the caller's thread when it is in use;
+  // measured to 64 devices); above it, placement is by samples/s.
+  static constexpr std::size_t kMaxDevices = 64;
 
   struct ChunkTime {
     std::uint32_t begin = 0;   // first batch position
