@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -40,6 +41,19 @@ std::vector<CostProfile::ChunkTime> synthetic_step(const std::vector<double>& co
   return out;
 }
 
+// Feeds `steps` synthetic steps to a profile, shares shifted by `shift` positions a step, each step compared against
+// the samples/s of the one before (as the runtime places it); calls after(step) after each.
+void feed(CostProfile& p, const std::vector<double>& cost, const std::vector<double>& speed, std::size_t steps, std::size_t shift,
+          std::uint64_t seed, const std::function<void(std::size_t)>& after = {}) {
+  std::mt19937_64 rng(seed);
+  std::vector<double> flat, placed_with;
+  for (std::size_t step = 0; step < steps; ++step) {
+    p.observe(cost.size(), speed.size(), synthetic_step(cost, speed, step * shift, 0.02, rng, flat), placed_with);
+    if (after) after(step);
+    placed_with = flat;
+  }
+}
+
 }  // namespace
 
 TEST_CASE("CostProfile.TellsCostlyPositionsFromSlowDevices") {
@@ -49,13 +63,7 @@ TEST_CASE("CostProfile.TellsCostlyPositionsFromSlowDevices") {
   for (std::size_t x = 0; x < batch; ++x) cost[x] = x < batch / 2 ? 1.0 : 0.15;
   const std::vector<double> speed = {1.0, 0.5, 0.25, 1.0};
   CostProfile p;
-  std::mt19937_64 rng(1);
-  std::vector<double> flat, placed_with;
-  for (std::size_t step = 0; step < 8; ++step) {
-    const auto times = synthetic_step(cost, speed, step * 37, 0.02, rng, flat);
-    p.observe(batch, speed.size(), times, placed_with);
-    placed_with = flat;
-  }
+  feed(p, cost, speed, 8, 37, 1);
   REQUIRE(p.active(batch, speed.size()));
   CHECK_FALSE(p.active(batch + 1, speed.size()));  // another batch size: other positions
   CHECK_FALSE(p.active(batch, speed.size() + 1));
@@ -78,14 +86,7 @@ TEST_CASE("CostProfile.StaysUnusedWhereSamplesPerSecondIsRight") {
   const std::size_t batch = 512;
   const std::vector<double> cost(batch, 1.0), speed = {1.0, 0.8, 0.5, 0.25};
   CostProfile p;
-  std::mt19937_64 rng(2);
-  std::vector<double> flat, placed_with;
-  for (std::size_t step = 0; step < 10; ++step) {
-    const auto times = synthetic_step(cost, speed, step * 37, 0.02, rng, flat);
-    p.observe(batch, speed.size(), times, placed_with);
-    CHECK_FALSE(p.active(batch, speed.size()));
-    placed_with = flat;
-  }
+  feed(p, cost, speed, 10, 37, 2, [&](std::size_t) { CHECK_FALSE(p.active(batch, speed.size())); });
   CHECK(p.error_by_samples() >= 0);
   CHECK(p.error_by_samples() < 0.01);
 }
@@ -119,14 +120,7 @@ TEST_CASE("CostProfile.DevicesThatNeverShareAPositionAreNotCompared") {
   for (std::size_t x = 0; x < batch; ++x) cost[x] = (x / 16) % 2 == 0 ? 1.0 : 0.2;
   const std::vector<double> speed = {1.0, 0.5};
   CostProfile p;
-  std::mt19937_64 rng(4);
-  std::vector<double> flat, placed_with;
-  for (std::size_t step = 0; step < 6; ++step) {
-    p.observe(batch, 2, synthetic_step(cost, speed, 0, 0.02, rng, flat), placed_with);
-    CAPTURE(step);
-    CHECK_FALSE(p.active(batch, 2));
-    placed_with = flat;
-  }
+  feed(p, cost, speed, 6, 0, 4, [&](std::size_t) { CHECK_FALSE(p.active(batch, 2)); });
   CHECK(p.error_by_samples() > 0.1);  // samples/s is far off: only the missing comparison keeps the profile off
 }
 
