@@ -217,10 +217,6 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
   m_active = connected && !unseen && m_err_flat > kFlatErrorFloor && m_err_profile >= 0 && m_err_profile < kMustBeBetter * m_err_flat;
 }
 
-}  // namespace stealbatch::detail
-
-namespace stealbatch::detail {
-
 std::vector<std::pair<std::uint32_t, std::uint32_t>> split_by_cost(std::span<const double> costs, std::span<const double> weights) {
   const double wsum = std::accumulate(weights.begin(), weights.end(), 0.0);
   const double total = std::accumulate(costs.begin(), costs.end(), 0.0);

@@ -7,9 +7,9 @@
 //   time of a chunk on device d = (sum of its positions' costs) / speed of d,
 // with the costs per position and the speeds per device both unknown. Speeds come from positions that ran on one
 // device in one step and on another in a later one (the placement moves, thieves take the ends of shares): the
-// ratio of their times per sample is the ratio of the devices' speeds. Over a graph of such pairs the log speeds are a least
-// squares fit (a Laplacian system, solved directly). Costs are then each position's recent times times the speed
-// of the device that ran it, mean 1 over the batch.
+// ratio of their times per sample is the ratio of the devices' speeds. Over a graph of such pairs the log speeds
+// are a least-squares fit (a Laplacian system, solved directly). Costs are then each position's recent times
+// times the speed of the device that ran it, mean 1 over the batch.
 //
 // The runtime places by it only when it earns it: before learning from a step, both models predict that step's
 // chunk times (out of sample), and the profile is used for the next step only if its mean squared log error is
@@ -53,7 +53,7 @@ class CostProfile {
   void reset();
 
  private:
-  static constexpr std::size_t kRing = 4;  // observations kept per position (steps)
+  static constexpr std::size_t kRing = 4;  // steps whose chunks are kept: at most kRing observations of a position
   std::size_t m_batch = 0, m_devices = 0;
   // The chunks of the last kRing steps (valid ones, sorted by position): positions [begin, end), the device, and
   // its seconds per sample (and their log).
