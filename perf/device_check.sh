@@ -6,9 +6,10 @@
 #
 # Steps: 1 nvidia-smi and the GPU tests; 2 GPU-vs-CPU gradient equivalence (MLP, CNN); 3 MLP and CNN samples/s
 # on one GPU against PyTorch (perf/torch_ref.py, same model, batch and precision, same run); 4 vgpu with unequal
-# parts: static vs steal vs the ideal; 5 the NCCL AllReduce time; then the examples on the GPU. Writes
-# device_check.log, gpu_check.json, torch_ref.json and device_check.json under $OUT (or ./device_check_out) and
-# prints the summary table last. Exit status: 0 when every target holds.
+# parts: static vs steal vs the ideal; 5 the NCCL AllReduce time; then the examples on the GPU; 6 stealbench at
+# 16 and 32 simulated devices on this machine's cores (no GPU: the build machine has two cores for 32 device
+# threads). Writes device_check.log, gpu_check.json, torch_ref.json, stealbench16/32.json and device_check.json
+# under $OUT (or ./device_check_out) and prints the summary table last. Exit status: 0 when every target holds.
 set -uo pipefail
 PACK=$(cd "${1:-.devpack}" && pwd)
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -62,6 +63,13 @@ say "examples on the GPU"
 run 150 "$PACK/bin/mlp" --data "$PACK/data" --devices cuda:0 --chunk 256 --epochs 10 --json "$OUT/mlp_gpu.json"
 run 150 "$PACK/bin/mlp" --data "$PACK/data" --devices vgpu:64,16,16,16 --hidden 2048,2048 --batch 8192 --chunk 256 --epochs 1 --compare
 run 200 "$PACK/bin/cnn" --data "$PACK/data" --devices cuda:0 --chunk 64 --json "$OUT/cnn_gpu.json"
+
+say "6. stealbench: 16 and 32 simulated devices on $(nproc) cores (no GPU)"
+for spec in "16 4096" "32 8192"; do
+  set -- $spec
+  run 120 "$PACK/bin/stealbench" --scenario seed-slow,seed-skew,hetero,varcost,slowdown --policy static,lbbsp,steal-adaptive \
+    --devices "$1" --batch "$2" --overhead --json "$OUT/stealbench$1.json" 2>/dev/null
+done
 
 say "summary"
 python3 "$REPO/perf/device_check_summary.py" "$OUT" || fails=$((fails + 1))

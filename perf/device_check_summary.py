@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Joins gpu_check.json and torch_ref.json into the device check's summary table and JSON, with the targets.
+"""Joins gpu_check.json, torch_ref.json and stealbench16/32.json into the device check's summary table and JSON,
+with the targets.
 
-  python3 perf/device_check_summary.py OUT_DIR     (reads OUT_DIR/gpu_check.json, OUT_DIR/torch_ref.json)
+  python3 perf/device_check_summary.py OUT_DIR     (reads those files in OUT_DIR)
 """
 import json
 import os
@@ -50,6 +51,28 @@ def main():
         add("vgpu", "missing", "", False)
     for a in g.get("allreduce", []):
         add(f"allreduce {a['buffer']} ({a['floats']} floats, {a['ranks']} rank)", f"{a['us_median']:.1f} us", "(reported)", None)
+    # stealbench on this machine's cores (simulated devices): issue 4's targets for steal-adaptive.
+    benches = {}
+    for n in (16, 32):
+        path = os.path.join(out, f"stealbench{n}.json")
+        if os.path.exists(path):
+            benches[n] = load(path) or []
+        else:
+            add(f"stealbench {n} devices", "missing", "", False)
+    for n, recs in benches.items():
+        by = {(r.get("scenario"), r.get("policy")): r for r in recs if isinstance(r, dict)}
+        for sc in ("seed-slow", "seed-skew", "hetero", "varcost", "slowdown"):
+            ours, lb = by.get((sc, "steal-adaptive")), by.get((sc, "lbbsp"))
+            if not ours:
+                add(f"stealbench {n} {sc}", "missing", ">= 0.95", False)
+                continue
+            over = ours.get("overhead_pct")
+            fig = f"{ours['efficiency']:.3f}, overhead {over:.2f}%" if over is not None else f"{ours['efficiency']:.3f}"
+            add(f"stealbench {n} {sc} steal-adaptive efficiency", fig, ">= 0.95", ours["efficiency"] >= 0.95 and ours.get("wrong", 1) == 0)
+            if lb and sc in ("varcost", "slowdown", "hetero"):
+                x = lb["step_ms_median"] / ours["step_ms_median"]
+                bar = 0.98 if sc == "hetero" else 1.2
+                add(f"stealbench {n} {sc} vs lbbsp", f"{x:.3f}x (lbbsp efficiency {lb['efficiency']:.3f})", f">= {bar}x", x >= bar)
     w = max(len(r[0]) for r in rows)
     fw = max(len(r[1]) for r in rows)
     print(f"{'check':<{w}}  {'figure':<{fw}}  {'target':<14}  verdict")
