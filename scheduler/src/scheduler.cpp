@@ -106,7 +106,7 @@ Scheduler::~Scheduler() {
   }
 }
 
-StepStats Scheduler::run(std::span<const ChunkRange> placement, ChunkFn fn) {
+StepStats Scheduler::run(std::span<const ChunkRange> placement, ChunkFn fn, const std::function<void()>& meanwhile) {
   check_range("placement.size()", placement.size(), m_workers.size(), m_workers.size());
   std::uint64_t total = 0;
   for (const ChunkRange& r : placement) {
@@ -118,7 +118,7 @@ StepStats Scheduler::run(std::span<const ChunkRange> placement, ChunkFn fn) {
     m_scratch.resize(placement[w].size());
     for (std::size_t i = 0; i < m_scratch.size(); ++i) m_scratch[i] = static_cast<ChunkId>(placement[w].end - 1 - i);
   });
-  return launch(total, fn);
+  return launch(total, fn, meanwhile);
 }
 
 StepStats Scheduler::run(std::span<const std::vector<ChunkId>> placement, ChunkFn fn) {
@@ -259,10 +259,11 @@ void Scheduler::place_scratch(std::size_t w, std::uint64_t total) {
   q.push_bulk(m_scratch);
 }
 
-StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn) {
+StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn, const std::function<void()>& meanwhile) {
   StepStats stats;
   stats.chunks = chunks;
   if (chunks == 0) {
+    if (meanwhile) meanwhile();  // nothing to overlap it with; an exception is the step's as above
     stats.workers.resize(m_workers.size());
     return stats;
   }
@@ -284,6 +285,14 @@ StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn) {
   // Release: pairs with the workers' acquire loads of m_step_seq.
   m_step_seq.fetch_add(1, std::memory_order_release);
   m_event.notify_all();
+  if (meanwhile) {
+    // The caller's own work while the workers run; it touches nothing of the step's (the workers own that now).
+    try {
+      meanwhile();
+    } catch (...) {
+      fail_step(std::current_exception());
+    }
+  }
 
   // Acquire: pairs with each worker's release decrement, so their counters and deques are settled.
   if (m_watch_check) {

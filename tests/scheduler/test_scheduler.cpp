@@ -258,6 +258,53 @@ TEST_CASE("Scheduler.BroadcastRunsOnceOnEveryWorkerThread") {
   CHECK(after.load() == 5);
 }
 
+
+TEST_CASE("Scheduler.MeanwhileRunsOnTheCallerWhileTheWorkersRun") {
+  Scheduler sched({.workers = 4});
+  const std::thread::id caller = std::this_thread::get_id();
+  // Overlap: every chunk waits (bounded) for `meanwhile` to have started, and `meanwhile` waits for a chunk to have
+  // started. Run one after the other, either wait would time out.
+  std::atomic<bool> learning{false}, chunk_started{false}, gave_up{false};
+  std::atomic<int> calls{0}, chunks_run{0};
+  std::thread::id where{};
+  bool saw_a_chunk = false;
+  std::vector<std::atomic<int>> runs(40);
+  (void)sched.run(
+      place_equal(40, 4),
+      [&](std::size_t, ChunkId c) {
+        chunk_started.store(true);
+        if (!gave_up.load() && !wait_for([&] { return learning.load(); }, 5s)) gave_up.store(true);
+        runs[c].fetch_add(1);
+        chunks_run.fetch_add(1);
+      },
+      [&] {
+        calls.fetch_add(1);
+        where = std::this_thread::get_id();
+        learning.store(true);
+        saw_a_chunk = wait_for([&] { return chunk_started.load(); }, 5s);
+      });
+  CHECK(calls.load() == 1);
+  CHECK(where == caller);
+  CHECK(saw_a_chunk);
+  CHECK_FALSE(gave_up.load());
+  CHECK(chunks_run.load() == 40);
+  for (auto& r : runs) CHECK(r.load() == 1);
+
+  // A `meanwhile` that throws fails the step with its exception; no chunk runs twice, and the next step is clean.
+  for (auto& r : runs) r.store(0);
+  CHECK_THROWS_WITH_AS(sched.run(place_equal(40, 4), [&](std::size_t, ChunkId c) { runs[c].fetch_add(1); },
+                                 [] { throw std::runtime_error("the caller's work failed"); }),
+                       "the caller's work failed", std::runtime_error);
+  for (auto& r : runs) CHECK(r.load() <= 1);
+  for (auto& r : runs) r.store(0);
+  (void)sched.run(place_equal(40, 4), [&](std::size_t, ChunkId c) { runs[c].fetch_add(1); });
+  for (auto& r : runs) CHECK(r.load() == 1);
+
+  // With nothing to run it still runs, once.
+  calls.store(0);
+  (void)sched.run(place_equal(0, 4), [](std::size_t, ChunkId) {}, [&] { calls.fetch_add(1); });
+  CHECK(calls.load() == 1);
+}
 TEST_CASE("Scheduler.EndGameLeavesTheTailToFastWorkers") {
   // Worker 0 is 10x slower. Without the rule it would start one of the last chunks and hold the step up; with it,
   // it stops once the fast workers would finish the rest sooner, and they run what is left in its deque.

@@ -197,6 +197,13 @@ class Runtime {
   // chunks): samples that cost more where this device's share lies, not a slower device (see run_chunks).
   std::vector<std::vector<double>> m_stolen_slowness;
   detail::CostProfile m_cost_profile;  // costs by batch position, apart from device speeds (cost_by_position)
+  // The last step's chunk times, for the profile to learn from while the next step's chunks run (see run_chunks).
+  struct PendingObservation {
+    std::vector<detail::CostProfile::ChunkTime> chunks;
+    std::vector<double> flat_speeds;
+    std::size_t batch = 0, devices = 0;
+    bool ready = false;
+  } m_pending_observation;
   std::vector<std::size_t> m_idle_steps;             // per device, consecutive steps in which it ran nothing
   std::chrono::steady_clock::time_point m_epoch;
   std::uint64_t m_steps = 0;

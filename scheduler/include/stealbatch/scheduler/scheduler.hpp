@@ -104,8 +104,11 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Chunks placed as contiguous ranges; worker w runs its range in ascending order, and thieves take from the
-  // high end, so what moves stays contiguous.
-  StepStats run(std::span<const ChunkRange> placement, ChunkFn fn);
+  // high end, so what moves stays contiguous. `meanwhile`, when given, runs once on the calling thread right after
+  // the workers are woken, while they run the step: work that belongs to no worker and would otherwise sit between
+  // two steps (the caller would only wait). If it throws, the step fails with that exception as if a chunk had.
+  //   sched.run(place_equal(64, 4), run_chunk, [&] { learn_from(last_step); });
+  StepStats run(std::span<const ChunkRange> placement, ChunkFn fn, const std::function<void()>& meanwhile = {});
   // Chunks placed as arbitrary lists; worker w pops its list front to back.
   StepStats run(std::span<const std::vector<ChunkId>> placement, ChunkFn fn);
   // Runs fn(worker) once on every worker thread, concurrently, and returns when all have finished (each worker's
@@ -178,7 +181,7 @@ class Scheduler {
   void place_all(std::uint64_t total, Fill&& fill);
   void discard_all() noexcept;  // the caller, between steps only
   std::size_t steal_cap(std::size_t w) const noexcept;
-  StepStats launch(std::uint64_t chunks, ChunkFn fn);
+  StepStats launch(std::uint64_t chunks, ChunkFn fn, const std::function<void()>& meanwhile = {});
 
   SchedulerOptions m_options;
   std::vector<std::unique_ptr<Worker>> m_workers;
