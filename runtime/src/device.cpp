@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <thread>
 
 namespace stealbatch {
 
@@ -66,6 +67,22 @@ bool Device::sleep_until_or_cancel(std::chrono::steady_clock::time_point until) 
     return false;
   }
   return !m_cancel_cv.wait_until(lock, until, [&] { return m_cancelled; });
+}
+
+bool Device::sleep_precisely_until_or_cancel(std::chrono::steady_clock::time_point until,
+                                             std::chrono::nanoseconds spin) {
+  using std::chrono::steady_clock;
+  if (until == steady_clock::time_point::max()) return sleep_until_or_cancel(until);
+  if (until - spin > steady_clock::now() && !sleep_until_or_cancel(until - spin)) return false;
+  while (steady_clock::now() < until) {
+    {
+      const std::lock_guard lock(m_cancel_mutex);
+      if (m_cancelled) return false;
+    }
+    std::this_thread::yield();
+  }
+  const std::lock_guard lock(m_cancel_mutex);
+  return !m_cancelled;
 }
 
 void* Device::workspace(std::size_t bytes) {

@@ -635,7 +635,10 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
         Clock::time_point latest{};
         for (const auto& r : m_replicas) latest = std::max(latest, r->ready);
         const auto s0 = Clock::now();
-        dev.sleep_until_or_cancel(latest + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(m_sim_allreduce_s)));
+        // Ended on time: a timed sleep's oversleep (a median 58 us a step at 32 devices here; 2.8 us this way) is
+        // the host's lateness, not the ring's.
+        dev.sleep_precisely_until_or_cancel(
+            latest + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(m_sim_allreduce_s)));
         m_replicas[d]->ar_wait = Clock::now() - s0;
       }
     }

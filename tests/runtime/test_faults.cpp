@@ -5,6 +5,7 @@
 
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/runtime.hpp>
+#include <stealbatch/runtime/sim_device.hpp>
 
 #include <doctest/doctest.h>
 
@@ -164,4 +165,30 @@ TEST_CASE("Faults.StalledReductionTimesOutToo") {
   CHECK(what.find("in the reduction or the update") != std::string::npos);
   const auto p = rt.parameters(0);
   CHECK(std::equal(p.begin(), p.end(), fx.init.begin()));
+}
+
+TEST_CASE("Faults.APreciseSleepEndsAtItsDeadlineAndStillCancels") {
+  // The simulated AllReduce's wait: asleep until shortly before its deadline, then yielding until it.
+  SimDevice dev(0, 1.0, 1e-4);
+  for (int i = 0; i < 20; ++i) {
+    const auto until = Clock::now() + std::chrono::milliseconds(2);
+    CHECK(dev.sleep_precisely_until_or_cancel(until));
+    CHECK(Clock::now() >= until);
+  }
+  // Cancelled in either phase it returns false at once: while asleep (a 10 s deadline, the default spin) and while
+  // yielding (a spin longer than the whole wait).
+  using std::chrono::nanoseconds;
+  for (const nanoseconds spin : {nanoseconds(std::chrono::microseconds(150)), nanoseconds(std::chrono::seconds(20))}) {
+    dev.reset_cancel();
+    std::thread canceller([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      dev.cancel();
+    });
+    const auto t0 = Clock::now();
+    CHECK_FALSE(dev.sleep_precisely_until_or_cancel(t0 + std::chrono::seconds(10), spin));
+    CHECK(Clock::now() - t0 < std::chrono::seconds(5));
+    canceller.join();
+  }
+  dev.reset_cancel();
+  CHECK(dev.sleep_precisely_until_or_cancel(Clock::now()));  // a deadline already reached returns at once
 }
