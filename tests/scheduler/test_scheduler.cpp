@@ -258,7 +258,6 @@ TEST_CASE("Scheduler.BroadcastRunsOnceOnEveryWorkerThread") {
   CHECK(after.load() == 5);
 }
 
-
 TEST_CASE("Scheduler.MeanwhileRunsOnTheCallerWhileTheWorkersRun") {
   Scheduler sched({.workers = 4});
   const std::thread::id caller = std::this_thread::get_id();
@@ -292,8 +291,9 @@ TEST_CASE("Scheduler.MeanwhileRunsOnTheCallerWhileTheWorkersRun") {
 
   // A `meanwhile` that throws fails the step with its exception; no chunk runs twice, and the next step is clean.
   for (auto& r : runs) r.store(0);
-  CHECK_THROWS_WITH_AS(sched.run(place_equal(40, 4), [&](std::size_t, ChunkId c) { runs[c].fetch_add(1); },
-                                 [] { throw std::runtime_error("the caller's work failed"); }),
+  CHECK_THROWS_WITH_AS(sched.run(
+                           place_equal(40, 4), [&](std::size_t, ChunkId c) { runs[c].fetch_add(1); },
+                           [] { throw std::runtime_error("the caller's work failed"); }),
                        "the caller's work failed", std::runtime_error);
   for (auto& r : runs) CHECK(r.load() <= 1);
   for (auto& r : runs) r.store(0);
@@ -302,9 +302,11 @@ TEST_CASE("Scheduler.MeanwhileRunsOnTheCallerWhileTheWorkersRun") {
 
   // With nothing to run it still runs, once.
   calls.store(0);
-  (void)sched.run(place_equal(0, 4), [](std::size_t, ChunkId) {}, [&] { calls.fetch_add(1); });
+  (void)sched.run(
+      place_equal(0, 4), [](std::size_t, ChunkId) {}, [&] { calls.fetch_add(1); });
   CHECK(calls.load() == 1);
 }
+
 TEST_CASE("Scheduler.EndGameLeavesTheTailToFastWorkers") {
   // Worker 0 is 10x slower. Without the rule it would start one of the last chunks and hold the step up; with it,
   // it stops once the fast workers would finish the rest sooner, and they run what is left in its deque.
