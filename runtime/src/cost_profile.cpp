@@ -131,8 +131,8 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
   m_ring_next = (m_ring_next + 1) % kRing;
   m_ring_size = std::min(m_ring_size + 1, kRing);
 
-  // Where samples/s already predicts the chunk times (equal sample costs), the profile cannot be used next step
-  // anyway: the pairs above keep accumulating, and the fit and the costs wait, as they stood, until samples/s is
+  // Where samples/s already predicts the chunk times (equal sample costs), the profile cannot be used for the next
+  // placement anyway: the pairs above keep accumulating, and the fit and the costs wait, as they stood, until samples/s is
   // off (the first step after that compares against them, the next against a fresh fit).
   if (m_err_flat >= 0 && m_err_flat <= kFlatErrorFloor) return;
 

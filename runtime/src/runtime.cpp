@@ -363,6 +363,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   // Each device's speed in cost units per second: samples/s, or the profile's speeds when placing by cost.
   std::vector<double> rate = speeds;
   if (by_cost) rate.assign(m_cost_profile.speeds().begin(), m_cost_profile.speeds().end());
+  // Read only before the chunk phase: the profile learns (and may reallocate its costs) while the chunks run.
   const std::span<const double> position_cost = by_cost ? m_cost_profile.costs() : std::span<const double>{};
 
   // The chunk table: chunk c covers samples [spans[c].begin, spans[c].begin + spans[c].size).
@@ -537,9 +538,9 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     // there). This step was placed by what it knew before, as it would have been, one step later to switch on.
     std::function<void()> learn;
     if (m_pending_observation.ready) {
-      m_pending_observation.ready = false;
       learn = [this] {
-        const PendingObservation& p = m_pending_observation;
+        PendingObservation& p = m_pending_observation;
+        p.ready = false;  // here, not before run(): a run that throws before calling it keeps the observation
         try {
           m_cost_profile.observe(p.batch, p.devices, p.chunks, p.flat_speeds);
         } catch (...) {  // out of memory: the profile is advice, and starts over

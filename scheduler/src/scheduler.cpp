@@ -263,7 +263,7 @@ StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn, const std::functio
   StepStats stats;
   stats.chunks = chunks;
   if (chunks == 0) {
-    if (meanwhile) meanwhile();  // nothing to overlap it with; an exception is the step's as above
+    if (meanwhile) meanwhile();  // nothing to overlap it with; an exception propagates to the caller
     stats.workers.resize(m_workers.size());
     return stats;
   }

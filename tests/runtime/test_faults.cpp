@@ -167,8 +167,9 @@ TEST_CASE("Faults.StalledReductionTimesOutToo") {
   CHECK(std::equal(p.begin(), p.end(), fx.init.begin()));
 }
 
-TEST_CASE("Faults.APreciseSleepEndsAtItsDeadlineAndStillCancels") {
-  // The simulated AllReduce's wait: asleep until shortly before its deadline, then yielding until it.
+TEST_CASE("Faults.APreciseSleepNeverEndsEarlyAndStillCancels") {
+  // The simulated AllReduce's wait: asleep until shortly before its deadline, then yielding until it. (How late it
+  // ends is measured, not tested: 2.8 us at the median against 58 us for a plain timed sleep, stealbench 32 devices.)
   SimDevice dev(0, 1.0, 1e-4);
   for (int i = 0; i < 20; ++i) {
     const auto until = Clock::now() + std::chrono::milliseconds(2);

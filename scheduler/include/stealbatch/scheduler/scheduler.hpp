@@ -106,7 +106,10 @@ class Scheduler {
   // Chunks placed as contiguous ranges; worker w runs its range in ascending order, and thieves take from the
   // high end, so what moves stays contiguous. `meanwhile`, when given, runs once on the calling thread right after
   // the workers are woken, while they run the step: work that belongs to no worker and would otherwise sit between
-  // two steps (the caller would only wait). If it throws, the step fails with that exception as if a chunk had.
+  // two steps (the caller would only wait). If it throws, the step fails with that exception as if a chunk had. It
+  // runs concurrently with `fn` (state they share needs its own synchronisation), must not call back into the
+  // scheduler, and should be short: the watchdog (the caller's thread) checks only after it, and the step's wall
+  // time includes it when it outlasts the chunks.
   //   sched.run(place_equal(64, 4), run_chunk, [&] { learn_from(last_step); });
   StepStats run(std::span<const ChunkRange> placement, ChunkFn fn, const std::function<void()>& meanwhile = {});
   // Chunks placed as arbitrary lists; worker w pops its list front to back.

@@ -12,8 +12,9 @@
 // times the speed of the device that ran it, mean 1 over the batch.
 //
 // The runtime places by it only when it earns it: before learning from a step, both models predict that step's
-// chunk times (out of sample), and the profile is used for the next step only if its mean squared log error is
-// under half that of samples/s, and samples/s was off by more than 10% (RMS). With equal sample costs (seed-slow,
+// chunk times (out of sample), and the profile is used for the next placement only if its mean squared log error
+// is under half that of samples/s, and samples/s was off by more than 10% (RMS). (The runtime learns from step k
+// while step k + 1 runs, so what step k taught places step k + 2.) With equal sample costs (seed-slow,
 // hetero) samples/s is exact and stays; with costs drawn afresh per step (varcost) a position's past says nothing
 // and samples/s stays too.
 #pragma once
