@@ -132,8 +132,8 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
   m_ring_size = std::min(m_ring_size + 1, kRing);
 
   // Where samples/s already predicts the chunk times (equal sample costs), the profile cannot be used for the next
-  // placement anyway: the pairs above keep accumulating, and the fit and the costs wait, as they stood, until samples/s is
-  // off (the first step after that compares against them, the next against a fresh fit).
+  // placement anyway: the pairs above keep accumulating, and the fit and the costs wait, as they stood, until samples/s
+  // is off (the first step after that compares against them, the next against a fresh fit).
   if (m_err_flat >= 0 && m_err_flat <= kFlatErrorFloor) return;
 
   // 3. The log speeds: minimize sum over pairs of w (phi_d - phi_d' - mean difference)^2, a Laplacian system.
