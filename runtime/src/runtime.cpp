@@ -535,7 +535,8 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   try {
     // The profile learns from the last step while this one's chunks run: off the step's critical path (it was
     // 0.14 ms a step on the caller's thread at 8192 samples and 32 devices, 0.8% of stealbench's seed-skew step
-    // there). This step was placed by what it knew before, as it would have been, one step later to switch on.
+    // there). This step is placed by what the profile knew before it, so the profile switches on one step later
+    // than if it learnt between steps.
     std::function<void()> learn;
     if (m_pending_observation.ready) {
       learn = [this] {
