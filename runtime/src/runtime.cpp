@@ -263,6 +263,17 @@ std::exception_ptr Runtime::check_stalls() {
   return nullptr;
 }
 
+void Runtime::learn_pending_observation() noexcept {
+  PendingObservation& p = m_pending_observation;
+  if (!p.ready) return;
+  p.ready = false;  // taken here, not before a run: a run that throws before it gets here keeps the observation
+  try {
+    m_cost_profile.observe(p.batch, p.devices, p.chunks, p.flat_speeds);
+  } catch (...) {  // out of memory: the profile is advice, and starts over
+    m_cost_profile.reset();
+  }
+}
+
 void Runtime::exclude_device(std::size_t position) {
   m_sched.reset();  // joins the workers: they are parked between steps
   m_lost.push_back(std::move(m_devices[position]));
@@ -533,22 +544,12 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   std::vector<std::string> excluded;
   std::uint64_t rerun = 0;
   try {
-    // The profile learns from the last step while this one's chunks run: off the step's critical path (it was
-    // 0.14 ms a step on the caller's thread at 8192 samples and 32 devices, 0.8% of stealbench's seed-skew step
-    // there). This step is placed by what the profile knew before it, so the profile switches on one step later
-    // than if it learnt between steps.
+    // Simulated devices: the profile learns from the last step while this one's chunks run, off the step's
+    // critical path (it was 0.14 ms a step on the caller's thread at 8192 samples and 32 devices, 0.8% of
+    // stealbench's seed-skew step there). This step is placed by what the profile knew before it, so it switches
+    // on one step later than if it learnt between steps.
     std::function<void()> learn;
-    if (m_pending_observation.ready) {
-      learn = [this] {
-        PendingObservation& p = m_pending_observation;
-        p.ready = false;  // here, not before run(): a run that throws before calling it keeps the observation
-        try {
-          m_cost_profile.observe(p.batch, p.devices, p.chunks, p.flat_speeds);
-        } catch (...) {  // out of memory: the profile is advice, and starts over
-          m_cost_profile.reset();
-        }
-      };
-    }
+    if (m_pending_observation.ready) learn = [this] { learn_pending_observation(); };
     st = m_sched->run(ranges, run_one, learn);
   } catch (const DeviceLostError& lost) {
     // on_device_failure = exclude: drop the device, then re-run on the survivors what it had run this step (its
@@ -715,6 +716,10 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     for (std::size_t c = 0; c < chunks; ++c) p.chunks[c] = {spans[c].begin, spans[c].size, ran_on[c], took_s[c]};
     p.flat_speeds = speeds;
     p.batch = samples.size(), p.devices = n, p.ready = true;
+    // Simulated devices sleep through their chunks, so the cores are free while the next step runs: it learns then
+    // (above). CPU devices compute on those cores, and learning then took a core from one of them (chunk_overhead,
+    // cpu:2: 0.23-0.27 -> 0.34 us a chunk, and a device that looks slower for it): they learn now, between steps.
+    if (!m_is_sim) learn_pending_observation();
   }
   rep.placed_by_cost = by_cost;
   for (std::size_t c = 0; c < chunks; ++c) {

@@ -183,6 +183,7 @@ class Runtime {
   std::exception_ptr check_stalls();
   void make_scheduler();
   void make_communicator();
+  void learn_pending_observation() noexcept;
 
   RuntimeOptions m_options;
   std::vector<std::unique_ptr<Device>> m_devices;
@@ -197,7 +198,8 @@ class Runtime {
   // chunks): samples that cost more where this device's share lies, not a slower device (see run_chunks).
   std::vector<std::vector<double>> m_stolen_slowness;
   detail::CostProfile m_cost_profile;  // costs by batch position, apart from device speeds (cost_by_position)
-  // The last step's chunk times, for the profile to learn from while the next step's chunks run (see run_chunks).
+  // The last step's chunk times, for the profile to learn from (simulated devices: while the next step's chunks run;
+  // see run_chunks).
   struct PendingObservation {
     std::vector<detail::CostProfile::ChunkTime> chunks;
     std::vector<double> flat_speeds;
