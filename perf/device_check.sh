@@ -65,10 +65,9 @@ run 150 "$PACK/bin/mlp" --data "$PACK/data" --devices vgpu:64,16,16,16 --hidden 
 run 200 "$PACK/bin/cnn" --data "$PACK/data" --devices cuda:0 --chunk 64 --json "$OUT/cnn_gpu.json"
 
 say "6. stealbench: 16 and 32 simulated devices on $(nproc) cores (no GPU)"
-for spec in "16 4096" "32 8192"; do
-  set -- $spec
+for n in 16 32; do  # 256 samples per device, as in the README's tables
   run 120 "$PACK/bin/stealbench" --scenario seed-slow,seed-skew,hetero,varcost,slowdown --policy static,lbbsp,steal-adaptive \
-    --devices "$1" --batch "$2" --overhead --json "$OUT/stealbench$1.json" 2>/dev/null
+    --devices "$n" --batch $((n * 256)) --overhead --json "$OUT/stealbench$n.json" 2>/dev/null
 done
 
 say "summary"

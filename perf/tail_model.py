@@ -24,7 +24,6 @@ import random
 import statistics
 
 TAIL_CHUNKS = 6       # detail::kTailChunks
-FLOOR = 0.25          # the share's end goes down to a quarter chunk
 SAMPLE_MS = 0.1       # 5 us x --time-scale 20
 ALLREDUCE_MB = 100.0  # stealbench's defaults: 100 MB at 100 GB/s bus bandwidth, 10 us latency
 BUSBW_GBPS = 100.0
@@ -35,7 +34,8 @@ def share_chunks(per_device, chunk):
     """Chunk sizes of one share, as detail::cut_share cuts it with equal costs."""
     out, left = [], per_device
     while left > 0:
-        size = chunk if left > TAIL_CHUNKS * chunk else max(max(1, math.ceil(FLOOR * chunk)), math.ceil(left / TAIL_CHUNKS))
+        # the floor as the runtime sets it for equal costs: a quarter chunk, in whole samples, at least one
+        size = chunk if left > TAIL_CHUNKS * chunk else max(max(1, chunk // 4), math.ceil(left / TAIL_CHUNKS))
         size = min(size, left)
         out.append(size)
         left -= size
