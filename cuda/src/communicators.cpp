@@ -49,7 +49,11 @@ void NcclCommunicator::allreduce_all(std::span<float* const> buffers, std::size_
   SB_NCCL_CHECK(ncclGroupEnd());
 }
 
-PartsCommunicator::PartsCommunicator(std::vector<CudaDevice*> devices) : m_devices(std::move(devices)) {}
+PartsCommunicator::PartsCommunicator(std::vector<CudaDevice*> devices) : m_devices(std::move(devices)) {
+  if (m_devices.size() <= 1) return;
+  SB_CUDA_CHECK(cudaSetDevice(m_devices[0]->gpu()));  // the primary context, even where a green one was current
+  m_stream = make_stream();
+}
 
 void PartsCommunicator::allreduce_sum(std::size_t device, std::span<float* const>, std::size_t) {
   SB_CUDA_CHECK(cudaStreamSynchronize(m_devices[device]->compute_stream()));
@@ -57,12 +61,12 @@ void PartsCommunicator::allreduce_sum(std::size_t device, std::span<float* const
 
 void PartsCommunicator::allreduce_all(std::span<float* const> buffers, std::size_t count) {
   if (m_devices.size() <= 1) return;
-  cudaStream_t s = m_devices[0]->compute_stream();
-  if (m_devices[0]->partition()) m_devices[0]->partition()->make_current();  // launch from part 0's own context
+  cudaStream_t s = m_stream.get();
   if (m_table.size() != buffers.size()) m_table = DeviceBuffer<float*>(buffers.size());
   SB_CUDA_CHECK(cudaMemcpyAsync(m_table.data(), buffers.data(), buffers.size() * sizeof(float*), cudaMemcpyHostToDevice, s));
   detail::sum_into_all(m_table.data(), buffers.size(), count + 1, s);
-  // Every part has finished its chunks (finish_chunks) and the parts' updates run on their own streams next: wait here.
+  // Every part's stream was drained before this (allreduce_sum), and the parts' updates run on their own streams
+  // next: wait here.
   SB_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 

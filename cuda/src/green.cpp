@@ -24,6 +24,9 @@ struct Driver {
   decltype(&cuCtxFromGreenCtx) to_ctx = nullptr;
   decltype(&cuGreenCtxStreamCreate) stream_create = nullptr;
   decltype(&cuCtxSetCurrent) set_current = nullptr;
+  decltype(&cuCtxGetCurrent) get_current = nullptr;
+  decltype(&cuDevicePrimaryCtxRetain) primary_retain = nullptr;
+  decltype(&cuDevicePrimaryCtxRelease) primary_release = nullptr;
   decltype(&cuGetErrorString) error_string = nullptr;
 };
 
@@ -51,6 +54,9 @@ const Driver& driver() {
     resolve("cuCtxFromGreenCtx", x.to_ctx);
     resolve("cuGreenCtxStreamCreate", x.stream_create);
     resolve("cuCtxSetCurrent", x.set_current);
+    resolve("cuCtxGetCurrent", x.get_current);
+    resolve("cuDevicePrimaryCtxRetain", x.primary_retain);
+    resolve("cuDevicePrimaryCtxRelease", x.primary_release);
     resolve("cuGetErrorString", x.error_string);
     return x;
   }();
@@ -75,17 +81,49 @@ CUdevResource device_sms(int gpu, CUdevice& dev) {
 
 }  // namespace
 
-Partition::~Partition() {
-  if (m_green) {
-    const CUresult r = driver().destroy(static_cast<CUgreenCtx>(m_green));
-    if (r != CUDA_SUCCESS) std::fprintf(stderr, "stealbatch: cuGreenCtxDestroy failed (%d)\n", static_cast<int>(r));
-  }
+namespace {
+
+CUcontext context_of(void* green) {
+  CUcontext ctx = nullptr;
+  check(driver().to_ctx(&ctx, static_cast<CUgreenCtx>(green)), "cuCtxFromGreenCtx");
+  return ctx;
 }
 
-void Partition::make_current() const {
-  CUcontext ctx = nullptr;
-  check(driver().to_ctx(&ctx, static_cast<CUgreenCtx>(m_green)), "cuCtxFromGreenCtx");
-  check(driver().set_current(ctx), "cuCtxSetCurrent");
+}  // namespace
+
+Partition::~Partition() {
+  if (!m_green) return;
+  try {
+    // A thread left with a destroyed context fails every later call on it: hand it the primary context back.
+    if (is_current()) check(driver().set_current(static_cast<CUcontext>(m_primary)), "cuCtxSetCurrent(primary)");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "stealbatch: %s\n", e.what());
+  }
+  const CUresult r = driver().destroy(static_cast<CUgreenCtx>(m_green));
+  if (r != CUDA_SUCCESS) std::fprintf(stderr, "stealbatch: cuGreenCtxDestroy failed (%d)\n", static_cast<int>(r));
+}
+
+void Partition::make_current() const { check(driver().set_current(context_of(m_green)), "cuCtxSetCurrent"); }
+
+bool Partition::is_current() const {
+  CUcontext now = nullptr;
+  check(driver().get_current(&now), "cuCtxGetCurrent");
+  return now != nullptr && now == context_of(m_green);
+}
+
+ContextScope::ContextScope(const Partition* part) {
+  if (part == nullptr) return;
+  CUcontext prev = nullptr;
+  check(driver().get_current(&prev), "cuCtxGetCurrent");
+  m_previous = prev;
+  part->make_current();
+  m_active = true;
+}
+
+ContextScope::~ContextScope() {
+  if (!m_active) return;
+  const CUresult r = driver().set_current(static_cast<CUcontext>(m_previous));
+  if (r != CUDA_SUCCESS) std::fprintf(stderr, "stealbatch: cuCtxSetCurrent (restoring the previous context) failed (%d)\n", static_cast<int>(r));
 }
 
 cudaStream_t Partition::create_stream() const {
@@ -103,6 +141,13 @@ SmInfo sm_info(int gpu) {
 std::vector<std::shared_ptr<Partition>> make_partitions(int gpu, const std::vector<int>& sm_counts) {
   CUdevice dev{};
   CUdevResource all = device_sms(gpu, dev);
+  // The primary context's handle, for ~Partition; each green context retains the primary context while it lives.
+  CUcontext primary = nullptr;
+  check(driver().primary_retain(&primary, dev), "cuDevicePrimaryCtxRetain");
+  struct Release {
+    CUdevice dev;
+    ~Release() { (void)driver().primary_release(dev); }
+  } release{dev};
   const unsigned granule = std::max(1u, std::max(all.sm.minSmPartitionSize, all.sm.smCoscheduledAlignment));
   // Split the whole GPU into groups of one granule, then give each part as many groups as its count needs: one
   // split instance, so the groups may be combined into one descriptor per part.
@@ -133,7 +178,7 @@ std::vector<std::shared_ptr<Partition>> make_partitions(int gpu, const std::vect
     for (std::size_t i = at; i < at + k; ++i) sms += pieces[i].sm.smCount;
     CUgreenCtx g = nullptr;
     check(driver().create(&g, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate");
-    out.push_back(std::make_shared<Partition>(g, gpu, static_cast<int>(sms)));
+    out.push_back(std::make_shared<Partition>(g, primary, gpu, static_cast<int>(sms)));
     at += k;
   }
   return out;

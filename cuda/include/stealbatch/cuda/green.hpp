@@ -12,23 +12,48 @@ namespace stealbatch::cuda {
 // One part: a green context holding a disjoint set of the GPU's SMs. Kernels launched on a stream it creates run
 // on those SMs only. Memory is the GPU's (green contexts share the primary context's allocations), so parts
 // read each other's buffers and one kernel can reduce across them.
+//
+// A green context can be current to only one thread at a time (cuda.h, cuGreenCtxCreate): the device's worker
+// makes it current once (bind) and keeps it. Every other thread reaches the part through its streams only:
+// kernels and copies take their context from the stream they are issued on (cuda.h, cuLaunchKernel).
 class Partition {
  public:
-  Partition(void* green_ctx, int gpu, int sms) : m_green(green_ctx), m_gpu(gpu), m_sms(sms) {}
+  // `primary`: the GPU's primary context (CUcontext), which the destructor makes current again where the part was.
+  Partition(void* green_ctx, void* primary, int gpu, int sms) : m_green(green_ctx), m_primary(primary), m_gpu(gpu), m_sms(sms) {}
+  // Destroy every stream of the part first (cuda.h, cuGreenCtxDestroy).
   ~Partition();
   Partition(const Partition&) = delete;
   Partition& operator=(const Partition&) = delete;
   int gpu() const noexcept { return m_gpu; }
   int sm_count() const noexcept { return m_sms; }
-  // Makes the part's context current on the calling thread.
+  // Makes the part's context current on the calling thread (the device's worker only).
   void make_current() const;
+  // Whether the part's context is current on the calling thread.
+  bool is_current() const;
   // A non-blocking stream whose kernels run on this part's SMs.
   cudaStream_t create_stream() const;
 
  private:
-  void* m_green;  // CUgreenCtx
+  friend class ContextScope;
+  void* m_green;    // CUgreenCtx
+  void* m_primary;  // CUcontext
   int m_gpu;
   int m_sms;
+};
+
+// Makes a part's context current for the scope, and the previous one current again after it (a no-op for a null
+// part). For work on a thread other than the part's worker while that worker holds nothing (teardown).
+//   { ContextScope on(part); cublasDestroy(handle); }
+class ContextScope {
+ public:
+  explicit ContextScope(const Partition* part);
+  ~ContextScope();
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+ private:
+  void* m_previous = nullptr;  // CUcontext
+  bool m_active = false;
 };
 
 // Splits GPU `gpu` into parts of at least sm_counts[i] SMs each. Each count is rounded up to the GPU's partition

@@ -32,10 +32,12 @@ class NcclCommunicator final : public Communicator {
   std::atomic<bool> m_aborted{false};
 };
 
-// The parts of one GPU (vgpu:): NCCL cannot put two ranks on one GPU, so one kernel on the first part's stream
-// sums every part's buffer (count slot included) in part order and writes the sum back into each.
+// The parts of one GPU (vgpu:): NCCL cannot put two ranks on one GPU, so one kernel sums every part's buffer (count
+// slot included) in part order and writes the sum back into each. It runs on a stream of the GPU's primary context,
+// owned by the communicator, from the runtime's thread: a part's green context stays current to its worker alone.
 class PartsCommunicator final : public Communicator {
  public:
+  // On the runtime's thread, with GPU devices[0]->gpu()'s primary context current there (cudaSetDevice).
   explicit PartsCommunicator(std::vector<CudaDevice*> devices);
   // On part d's worker, after its sample count was enqueued: waits for its stream, so the sum reads final buffers.
   void allreduce_sum(std::size_t device, std::span<float* const>, std::size_t) override;
@@ -43,6 +45,7 @@ class PartsCommunicator final : public Communicator {
 
  private:
   std::vector<CudaDevice*> m_devices;
+  Stream m_stream;               // the primary context's: the sum may use every SM
   DeviceBuffer<float*> m_table;  // the parts' buffer addresses, on the device
 };
 
