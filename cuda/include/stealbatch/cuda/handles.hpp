@@ -23,9 +23,14 @@ struct DeviceFree {
 struct PinnedFree {
   void operator()(void* p) const noexcept { SB_CUDA_WARN(cudaFreeHost(p)); }
 };
+struct BlasDeleter {
+  void operator()(cublasHandle_t h) const noexcept;
+};
 
 using Stream = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter>;
 using Event = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, EventDeleter>;
+// A cuBLAS handle; its work goes to the stream set with cublasSetStream.
+using BlasHandle = std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, BlasDeleter>;
 
 //   Stream s = make_stream();   kernel<<<g, b, 0, s.get()>>>(...);
 inline Stream make_stream() {
@@ -33,6 +38,9 @@ inline Stream make_stream() {
   SB_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   return Stream(s);
 }
+
+//   BlasHandle blas = make_blas();   SB_CUBLAS_CHECK(cublasSetStream(blas.get(), s.get()));
+BlasHandle make_blas();
 
 // Events for ordering and completion only: no timing, so recording them is cheap.
 inline Event make_event(unsigned flags = cudaEventDisableTiming) {
