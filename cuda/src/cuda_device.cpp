@@ -9,6 +9,8 @@
 #include <tbb/parallel_for.h>
 
 #include <cmath>
+#include <cstdio>
+#include <optional>
 #include <string>
 
 namespace stealbatch::cuda {
@@ -23,24 +25,31 @@ struct CudaDevice::Slot {
   ChunkId chunk = 0;
 };
 
-namespace {
-
-void check_blas(cublasStatus_t st, const char* what) {
-  if (st != CUBLAS_STATUS_SUCCESS) throw CudaError(std::string(what) + " failed: cuBLAS status " + std::to_string(static_cast<int>(st)));
-}
-
-}  // namespace
-
 CudaDevice::CudaDevice(std::size_t index, int gpu, Options options, std::shared_ptr<Partition> part)
     : m_index(index), m_gpu(gpu), m_o(std::move(options)), m_part(std::move(part)) {
   if (m_o.in_flight < 1 || m_o.in_flight > 16) throw ConfigError("in_flight = " + std::to_string(m_o.in_flight) + "; valid range is [1, 16]");
 }
 
 CudaDevice::~CudaDevice() {
-  // The worker has finished with the device; nothing may still run on its streams when the buffers go.
+  // On the runtime's thread, after the worker has gone. A part's handle, events and streams are released inside its
+  // own context, and the thread's context is restored after; the streams go before the part (cuGreenCtxDestroy).
+  std::optional<ContextScope> on;
+  try {
+    on.emplace(m_part.get());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "stealbatch: %s: %s\n", name().c_str(), e.what());
+  }
   if (m_compute) SB_CUDA_WARN(cudaStreamSynchronize(m_compute.get()));
   if (m_copy) SB_CUDA_WARN(cudaStreamSynchronize(m_copy.get()));
-  if (m_blas) cublasDestroy(static_cast<cublasHandle_t>(m_blas));
+  if (m_scratch && m_compute) {
+    SB_CUDA_WARN(m_scratch_pooled ? cudaFreeAsync(m_scratch, m_compute.get()) : cudaFree(m_scratch));
+    SB_CUDA_WARN(cudaStreamSynchronize(m_compute.get()));
+  }
+  m_blas.reset();
+  m_slots.clear();
+  m_synced.reset();
+  m_compute.reset();
+  m_copy.reset();
 }
 
 std::string CudaDevice::name() const {
@@ -58,7 +67,7 @@ void CudaDevice::bind() {
     return;
   }
   if (m_part) {
-    m_part->make_current();
+    m_part->make_current();  // for this worker's lifetime: a green context is current to one thread at a time
     m_compute = Stream(m_part->create_stream());
     m_copy = Stream(m_part->create_stream());
     m_sms = m_part->sm_count();
@@ -67,22 +76,37 @@ void CudaDevice::bind() {
     m_copy = make_stream();
     SB_CUDA_CHECK(cudaDeviceGetAttribute(&m_sms, cudaDevAttrMultiProcessorCount, m_gpu));
   }
-  cublasHandle_t h = nullptr;
-  check_blas(cublasCreate(&h), "cublasCreate");
-  m_blas = h;
-  check_blas(cublasSetStream(h, m_compute.get()), "cublasSetStream");
-  // Plain fp32 GEMMs (no TF32), as a float reference computes them.
-  check_blas(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+  int pools = 0;
+  SB_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, m_gpu));
+  m_scratch_async = pools != 0;
+  m_blas = make_blas();
+  SB_CUBLAS_CHECK(cublasSetStream(m_blas.get(), m_compute.get()));
+  // fp32 GEMMs without TF32 (that is opt-in, CUBLAS_TF32_TENSOR_OP_MATH), as PyTorch with allow_tf32 = False. The
+  // pedantic mode also forbids faster fp32 algorithms and is meant for testing.
+  SB_CUBLAS_CHECK(cublasSetMathMode(m_blas.get(), CUBLAS_DEFAULT_MATH));
+  // A part's kernels run on its SMs only: plan grids for those, not for the whole GPU.
+  if (m_part) SB_CUBLAS_CHECK(cublasSetSmCountTarget(m_blas.get(), m_sms));
+  const unsigned wait_flags = cudaEventDisableTiming | (m_o.wait == GpuWait::kBlock ? cudaEventBlockingSync : 0u);
   for (std::size_t i = 0; i < m_o.in_flight; ++i) {
     auto s = std::make_unique<Slot>();
     s->copied = make_event();
-    s->done = make_event(cudaEventDisableTiming | cudaEventBlockingSync);  // a worker waiting on it sleeps
+    s->done = make_event(wait_flags);
     m_slots.push_back(std::move(s));
   }
+  m_synced = make_event(wait_flags);
   m_loss = DeviceBuffer<float>(1);
   m_loss_host = PinnedBuffer<float>(1);
   *m_loss_host.data() = 0.0f;
   SB_CUDA_CHECK(cudaMemsetAsync(m_loss.data(), 0, sizeof(float), m_compute.get()));
+}
+
+void CudaDevice::sync_compute(const std::string& what) {
+  SB_CUDA_CHECK(cudaEventRecord(m_synced.get(), m_compute.get()));
+  const cudaError_t e = cudaEventSynchronize(m_synced.get());
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail(what, std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
+  }
 }
 
 void CudaDevice::init_replica(std::span<const float> initial, const OptimizerOptions& options) {
@@ -107,6 +131,21 @@ void CudaDevice::zero_grad() {
   SB_CUDA_CHECK(cudaMemsetAsync(m_loss.data(), 0, sizeof(float), m_compute.get()));
 }
 
+void CudaDevice::grow_staging(Slot& s, std::size_t bytes) {
+  if (s.staging.size() >= bytes) return;
+  s.staging = PinnedBuffer<std::byte>(bytes);
+  s.input = DeviceBuffer<std::byte>(bytes);
+}
+
+void CudaDevice::reserve(std::size_t max_chunk_samples) {
+  const std::size_t bytes = max_chunk_samples * m_o.input_bytes;
+  if (bytes == 0 || m_slots.empty() || m_slots.front()->staging.size() >= bytes) return;
+  // Between steps, on the runtime's thread: every slot is free (finish_chunks waited for them). A part's memory is
+  // its GPU's primary context's, which DeviceScope makes current here.
+  const DeviceScope on(m_gpu);
+  for (auto& s : m_slots) grow_staging(*s, bytes);
+}
+
 void CudaDevice::wait_slot(Slot& s) {
   if (!s.busy) return;
   const cudaError_t e = cudaEventSynchronize(s.done.get());
@@ -123,10 +162,9 @@ void CudaDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   cudaStream_t compute = m_compute.get();
   if (m_o.input_bytes > 0) {
     const std::size_t bytes = ctx.samples.size() * m_o.input_bytes;
-    if (s.staging.size() < bytes) {
-      s.staging = PinnedBuffer<std::byte>(bytes);
-      s.input = DeviceBuffer<std::byte>(bytes);
-    }
+    // Reserved before the step (reserve); growing here would synchronize the GPU, so it happens only to a caller
+    // that drives the device without a runtime.
+    grow_staging(s, bytes);
     std::byte* dst = s.staging.data();
     const auto samples = ctx.samples;
     const std::size_t row = m_o.input_bytes;
@@ -139,7 +177,7 @@ void CudaDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
     ctx.input = s.input.data();
   }
   ctx.stream = compute;
-  ctx.blas = m_blas;
+  ctx.blas = m_blas.get();
   ctx.device_loss = m_loss.data();
   fn(ctx);
   const cudaError_t launch = cudaGetLastError();
@@ -158,8 +196,7 @@ void CudaDevice::finish_chunks() {
   // The loss rides on the same synchronization: copied back and reset behind the last chunk.
   SB_CUDA_CHECK(cudaMemcpyAsync(m_loss_host.data(), m_loss.data(), sizeof(float), cudaMemcpyDeviceToHost, m_compute.get()));
   SB_CUDA_CHECK(cudaMemsetAsync(m_loss.data(), 0, sizeof(float), m_compute.get()));
-  const cudaError_t e = cudaStreamSynchronize(m_compute.get());
-  if (e != cudaSuccess) fail("after chunk " + std::to_string(m_last_chunk), std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
+  sync_compute("after chunk " + std::to_string(m_last_chunk));
 }
 
 void CudaDevice::set_sample_count(std::uint64_t samples) {
@@ -178,8 +215,7 @@ void CudaDevice::apply_update(float /*grad_scale: the device divides by the redu
                         m_opt.weight_decay, c1, c2, s);
   }
   zero_grad();
-  const cudaError_t e = cudaStreamSynchronize(s);
-  if (e != cudaSuccess) fail("optimizer update", std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
+  sync_compute("optimizer update");
 }
 
 void CudaDevice::copy_params(std::span<float> out) const {
@@ -199,11 +235,28 @@ double CudaDevice::take_device_loss() {
 }
 
 void* CudaDevice::workspace(std::size_t bytes) {
-  if (m_scratch.size() < bytes) {
-    SB_CUDA_CHECK(cudaStreamSynchronize(m_compute.get()));  // chunks in flight may still use the old one
-    m_scratch = DeviceBuffer<std::byte>(bytes + bytes / 4);
+  if (m_scratch_bytes >= bytes) return m_scratch;
+  const std::size_t want = bytes + bytes / 4;
+  cudaStream_t s = m_compute.get();
+  if (m_scratch_async) {
+    // In stream order: the old block is freed behind the chunks still using it, and nothing waits.
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocAsync(&p, want, s);
+    if (e == cudaSuccess) {
+      if (m_scratch) SB_CUDA_CHECK(m_scratch_pooled ? cudaFreeAsync(m_scratch, s) : cudaFree(m_scratch));
+      m_scratch = p, m_scratch_bytes = want, m_scratch_pooled = true;
+      return p;
+    }
+    if (e == cudaErrorMemoryAllocation) SB_CUDA_CHECK(e);
+    (void)cudaGetLastError();  // not supported on this stream: the synchronous way from now on
+    m_scratch_async = false;
   }
-  return m_scratch.data();
+  SB_CUDA_CHECK(cudaStreamSynchronize(s));  // chunks in flight may still use the old one
+  if (m_scratch) SB_CUDA_CHECK(m_scratch_pooled ? cudaFreeAsync(m_scratch, s) : cudaFree(m_scratch));
+  m_scratch = nullptr, m_scratch_bytes = 0;
+  SB_CUDA_CHECK(cudaMalloc(&m_scratch, want));
+  m_scratch_bytes = want, m_scratch_pooled = false;
+  return m_scratch;
 }
 
 }  // namespace stealbatch::cuda

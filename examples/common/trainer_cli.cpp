@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -42,6 +43,10 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
   const DeviceSpec spec = parse_device_spec(f.devices);
   ro.slowdown = parse_slowdown_list(f.slowdown, spec.count);
   const bool gpu = spec.kind == DeviceKind::kCuda || spec.kind == DeviceKind::kVgpu;
+  ro.gpu_wait = f.gpu_wait == "block" ? GpuWait::kBlock : GpuWait::kSpin;
+  if (spec.kind == DeviceKind::kVgpu && std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") == nullptr) {
+    std::fprintf(stderr, "note: CUDA_DEVICE_MAX_CONNECTIONS is unset (8 hardware queues): vgpu parts may wait on each other; set it to 32\n");
+  }
   if (gpu) {
     if (!model.gpu_chunk) throw ConfigError("devices = '" + f.devices + "': this program was built without the CUDA backend (STEALBATCH_CUDA=OFF)");
     // A GPU chunk's samples travel as rows of features + label, gathered on the host into pinned staging.
@@ -117,6 +122,8 @@ void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<voi
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_option("--chunk-sizing", f.chunk_sizing, "fixed: every chunk holds --chunk samples; speed: each device's chunks are sized to its measured speed (--chunk on the fastest)")
       ->check(CLI::IsMember({"fixed", "speed"}))->capture_default_str();
+  app.add_option("--gpu-wait", f.gpu_wait, "GPU devices: spin (CUDA's default scheduling, as PyTorch waits) or block (blocking-sync events: no CPU, a wake-up per wait)")
+      ->check(CLI::IsMember({"spin", "block"}))->capture_default_str();
   app.add_flag("--compare", f.compare, "run static and steal on the same work and print both dashboards and the speedup");
   app.add_option("--json", f.json, "write the results as JSON to this file");
   app.add_option("--trace", f.trace, "write a Chrome trace (with --compare: FILE.static.json and FILE.steal.json)");

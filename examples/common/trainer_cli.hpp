@@ -39,6 +39,7 @@ struct TrainerFlags {
   std::string endgame = "on";
   std::string chunk_sizing = "speed";
   std::string schedule = "cosine";
+  std::string gpu_wait = "spin";
 };
 
 // Adds the shared flags to app, with f's values as the defaults; model_options adds the model's own flags

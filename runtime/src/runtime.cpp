@@ -365,7 +365,9 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   for (double v : speeds) known = known && std::isfinite(v) && v > 0;
   const bool adaptive = known && ((m_options.placement == PlacementPolicy::kThroughput && m_options.policy == SchedulePolicy::kSteal) ||
                                   m_options.placement == PlacementPolicy::kPreviousStep);
-  const bool by_speed = adaptive && m_options.policy == SchedulePolicy::kSteal && m_options.chunk_sizing == ChunkSizing::kBySpeed;
+  // Speed-sized chunks, and a share whose end is cut finer: for thieves. A lone device has none, and keeps its chunks
+  // whole (fewer launches, larger GEMMs).
+  const bool by_speed = adaptive && n > 1 && m_options.policy == SchedulePolicy::kSteal && m_options.chunk_sizing == ChunkSizing::kBySpeed;
   // Positions' costs and devices' speeds learnt apart (detail::CostProfile): where a chunk's time is known when its
   // call returns (host devices), with the policy that places by speed.
   const bool learn_costs = m_host_devices && m_options.cost_by_position && m_options.policy == SchedulePolicy::kSteal &&
@@ -476,7 +478,9 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   for (auto& r : m_replicas) r->loss = 0, r->samples = 0, r->device_end = {}, r->live_factor = 1.0, r->last_ratio = 0.0, r->ar_wait = {};
   m_grads_dirty = true;
 
-  for (auto& d : m_devices) d->reset_cancel(), d->begin_step(m_steps + 1, t_start);
+  std::size_t largest = 0;
+  for (const ChunkSpan& c : spans) largest = std::max<std::size_t>(largest, c.size);
+  for (auto& d : m_devices) d->reset_cancel(), d->begin_step(m_steps + 1, t_start), d->reserve(largest);
   const std::uint64_t step_no = m_steps + 1;
   auto run_one = [&](std::size_t w, ChunkId c) {
     Replica& r = *m_replicas[w];

@@ -582,3 +582,83 @@ TEST_CASE("Runtime.SpeedSizedChunksStayExact") {
   }
   CHECK(max_chunks > 13);  // ceil(97 / 8) = 13 with fixed chunks; the slow device's chunks were cut smaller
 }
+
+TEST_CASE("Runtime.ALoneDeviceKeepsItsChunksWhole") {
+  // Nobody can steal from a lone device, so its share's end is not cut finer: a batch of 256 at chunk 256 stays one
+  // chunk in every step, measured speeds or not. Two devices do get the finer end (the rule is about thieves).
+  ParameterLayout layout;
+  layout.add("p", 1);
+  auto fn = [](ChunkContext& ctx) { ctx.grad[0] += static_cast<float>(ctx.samples.size()); };
+  for (const char* devices : {"sim:1", "cpu:1"}) {
+    Runtime rt({.devices = devices, .chunk_size = 256, .sim_sample_seconds = 1e-6});
+    rt.register_parameters(layout, std::vector<float>(1, 0.0f));
+    std::vector<std::uint32_t> batch(256);
+    std::iota(batch.begin(), batch.end(), 0u);
+    std::vector<std::uint32_t> uneven(1000);
+    std::iota(uneven.begin(), uneven.end(), 0u);
+    for (int step = 0; step < 6; ++step) {
+      CAPTURE(devices);
+      CAPTURE(step);
+      CHECK(rt.step(batch, fn).chunks == 1);
+      CHECK(rt.step(uneven, fn).chunks == 4);  // 3 x 256 + 232
+    }
+  }
+  Runtime two({.devices = "sim:1,1", .chunk_size = 64, .sim_sample_seconds = 1e-6});
+  two.register_parameters(layout, std::vector<float>(1, 0.0f));
+  std::vector<std::uint32_t> batch(1024);
+  std::iota(batch.begin(), batch.end(), 0u);
+  std::size_t most = 0;
+  for (int step = 0; step < 4; ++step) most = std::max<std::size_t>(most, two.step(batch, fn).chunks);
+  CHECK(most > 16);  // 1024 / 64 = 16 whole chunks; each share's end was cut finer
+}
+
+TEST_CASE("Runtime.DevicesReserveForTheStepsLargestChunkBeforeItRuns") {
+  // A device that stages inputs (a GPU) is told the step's largest chunk before the chunks run, so that it never
+  // allocates mid-step (cudaFreeHost would synchronize the whole GPU). A stand-in backend's devices record it.
+  struct Recording final : Device {
+    std::size_t index, reserved = 0, violations = 0, largest_run = 0;
+    explicit Recording(std::size_t i) : index(i) {}
+    std::string name() const override { return "rec" + std::to_string(index); }
+    void reserve(std::size_t max_chunk) override { reserved = std::max(reserved, max_chunk); }
+    void run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override {
+      violations += ctx.samples.size() > reserved;
+      largest_run = std::max(largest_run, ctx.samples.size());
+      fn(ctx);
+    }
+  };
+  struct Backend final : DeviceBackend {
+    std::vector<Recording*> made;
+    std::size_t available() const noexcept override { return 3; }
+    std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec&, const RuntimeOptions&) override {
+      std::vector<std::unique_ptr<Device>> out;
+      for (std::size_t i = 0; i < 3; ++i) {
+        auto d = std::make_unique<Recording>(i);
+        made.push_back(d.get());
+        out.push_back(std::move(d));
+      }
+      return out;
+    }
+    std::unique_ptr<Communicator> make_communicator(std::span<Device* const>) override { return std::make_unique<InProcessCommunicator>(); }
+  };
+  struct Restore {
+    std::shared_ptr<DeviceBackend> before = device_backend(DeviceKind::kCuda);
+    ~Restore() { register_device_backend(DeviceKind::kCuda, before); }
+  } restore;
+  auto backend = std::make_shared<Backend>();
+  register_device_backend(DeviceKind::kCuda, backend);
+  Runtime rt({.devices = "cuda:all", .chunk_size = 48});
+  ParameterLayout layout;
+  layout.add("p", 2);
+  rt.register_parameters(layout, std::vector<float>(2, 0.0f));
+  for (std::size_t batch : {40, 300, 97, 1000}) {
+    std::vector<std::uint32_t> idx(batch);
+    std::iota(idx.begin(), idx.end(), 0u);
+    (void)rt.step(idx, [](ChunkContext& ctx) { ctx.grad[0] += 1.0f; });
+  }
+  std::size_t largest = 0;
+  for (const Recording* d : backend->made) {
+    CHECK(d->violations == 0);
+    largest = std::max(largest, d->largest_run);
+  }
+  CHECK(largest == 48);
+}

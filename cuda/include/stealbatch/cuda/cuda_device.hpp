@@ -27,12 +27,17 @@ class Partition;  // a green context: a set of SMs of one GPU (green.hpp)
 // The gradient buffer holds the parameter count + 1 floats: the last one is the device's sample count for the
 // step, so the count rides along with the gradient through the AllReduce, and the update divides by the reduced
 // count on the device.
+//
+// Nothing allocates during a step: the runtime reserves staging for the step's largest chunk before its chunks
+// run (reserve), and the workspace grows in stream order (cudaMallocAsync). cudaFree and cudaFreeHost would
+// synchronize the whole GPU, every part of it.
 class CudaDevice final : public Device {
  public:
   struct Options {
     std::size_t in_flight = 2;
     std::size_t input_bytes = 0;
     std::function<void(std::uint32_t, std::byte*)> gather;
+    GpuWait wait = GpuWait::kSpin;
   };
   // `part` (may be null) confines the device's kernels to a green context of GPU `gpu`.
   CudaDevice(std::size_t index, int gpu, Options options, std::shared_ptr<Partition> part = nullptr);
@@ -40,6 +45,7 @@ class CudaDevice final : public Device {
 
   std::string name() const override;
   void bind() override;
+  void reserve(std::size_t max_chunk_samples) override;
   void run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override;
   void init_replica(std::span<const float> initial, const OptimizerOptions& options) override;
   std::span<const float> params() const override { return {m_params.data(), m_count}; }
@@ -63,6 +69,9 @@ class CudaDevice final : public Device {
  private:
   struct Slot;
   void wait_slot(Slot& s);
+  void grow_staging(Slot& s, std::size_t bytes);
+  // Waits for everything enqueued on the compute stream so far, the way Options::wait says; throws naming `what`.
+  void sync_compute(const std::string& what);
   [[noreturn]] void fail(const std::string& what, const std::string& detail) const;
 
   std::size_t m_index;
@@ -71,13 +80,18 @@ class CudaDevice final : public Device {
   std::shared_ptr<Partition> m_part;
   int m_sms = 0;
   Stream m_compute, m_copy;
-  void* m_blas = nullptr;  // cublasHandle_t
+  BlasHandle m_blas;
+  Event m_synced;  // recorded by sync_compute(), with the wait's flags
   std::vector<std::unique_ptr<Slot>> m_slots;
   std::size_t m_next_slot = 0;
   std::size_t m_count = 0;  // parameters
   DeviceBuffer<float> m_params, m_grad, m_m, m_v, m_loss;
   PinnedBuffer<float> m_loss_host;  // the step's loss, copied back with the stream sync that ends the chunks
-  DeviceBuffer<std::byte> m_scratch;
+  // The workspace: stream-ordered (cudaMallocAsync on the compute stream) where the device supports it.
+  void* m_scratch = nullptr;
+  std::size_t m_scratch_bytes = 0;
+  bool m_scratch_async = true;   // the next growth tries the stream-ordered allocator
+  bool m_scratch_pooled = false;  // m_scratch came from it (freed with cudaFreeAsync)
   OptimizerOptions m_opt;
   std::uint64_t m_t = 0;
   ChunkId m_last_chunk = 0;

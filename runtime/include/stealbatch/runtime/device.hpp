@@ -59,6 +59,11 @@ struct ChunkContext {
 
 using ChunkFunction = std::function<void(ChunkContext&)>;
 
+// How a GPU device's worker waits for its chunks. kSpin: CUDA's default scheduling, as PyTorch waits (the thread
+// spins while the process has no more CUDA contexts than cores, and yields otherwise); the wake-up is immediate.
+// kBlock: blocking-sync events; the thread sleeps and costs no CPU, but each wait adds a sleep and a wake-up.
+enum class GpuWait { kSpin, kBlock };
+
 // One compute device. Each device is driven by one worker thread of the runtime, which calls every method below
 // except name(), on that thread.
 //
@@ -71,6 +76,9 @@ class Device {
   virtual std::string name() const = 0;
   // Called once on the device's worker thread before it runs anything (bind a GPU, pin a thread).
   virtual void bind() {}
+  // Called by the runtime's thread before a step's chunks, between steps (the device runs nothing), with the step's
+  // largest chunk: a device that stages inputs sizes its buffers for it here, so that nothing allocates mid-step.
+  virtual void reserve(std::size_t /*max_chunk_samples*/) {}
   // Runs one chunk; returns once its gradient is in ctx.grad.
   virtual void run_chunk(ChunkContext& ctx, const ChunkFunction& fn) = 0;
   // Called by the runtime's thread before each step's chunks, with the step's number (from 1) and start time.

@@ -91,6 +91,7 @@ struct RuntimeOptions {
   std::function<void(std::uint32_t sample, std::byte* dst)> gather{};
   std::size_t in_flight = 2;                       // GPU and simulated devices: chunks launched and not yet finished, [1, 16]
                                                    // (a worker may wait for in_flight - 1 chunks at once: keep stall_timeout above that)
+  GpuWait gpu_wait = GpuWait::kSpin;               // GPU devices: how a worker waits for its chunks (see GpuWait)
   // Simulated devices: a worker takes its next chunk only when the work its device has queued would run out
   // within this many seconds (and fewer than in_flight are queued), so chunks stay in the deques, where idle
   // devices can steal them, until just before they are needed. 0: as soon as fewer than in_flight are queued.
