@@ -20,18 +20,13 @@ constexpr int kBlock = 256;
 
 unsigned grid(std::size_t n) { return static_cast<unsigned>((n + kBlock - 1) / kBlock > 0 ? (n + kBlock - 1) / kBlock : 1); }
 
-void blas_check(cublasStatus_t st, const char* what) {
-  if (st != CUBLAS_STATUS_SUCCESS) throw CudaError(std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(st)));
-}
-
 // C (column-major M x N) = alpha op(A) op(B) + beta C.
 void gemm(const ChunkContext& ctx, bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const float* a, std::size_t lda,
           const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
   const float one = 1.0f;
-  blas_check(cublasSgemm(static_cast<cublasHandle_t>(ctx.blas), ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(m),
-                         static_cast<int>(n), static_cast<int>(k), &one, a, static_cast<int>(lda), b, static_cast<int>(ldb), &beta, c,
-                         static_cast<int>(ldc)),
-             "cublasSgemm");
+  SB_CUBLAS_CHECK(cublasSgemm(static_cast<cublasHandle_t>(ctx.blas), ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &one, a, static_cast<int>(lda), b,
+                              static_cast<int>(ldb), &beta, c, static_cast<int>(ldc)));
 }
 
 // y[r][c] += bias[c] over rows of `cols`; then ReLU if relu.
