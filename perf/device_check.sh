@@ -4,40 +4,102 @@
 #
 #   bash perf/device_check.sh [.devpack]
 #
-# Steps: 1 nvidia-smi and the GPU tests; 2 GPU-vs-CPU gradient equivalence (MLP, CNN); 3 MLP and CNN samples/s
-# on one GPU against PyTorch (perf/torch_ref.py, same model, batch and precision, same run); 4 vgpu with unequal
-# parts: static vs steal vs the ideal; 5 the NCCL AllReduce time; then the examples on the GPU; 6 stealbench at
-# 16 and 32 simulated devices on this machine's cores (no GPU: the build machine has two cores for 32 device
-# threads). Writes device_check.log, gpu_check.json, torch_ref.json, stealbench16/32.json and device_check.json
-# under $OUT (or ./device_check_out) and prints the summary table last. Exit status: 0 when every target holds.
+# Steps: 1 nvidia-smi and the GPU tests; 2 gpu_check: GPU-vs-CPU gradient equivalence (MLP, CNN), samples/s on one
+# GPU with each way of waiting for it, vgpu with unequal parts (static vs steal vs the ideal), the NCCL AllReduce
+# time; 3 the same models in PyTorch (perf/torch_ref.py, same batch and precision, same run); 4 the examples on the
+# GPU; 5 stealbench at 16 and 32 simulated devices on this machine's cores (no GPU: the build machine has two cores
+# for 32 device threads). Writes device_check.log, steps.tsv, gpu_check.json, torch_ref.json, stealbench16/32.json
+# and device_check.json under $OUT (or ./device_check_out).
+#
+# The whole run keeps to one deadline, DEVICE_CHECK_DEADLINE_S (480 s: the device tool allows 600 s a command and
+# 900 s of device time in all, start-up included). Each step's limit is cut to the time left, a step with less than
+# DEVICE_CHECK_MIN_STEP_S (20 s) left is skipped with a line that says so, and the summary table prints on any exit,
+# naming every missing figure. Exit status: 0 when every step ran and every target holds.
 set -uo pipefail
 PACK=$(cd "${1:-.devpack}" && pwd)
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$PWD/device_check_out}
+DEADLINE_S=${DEVICE_CHECK_DEADLINE_S:-480}
+MIN_STEP_S=${DEVICE_CHECK_MIN_STEP_S:-20}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/device_check.log") 2>&1
 T0=$(date +%s)
-say() { printf '\n== [%3ds] %s\n' $(( $(date +%s) - T0 )) "$*"; }
+elapsed() { echo $(( $(date +%s) - T0 )); }
+say() { printf '\n== [%3ds] %s\n' "$(elapsed)" "$*"; }
 fails=0
-run() {  # run LIMIT_S CMD...: a step that must not hang the script
-  local limit=$1; shift
-  timeout --kill-after=10 "$limit" "$@"
-  local rc=$?
-  if [ $rc -ne 0 ]; then echo "device_check: '$*' exited $rc"; fails=$((fails + 1)); fi
+STEP_PID=
+printf 'step\tstatus\tseconds\n' > "$OUT/steps.tsv"
+note_step() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$OUT/steps.tsv"; }
+
+run() {  # run NAME LIMIT_S CMD...: a step that must not hang the script, nor outlive the deadline
+  local name=$1 limit=$2; shift 2
+  local left=$(( DEADLINE_S - $(elapsed) ))
+  if [ "$left" -lt "$MIN_STEP_S" ]; then
+    echo "device_check: SKIPPED $name: ${left} s left of the ${DEADLINE_S} s deadline (a step needs ${MIN_STEP_S} s)"
+    note_step "$name" skipped 0
+    fails=$((fails + 1))
+    return 125
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local start rc
+  start=$(date +%s)
+  # In the background, so that a signal to this script runs its trap now, not when the step ends.
+  timeout --kill-after=5 "$limit" "$@" &
+  STEP_PID=$!
+  wait "$STEP_PID"
+  rc=$?
+  STEP_PID=
+  local took=$(( $(date +%s) - start ))
+  if [ $rc -eq 0 ]; then
+    note_step "$name" ok "$took"
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    echo "device_check: $name timed out after $limit s"
+    note_step "$name" "timed out ($limit s)" "$took"
+    fails=$((fails + 1))
+  else
+    echo "device_check: $name exited $rc"
+    note_step "$name" "exit $rc" "$took"
+    fails=$((fails + 1))
+  fi
   return $rc
 }
 
+summary() {  # on every exit: the figures that came, and a line for each that did not
+  trap - EXIT INT TERM
+  say "summary"
+  python3 "$REPO/perf/device_check_summary.py" "$OUT" || fails=$((fails + 1))
+  say "done: $fails failed or skipped step(s) and failed target(s), $(elapsed) s of the ${DEADLINE_S} s deadline"
+  [ "$fails" -eq 0 ]
+  exit $?
+}
+trap summary EXIT
+interrupted() {
+  echo "device_check: interrupted by SIG$1"
+  [ -n "$STEP_PID" ] && kill "$STEP_PID" 2>/dev/null
+  fails=$((fails + 1))
+  exit 1
+}
+trap 'interrupted INT' INT
+trap 'interrupted TERM' TERM
+
 say "machine"
-head -2 /etc/os-release; ldd --version | head -1; nproc
+head -2 /etc/os-release; ldd --version | head -1
+echo "cores: $(nproc); CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 ORIG_LD=${LD_LIBRARY_PATH:-}
+# Four vgpu parts with a compute and a copy stream each, plus each green context's own stream: more than CUDA's
+# default 8 hardware queues, which would make the parts wait on each other (cuda.h on CUDA_DEVICE_MAX_CONNECTIONS).
+export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
+echo "CUDA_DEVICE_MAX_CONNECTIONS=$CUDA_DEVICE_MAX_CONNECTIONS"
 
 say "libraries"
 LIB=/tmp/stealbatch-lib
 mkdir -p "$LIB"
+shopt -s nullglob
 for f in "$PACK"/lib/*.xz; do
   base=$(basename "$f" .xz)
   xz -dc "$f" > "$LIB/$base" 2>/dev/null || python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$f" "$LIB/$base"
 done
+shopt -u nullglob
 # pip's NCCL and cuBLAS (nvidia/nccl/lib, nvidia/cublas/lib, or the CUDA 13 wheels' nvidia/cu13/lib), else the toolkit's.
 SITES=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
 libdir() { local f; f=$(find $SITES /usr/local/cuda/lib64 /usr/local/cuda/lib -name "$1" 2>/dev/null | head -n 1); [ -n "$f" ] && dirname "$f"; }
@@ -46,31 +108,26 @@ CUBLAS_LIB=$(libdir libcublas.so.13)
 echo "NCCL from ${NCCL_LIB:-(not found)}, cuBLAS from ${CUBLAS_LIB:-(not found)}"
 export LD_LIBRARY_PATH="$LIB:${NCCL_LIB}:${CUBLAS_LIB}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-ldd "$PACK/bin/gpu_check" | grep -E "not found|nccl|cublas|tbb|openblas"
+ldd "$PACK/bin/gpu_check" 2>&1 | grep -E "not found|nccl|cublas|tbb|openblas|not a dynamic"
 
 say "1. nvidia-smi and the GPU tests"
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
-run 120 "$PACK/bin/test_cuda_basics" --duration=true
-run 180 "$PACK/bin/test_cuda_runtime" --duration=true
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv || echo "device_check: nvidia-smi failed"
+run test_cuda_basics 60 "$PACK/bin/test_cuda_basics" --duration=true
+run test_cuda_runtime 120 "$PACK/bin/test_cuda_runtime" --duration=true
 
-say "2-5. gpu_check: equivalence, throughput, vgpu, AllReduce"
-run 240 "$PACK/bin/gpu_check" --data "$PACK/data" --json "$OUT/gpu_check.json" ${GPU_CHECK_ARGS:-}
+say "2. gpu_check: equivalence, throughput (spin and blocking waits), vgpu, AllReduce"
+run gpu_check 180 "$PACK/bin/gpu_check" --data "$PACK/data" --json "$OUT/gpu_check.json" ${GPU_CHECK_ARGS:-}
 
 say "3. PyTorch reference (same models, batch 256, fp32)"
-LD_LIBRARY_PATH="$ORIG_LD" PYTHONUNBUFFERED=1 run 180 python3 "$REPO/perf/torch_ref.py" --data "$PACK/data" --json "$OUT/torch_ref.json"
+LD_LIBRARY_PATH="$ORIG_LD" PYTHONUNBUFFERED=1 run torch_ref 120 python3 "$REPO/perf/torch_ref.py" --data "$PACK/data" --json "$OUT/torch_ref.json"
 
-say "examples on the GPU"
-run 150 "$PACK/bin/mlp" --data "$PACK/data" --devices cuda:0 --chunk 256 --epochs 10 --json "$OUT/mlp_gpu.json"
-run 150 "$PACK/bin/mlp" --data "$PACK/data" --devices vgpu:64,16,16,16 --hidden 2048,2048 --batch 8192 --chunk 256 --epochs 1 --compare
-run 200 "$PACK/bin/cnn" --data "$PACK/data" --devices cuda:0 --chunk 64 --json "$OUT/cnn_gpu.json"
+say "4. examples on the GPU"
+run mlp_cuda 90 "$PACK/bin/mlp" --data "$PACK/data" --devices cuda:0 --chunk 256 --epochs 10 --json "$OUT/mlp_gpu.json"
+run mlp_vgpu 90 "$PACK/bin/mlp" --data "$PACK/data" --devices vgpu:64,16,16,16 --hidden 2048,2048 --batch 8192 --chunk 256 --epochs 1 --compare
+run cnn_cuda 120 "$PACK/bin/cnn" --data "$PACK/data" --devices cuda:0 --chunk 64 --json "$OUT/cnn_gpu.json"
 
-say "6. stealbench: 16 and 32 simulated devices on $(nproc) cores (no GPU)"
-for n in 16 32; do  # 256 samples per device, as in the README's tables
-  run 120 "$PACK/bin/stealbench" --scenario seed-slow,seed-skew,hetero,varcost,slowdown --policy static,lbbsp,steal-adaptive \
+say "5. stealbench: 16 and 32 simulated devices on $(nproc) cores (no GPU)"
+for n in 16 32; do  # 256 samples per device, as in the performance document's tables
+  run "stealbench$n" 90 "$PACK/bin/stealbench" --scenario seed-slow,seed-skew,hetero,varcost,slowdown --policy static,lbbsp,steal-adaptive \
     --devices "$n" --batch $((n * 256)) --overhead --json "$OUT/stealbench$n.json" 2>/dev/null
 done
-
-say "summary"
-python3 "$REPO/perf/device_check_summary.py" "$OUT" || fails=$((fails + 1))
-say "done: $fails failed step(s) or target(s)"
-[ "$fails" -eq 0 ]

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Joins gpu_check.json, torch_ref.json and stealbench16/32.json into the device check's summary table and JSON,
-with the targets.
+"""Joins steps.tsv, gpu_check.json, torch_ref.json, mlp_gpu.json, cnn_gpu.json and stealbench16/32.json into the
+device check's summary table and device_check.json, with the targets. Every figure that did not come is a row
+that says "missing" (with the section's error where gpu_check recorded one), so a cut-short run still says what
+it lacks.
 
   python3 perf/device_check_summary.py OUT_DIR     (reads those files in OUT_DIR)
 """
@@ -14,8 +16,16 @@ def load(path):
         with open(path) as f:
             return json.load(f)
     except (OSError, ValueError) as e:
-        print(f"summary: {path}: {e}", file=sys.stderr)
+        print(f"summary: {os.path.basename(path)}: {e.__class__.__name__}: {e.strerror if isinstance(e, OSError) else e}", file=sys.stderr)
         return {}
+
+
+def steps(out):
+    try:
+        with open(os.path.join(out, "steps.tsv")) as f:
+            return [line.rstrip("\n").split("\t") for line in f][1:]
+    except OSError:
+        return []
 
 
 def main():
@@ -26,10 +36,18 @@ def main():
     def add(check, figure, target, ok):
         rows.append((check, figure, target, "PASS" if ok else ("FAIL" if ok is not None else "n/a")))
 
+    def missing(section):
+        err = g.get("errors", {}).get(section)
+        return f"missing ({err[:120]})" if err else "missing"
+
+    for name, status, secs in steps(out):
+        if status != "ok":
+            add(f"step {name}", f"{status} after {secs} s" if status != "skipped" else "skipped: deadline", "ran", False)
+
     eq = g.get("equivalence", {})
     for m in ("mlp", "cnn"):
         e = eq.get(f"{m}_rel_err")
-        add(f"{m} GPU vs CPU gradient", f"{e:.3g}" if e is not None else "missing", "<= 1e-4", None if e is None else e <= 1e-4)
+        add(f"{m} GPU vs CPU gradient", f"{e:.3g}" if e is not None else missing("equivalence"), "<= 1e-4", False if e is None else e <= 1e-4)
     thr = g.get("throughput", {})
     for m in ("mlp", "cnn"):
         ours, ref, res = thr.get(m, {}).get("samples_per_s"), t.get(m, {}).get("samples_per_s"), t.get(f"{m}_resident", {}).get("samples_per_s")
@@ -38,7 +56,12 @@ def main():
             extra = f" (torch with data on GPU: {res:.0f}, ratio {ours / res:.2f})" if res else ""
             add(f"{m} samples/s vs PyTorch", f"{ours:.0f} vs {ref:.0f} = {ratio:.2f}x{extra}", ">= 1.0x (mlp)", ratio >= 1.0 if m == "mlp" else None)
         else:
-            add(f"{m} samples/s vs PyTorch", "missing", ">= 1.0x", None if m == "cnn" else False)
+            why = missing("throughput") if not ours else "missing (torch_ref)"
+            add(f"{m} samples/s vs PyTorch", why, ">= 1.0x", None if m == "cnn" else False)
+        spin, block = thr.get(m, {}).get("samples_per_s"), thr.get(m, {}).get("samples_per_s_block")
+        if spin and block:
+            add(f"{m} GPU wait: spin (default) vs blocking sync", f"{spin:.0f} vs {block:.0f} samples/s = {spin / block:.3f}", "(default = faster)",
+                spin >= block * 0.98)
     v = g.get("vgpu", {})
     if v:
         st, sl = v.get("static", {}), v.get("steal", {})
@@ -48,9 +71,18 @@ def main():
         r = v.get("speedup_over_ideal_speedup", 0)
         add("vgpu steal speedup vs ideal speedup", f"{v.get('speedup', 0):.2f}x of {v.get('ideal_speedup', 0):.2f}x = {r:.3f}", ">= 0.9", r >= 0.9)
     else:
-        add("vgpu", "missing", "", False)
+        add("vgpu static/steal/ideal", missing("vgpu"), ">= 0.9", False)
     for a in g.get("allreduce", []):
         add(f"allreduce {a['buffer']} ({a['floats']} floats, {a['ranks']} rank)", f"{a['us_median']:.1f} us", "(reported)", None)
+    if not g.get("allreduce"):
+        add("allreduce", missing("allreduce"), "(reported)", None)
+    for m in ("mlp", "cnn"):
+        e = load(os.path.join(out, f"{m}_gpu.json")) if os.path.exists(os.path.join(out, f"{m}_gpu.json")) else {}
+        acc = e.get("test_accuracy")
+        runs = e.get("runs") or [{}]
+        bar = 0.88 if m == "mlp" else 0.91
+        fig = f"accuracy {acc:.4f}, {runs[-1].get('samples_per_s', 0):.0f} samples/s" if acc is not None else "missing"
+        add(f"{m} example on cuda:0", fig, f">= {bar}", False if acc is None else acc >= bar)
     # stealbench on this machine's cores (simulated devices): issue 4's targets for steal-adaptive.
     benches = {}
     for n in (16, 32):

@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <numeric>
@@ -41,11 +42,10 @@ using json = nlohmann::json;
 
 namespace {
 
-
-
-RuntimeOptions options(const std::string& devices, SchedulePolicy policy, std::size_t chunk, const DenseData& d) {
+RuntimeOptions options(const std::string& devices, SchedulePolicy policy, std::size_t chunk, const DenseData& d, GpuWait wait = GpuWait::kSpin) {
   RuntimeOptions o;
   o.devices = devices;
+  o.gpu_wait = wait;
   o.policy = policy;
   o.chunk_size = chunk;
   o.input_bytes = examples::gpu_input_bytes(d);
@@ -66,14 +66,14 @@ std::vector<float> mean_gradient(RuntimeOptions o, const ParameterLayout& layout
 
 // Median step time and samples/s of `steps` training steps after `warmup`, over consecutive batches.
 struct Timing {
-  double step_ms = 0, chunks_ms = 0, samples_per_s = 0;
+  double step_ms = 0, samples_per_s = 0;
   std::uint64_t steals = 0;
   std::vector<double> util;
 };
 
 Timing time_steps(Runtime& rt, const DenseData& d, std::size_t batch, std::size_t warmup, std::size_t steps, const ChunkFunction& fn) {
   std::vector<std::uint32_t> idx(batch);
-  std::vector<double> step_s, chunk_s;
+  std::vector<double> step_s;
   Timing t;
   std::vector<std::vector<double>> util(rt.device_count());
   for (std::size_t i = 0; i < warmup + steps; ++i) {
@@ -81,12 +81,10 @@ Timing time_steps(Runtime& rt, const DenseData& d, std::size_t batch, std::size_
     const StepReport r = rt.step(idx, fn);
     if (i < warmup) continue;
     step_s.push_back(r.step_s);
-    chunk_s.push_back(r.chunks_s);
     t.steals += r.steals;
     for (std::size_t dv = 0; dv < r.devices.size(); ++dv) util[dv].push_back(r.devices[dv].utilization);
   }
   t.step_ms = median(step_s) * 1e3;
-  t.chunks_ms = median(chunk_s) * 1e3;
   t.samples_per_s = static_cast<double>(batch) / median(step_s);
   for (auto& u : util) t.util.push_back(median(u));
   return t;
@@ -126,11 +124,11 @@ int main(int argc, char** argv) {
   try {
     cudaDeviceProp prop{};
     SB_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    const cuda::SmInfo sm = cuda::sm_info(0);
-    j["gpu"] = {{"name", prop.name}, {"count", cuda::device_count()}, {"sms", prop.multiProcessorCount}, {"sm_granularity", sm.granularity},
-                {"nccl", cuda::nccl_version()}};
-    line("GPU: %s x%d, %d SMs (partition granularity %d), NCCL %d", prop.name, cuda::device_count(), prop.multiProcessorCount, sm.granularity,
-         cuda::nccl_version());
+    const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    j["gpu"] = {{"name", prop.name}, {"count", cuda::device_count()}, {"sms", prop.multiProcessorCount}, {"nccl", cuda::nccl_version()},
+                {"cuda_device_max_connections", connections ? connections : "unset (8)"}};
+    line("GPU: %s x%d, %d SMs, NCCL %d, CUDA_DEVICE_MAX_CONNECTIONS %s", prop.name, cuda::device_count(), prop.multiProcessorCount,
+         cuda::nccl_version(), connections ? connections : "unset (8)");
 
     const Dataset train_ds = load_fashion_mnist(data, DataSplit::kTrain);
     const DenseData train{train_ds.count, train_ds.features, train_ds.x, train_ds.y};
@@ -176,42 +174,57 @@ int main(int argc, char** argv) {
            e_mlp <= 1e-4 && e_cnn <= 1e-4 ? "PASS" : "FAIL");
     });
 
-    // 2. Throughput on one GPU: batch 256, one chunk per step (what a one-GPU trainer would do), SGD.
+    // 2. Throughput on one GPU: batch 256, one chunk per step (what a one-GPU trainer would do), SGD; with each way
+    // of waiting for the GPU (GpuWait), interleaved, so that the default can be the faster one.
     section("throughput", [&] {
       json t;
       for (const auto& [name, layout, params, fn] :
            {std::tuple{std::string("mlp"), mlp.layout(), mlp.initial_parameters(2), ChunkFunction(mlp_fn)},
             std::tuple{std::string("cnn"), cnn.layout(), cnn.initial_parameters(2), ChunkFunction(cnn_fn)}}) {
-        Runtime rt(options("cuda:0", SchedulePolicy::kSteal, 256, train));
-        rt.register_parameters(layout, params);
-        const Timing tm = time_steps(rt, train, 256, 20, steps, fn);
-        t[name] = {{"batch", 256}, {"chunk", 256}, {"steps", steps}, {"step_ms_median", tm.step_ms}, {"samples_per_s", tm.samples_per_s}};
-        line("throughput: %s batch 256 on 1 GPU: %.3f ms/step (median of %zu), %.0f samples/s", name.c_str(), tm.step_ms, steps, tm.samples_per_s);
+        std::vector<double> rate[2];
+        for (int round = 0; round < 3; ++round) {
+          for (const GpuWait w : {GpuWait::kSpin, GpuWait::kBlock}) {
+            Runtime rt(options("cuda:0", SchedulePolicy::kSteal, 256, train, w));
+            rt.register_parameters(layout, params);
+            rate[w == GpuWait::kBlock].push_back(time_steps(rt, train, 256, 10, steps / 2, fn).samples_per_s);
+          }
+        }
+        const double spin = median(rate[0]), block = median(rate[1]);
+        t[name] = {{"batch", 256}, {"chunk", 256}, {"steps", steps / 2 * 3}, {"samples_per_s", spin}, {"samples_per_s_block", block},
+                   {"wait_default", "spin"}, {"spin_over_block", spin / block}};
+        line("throughput: %s batch 256 on 1 GPU: %.0f samples/s waiting by spinning (the default), %.0f with blocking-sync events: "
+             "spin/block %.3f (medians of 3 interleaved runs of %zu steps)",
+             name.c_str(), spin, block, spin / block, steps / 2);
       }
       j["throughput"] = t;
     });
 
     // 3. Virtual GPUs: unequal parts, static vs steal vs the ideal from each part's measured speed alone.
     section("vgpu", [&] {
+      const cuda::SmInfo sm = cuda::sm_info(0);  // throws where green contexts are unavailable: this section fails alone
+      j["gpu"]["sm_granularity"] = sm.granularity;
+      line("vgpu: %d SMs in partitionable groups of %d", sm.total, sm.granularity);
       const std::vector<std::size_t> sizes = {784, vgpu_hidden, vgpu_hidden, 10};
       const examples::MlpModel wide(sizes);
       const examples::MlpCuda wide_gpu(sizes);
       const auto p = wide.initial_parameters(3);
       auto fn = [&](ChunkContext& c) { wide_gpu.accumulate(c); };
       const std::vector<double> req = parse_number_list(vgpu, "vgpu");
-      std::vector<double> speed;  // samples/s of each part alone (its chunks' time, median)
+      // Samples/s of each part alone, from its whole step (median): on a GPU the chunk phase ends when the last chunk is
+      // launched, so the chunk phase alone would leave out that chunk's run, the reduction and the update.
+      std::vector<double> speed;
       std::vector<int> sms;
       for (double r : req) {
         Runtime rt(options("vgpu:" + std::to_string(static_cast<int>(r)), SchedulePolicy::kStatic, vgpu_chunk, train));
         rt.register_parameters(wide.layout(), p);
         const Timing tm = time_steps(rt, train, vgpu_batch, 3, std::max<std::size_t>(3, vgpu_steps / 2), fn);
-        speed.push_back(static_cast<double>(vgpu_batch) / (tm.chunks_ms * 1e-3));
+        speed.push_back(static_cast<double>(vgpu_batch) / (tm.step_ms * 1e-3));
         const std::string nm = rt.device(0).name();
         sms.push_back(std::stoi(nm.substr(nm.find('(') + 1)));
-        line("vgpu: part of %d SMs alone: %.0f samples/s (%.2f ms per %zu-sample batch)", sms.back(), speed.back(), tm.chunks_ms, vgpu_batch);
+        line("vgpu: part of %d SMs alone: %.0f samples/s (%.2f ms per %zu-sample step)", sms.back(), speed.back(), tm.step_ms, vgpu_batch);
       }
       const double total = std::accumulate(speed.begin(), speed.end(), 0.0);
-      const double ideal_ms = static_cast<double>(vgpu_batch) / total * 1e3;
+      const double ideal_ms = static_cast<double>(vgpu_batch) / total * 1e3;  // T* = W / sum of s_i; each s_i holds its part's update, not the sum across parts
       double static_ideal_ms = 0;
       for (double s : speed) static_ideal_ms = std::max(static_ideal_ms, static_cast<double>(vgpu_batch) / static_cast<double>(req.size()) / s * 1e3);
       json v = {{"spec", "vgpu:" + vgpu}, {"sms", sms}, {"speeds", speed}, {"batch", vgpu_batch}, {"chunk", vgpu_chunk},
