@@ -1,7 +1,9 @@
-// A sample as a GPU chunk receives it: features, then the label as a float.
+// A sample as a GPU chunk receives it (features, then the label as a float), and the epochs' sample order.
 #include "dense_data.hpp"
 
 #include <cstring>
+#include <numeric>
+#include <utility>
 
 namespace stealbatch::examples {
 
@@ -11,6 +13,25 @@ void gather_sample(const DenseData& data, std::uint32_t sample, std::byte* dst) 
   std::memcpy(dst, data.x.data() + static_cast<std::size_t>(sample) * data.features, data.features * sizeof(float));
   const float label = static_cast<float>(data.y[sample]);
   std::memcpy(dst + data.features * sizeof(float), &label, sizeof(float));
+}
+
+__extension__ typedef unsigned __int128 Wide;  // the high half of a 64 x 64 product
+
+std::vector<std::uint32_t> epoch_order(std::size_t n, std::uint64_t seed, std::size_t epoch) {
+  std::vector<std::uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  std::uint64_t state = seed * 1000003u + epoch;
+  auto next = [&state] {  // SplitMix64
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  for (std::size_t i = n; i-- > 1;) {
+    const auto j = static_cast<std::size_t>((static_cast<Wide>(next()) * (i + 1)) >> 64);
+    std::swap(order[i], order[j]);
+  }
+  return order;
 }
 
 }  // namespace stealbatch::examples

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace stealbatch::examples {
 
@@ -24,5 +25,9 @@ struct DenseData {
 //   ro.gather = [&](std::uint32_t s, std::byte* dst) { gather_sample(train, s, dst); };
 std::size_t gpu_input_bytes(const DenseData& data);
 void gather_sample(const DenseData& data, std::uint32_t sample, std::byte* dst);
+
+// The order of an epoch's samples: 0..n-1 shuffled by Fisher-Yates with SplitMix64 from seed * 1000003 + epoch,
+// the index drawn as (r * (i + 1)) >> 64. Fully specified, so perf/torch_ref.py trains on the same order.
+std::vector<std::uint32_t> epoch_order(std::size_t n, std::uint64_t seed, std::size_t epoch);
 
 }  // namespace stealbatch::examples
