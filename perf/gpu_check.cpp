@@ -146,7 +146,6 @@ int main(int argc, char** argv) {
     };
     auto mlp_fn = [&](ChunkContext& c) { mlp_gpu.accumulate(c); };
     auto cnn_fn = [&](ChunkContext& c) { cnn_gpu.accumulate(c); };
-    examples::use_single_threaded_blas();
 
     int failed_sections = 0;
     // Each section runs on its own: a failure is recorded in the JSON and the next section still runs.

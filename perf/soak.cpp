@@ -101,7 +101,6 @@ int main(int argc, char** argv) {
   }
   if (kinds.empty()) kinds.push_back(Fault::kThrow);
 
-  examples::use_single_threaded_blas();
   std::mt19937_64 rng(seed);
   // A random classification set and a linear softmax model: smooth, so the runtime's gradient (summed chunk by
   // chunk) and the sequential one (one pass over the batch) differ by rounding alone. A ReLU network would not

@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config python3
   libtbb-dev libboost-dev doctest-dev
-  libopenblas-dev zlib1g-dev libcli11-dev nlohmann-json3-dev libfmt-dev
+  libdnnl-dev zlib1g-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   dataset-fashion-mnist
   clang libclang-rt-14-dev xz-utils
 )

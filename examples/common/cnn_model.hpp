@@ -1,4 +1,4 @@
-// A small convolutional network for 28x28 grey images, on im2col and cblas: the model the CNN example trains.
+// A small convolutional network for 28x28 grey images, on oneDNN: the model the CNN example trains.
 #pragma once
 
 #include "dense_data.hpp"
@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -40,16 +41,16 @@ class CnnModel {
   static constexpr std::size_t kSide = 28, kKernel = 5, kPad = 2, kConv1 = 16, kConv2 = 32, kHidden = 128, kClasses = 10;
   static constexpr std::size_t kFlat = kConv2 * (kSide / 4) * (kSide / 4);  // fc1's inputs: 32x7x7
 
-  // The per-device scratch for one chunk, grown on demand and reused. Convolution outputs are [channel][sample][y][x]
-  // (one GEMM covers the chunk); pooled maps are [sample][channel][y][x], the layout fc1 reads.
+  // The per-device scratch for one chunk, grown on demand and reused, with oneDNN's convolutions for each chunk size
+  // met so far (made on first use). Maps are in the layouts oneDNN's convolutions choose (channels blocked by 16 on
+  // AVX-512); pool2, the input of fc1, is [sample][channel][y][x].
   struct Workspace {
-    std::vector<float> input;                 // the chunk's images, [sample][y][x]
-    std::vector<float> col1, col2;            // im2col of each convolution's input: (in*5*5) x (samples*side*side)
-    std::vector<float> conv1, conv2;          // after bias and ReLU, before pooling
-    std::vector<float> pool1, pool2;
-    std::vector<std::uint8_t> arg1, arg2;     // the winning position (0..3) of each pooling window
-    std::vector<float> hidden, logits;
-    std::vector<float> d_logits, d_hidden, d_pool2, d_conv2, d_col2, d_pool1, d_conv1;
+    struct Kernels;
+    Workspace();
+    ~Workspace();
+    Workspace(Workspace&&) noexcept;
+    Workspace& operator=(Workspace&&) noexcept;
+    std::unique_ptr<Kernels> kernels;
   };
 
   CnnModel();

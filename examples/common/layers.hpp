@@ -1,4 +1,4 @@
-// The cblas building blocks the example models share: dense layers, ReLU, softmax cross-entropy, accuracy.
+// The building blocks the example models share, on oneDNN: GEMM, dense layers, ReLU, softmax cross-entropy, accuracy.
 #pragma once
 
 #include "dense_data.hpp"
@@ -7,13 +7,23 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace stealbatch::examples {
 
-// Makes OpenBLAS single-threaded: each device's worker computes on its own thread, and OpenBLAS's own pool
-// would oversubscribe the cores the devices already share.
-void use_single_threaded_blas();
+// The kernels' library and the instruction set its code runs on this CPU, for run headers: "oneDNN 2.6.3 avx512_core".
+std::string kernels_in_use();
+// Empty, or what to do when the kernels run older code than this CPU could (a cap on oneDNN's instruction set).
+std::string kernel_warning();
+// Gives oneDNN on the calling thread as many threads as the TBB arena it runs in (a CPU device's share of the
+// cores). Every kernel below calls it; a model's own oneDNN primitives call it before they run.
+void use_arena_threads();
+
+// C (m x n, row-major) = op(A) op(B) + beta C, with op(X) = X or its transpose (row-major as stored): oneDNN's
+// sgemm, on the calling thread's arena threads. Throws std::runtime_error when oneDNN reports a failure.
+void sgemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta,
+           float* c, std::size_t ldc);
 
 // max |a - b| / max |b|: how far a gradient is from a reference, relative to the reference's scale (the measure
 // every gradient check of the tests and perf tools uses).

@@ -1,4 +1,4 @@
-// A multilayer perceptron with ReLU and softmax cross-entropy, on cblas: the model the MLP example trains.
+// A multilayer perceptron with ReLU and softmax cross-entropy, on oneDNN GEMMs: the model the MLP example trains.
 #pragma once
 
 #include "dense_data.hpp"

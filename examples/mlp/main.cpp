@@ -30,7 +30,6 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   return run_reporting_errors("mlp", [&] {
-    use_single_threaded_blas();
     const TrainingData data(f);
     std::vector<std::size_t> sizes{data.train.features};
     for (double h : parse_number_list(hidden, "hidden")) {

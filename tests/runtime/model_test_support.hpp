@@ -63,7 +63,6 @@ double smoke_train_accuracy(const Model& model) {
     std::printf("SB_SKIP: no Fashion-MNIST at %s\n", dir.c_str());
     return -1;
   }
-  examples::use_single_threaded_blas();
   const Dataset train = load_fashion_mnist(dir, DataSplit::kTrain);
   const Dataset test = load_fashion_mnist(dir, DataSplit::kTest);
   const std::size_t n = 10000;

@@ -137,7 +137,6 @@ TEST_CASE("Cnn.PoolTieGoesToTheFirstMaximum") {
   // only at odd (y, x), so conv1's weight gradient at tap (ky, kx), a sum of d(conv1) * input[y + ky - 2][x + kx - 2]
   // over the windows' winners (y, x), is nonzero only where (y + ky, x + kx) is odd: with the winner at the window's
   // (0, 0) (even y and x), exactly at the taps with odd ky and odd kx.
-  examples::use_single_threaded_blas();
   const CnnModel model;
   std::vector<float> params = model.initial_parameters(3);
   const std::span<float> all(params);
@@ -176,7 +175,6 @@ TEST_CASE("Cnn.GradientMatchesFiniteDifferences") {
   // entries of every tensor. In double the steps can be tiny, so they rarely cross a kink of the piecewise smooth
   // network (ReLU, max-pooling); each difference is still taken twice, with steps h and h/2, and an entry whose two
   // differences disagree sits at a kink and is left out (there must be few of those).
-  examples::use_single_threaded_blas();
   const CnnModel model;
   std::vector<float> params = model.initial_parameters(7);
   // Generic pixels, uniform in [0, 1): no unit sits exactly at a ReLU's kink and no two positive pooling candidates
@@ -243,7 +241,6 @@ TEST_CASE("Cnn.GradientMatchesFiniteDifferences") {
 }
 
 TEST_CASE("Cnn.RuntimeGradientEqualsSequential") {
-  examples::use_single_threaded_blas();
   const Synthetic img(160, 784, 10, 23, 0.0f, 1.0f);
   const CnnModel model;
   const std::vector<float> init = model.initial_parameters(9);

@@ -47,7 +47,6 @@ std::string config_error(const std::function<void()>& f) {
 }  // namespace
 
 TEST_CASE("Runtime.GradientEqualsSequential") {
-  examples::use_single_threaded_blas();
   const Synthetic syn(400, 24, 5, 3);
   std::mt19937_64 rng(11);
   std::size_t cases = 0;
@@ -93,7 +92,6 @@ TEST_CASE("Runtime.GradientEqualsSequential") {
 }
 
 TEST_CASE("Runtime.ReplicasStayBitIdentical") {
-  examples::use_single_threaded_blas();
   const Synthetic syn(512, 16, 4, 9);
   const MlpModel model({16, 12, 4});
   for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam}) {
@@ -126,7 +124,6 @@ TEST_CASE("Runtime.FusedHostUpdateEqualsTheSequentialOne") {
   // buffer in chunk order, the buffers summed in device order, one unsliced Optimizer::step(). The parameters
   // must match bit for bit after every step, for SGD and for Adam (whose bias correction counts the steps: a
   // slice updated with another step count, or twice, shows here).
-  examples::use_single_threaded_blas();
   const Synthetic syn(512, 16, 4, 11);
   const MlpModel model({16, 12, 4});
   constexpr std::size_t kDevices = 4, kChunk = 5, kBatch = 64;
@@ -170,7 +167,6 @@ TEST_CASE("Runtime.LearningRateTakesEffectAtTheNextUpdate") {
   // set_learning_rate() reaches the replicas in the next update, also across a failed step: the result equals a
   // runtime created with that rate, and differs from one that kept the old rate. (This checks the effect; an
   // immediate broadcast would pass it too. It fails if the new rate is lost or applied late.)
-  examples::use_single_threaded_blas();
   const Synthetic syn(256, 16, 4, 5);
   const MlpModel model({16, 12, 4});
   auto train = [&](float initial_lr, float set_lr, bool fail_first) {
@@ -202,7 +198,6 @@ TEST_CASE("Runtime.LearningRateTakesEffectAtTheNextUpdate") {
 }
 
 TEST_CASE("Runtime.ThrowingChunkFailsTheStepAndTheNextOneWorks") {
-  examples::use_single_threaded_blas();
   const Synthetic syn(256, 8, 3, 4);
   const MlpModel model({8, 3});
   Runtime rt({.devices = "cpu:3", .chunk_size = 4, .threads_per_device = 1});
@@ -449,7 +444,7 @@ TEST_CASE("Runtime.NoDeviceSpecMeansEveryGpuWhenThereIsOne") {
 }
 
 TEST_CASE("Runtime.ConfigErrorsNameTheField") {
-  CHECK(config_error([] { Runtime rt({.devices = "cpu:2", .chunk_size = 0}); }).find("chunk_size = 0") != std::string::npos);
+  CHECK(config_error([] { Runtime rt({.devices = "cpu:2", .chunk_size = (1u << 20) + 1}); }).find("chunk_size = 1048577") != std::string::npos);
   CHECK(config_error([] { Runtime rt({.devices = "gpu:2"}); }).find("devices = 'gpu:2'") != std::string::npos);
   CHECK(config_error([] { Runtime rt({.devices = "cpu:0"}); }).find("devices = 'cpu:0'") != std::string::npos);
   CHECK(config_error([] { Runtime rt({.devices = "cuda:0"}); }).find("no CUDA backend is enabled") != std::string::npos);
@@ -515,7 +510,6 @@ TEST_CASE("Runtime.SmokeTrainingLearnsFashionMnist") {
 }
 
 TEST_CASE("Runtime.SimDevicesGiveTheExactGradient") {
-  examples::use_single_threaded_blas();
   const Synthetic syn(300, 12, 4, 21);
   const MlpModel model({12, 8, 4});
   const std::vector<float> init = model.initial_parameters(3);
@@ -561,7 +555,6 @@ TEST_CASE("Runtime.StealingBeatsStaticOnUnequalSimDevices") {
 TEST_CASE("Runtime.SpeedSizedChunksStayExact") {
   // Once speeds are measured, a device at a quarter of the speed gets a quarter-size chunks; every step's gradient
   // must still be the sequential one.
-  examples::use_single_threaded_blas();
   const Synthetic syn(400, 10, 3, 8);
   const MlpModel model({10, 6, 3});
   const std::vector<float> init = model.initial_parameters(4);
