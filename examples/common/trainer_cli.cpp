@@ -29,10 +29,12 @@ void progress(const std::string& tag, std::size_t epoch, std::size_t epochs, std
                total, rate, eta, loss);
 }
 
+std::size_t chunk_size(const TrainerFlags& f) { return f.chunk == "auto" ? 0 : static_cast<std::size_t>(std::stoull(f.chunk)); }
+
 RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel& model, const DenseData& train_set) {
   RuntimeOptions ro;
   ro.devices = f.devices;
-  ro.chunk_size = f.chunk;
+  ro.chunk_size = chunk_size(f);
   ro.policy = policy;
   ro.optimizer.kind = parse_optimizer(f.optimizer);
   ro.optimizer.lr = f.lr;
@@ -62,11 +64,10 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
   std::size_t step_no = 0;
   RunResult res;
   res.policy = policy == SchedulePolicy::kSteal ? "steal" : policy == SchedulePolicy::kStatic ? "static" : "central";
-  std::vector<std::uint32_t> order(train_set.count);
+  std::vector<std::uint32_t> order;
   std::vector<StepReport> all;
   for (std::size_t epoch = 1; epoch <= f.epochs; ++epoch) {
-    std::iota(order.begin(), order.end(), 0u);
-    std::shuffle(order.begin(), order.end(), std::mt19937_64(f.seed * 1000003 + epoch));  // the same order for every policy
+    order = epoch_order(train_set.count, f.seed, epoch);  // the same order for every policy, and for perf/torch_ref.py
     const auto t0 = Clock::now();
     auto last_print = t0;
     double loss_sum = 0;
@@ -96,6 +97,9 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
   const double secs = std::accumulate(res.epoch_seconds.begin(), res.epoch_seconds.end(), 0.0);
   res.samples_per_s = secs > 0 ? static_cast<double>(res.total.samples) / secs : 0;
   res.test_accuracy = model.test_accuracy(rt.parameters(0));
+  if (ro.chunk_size == 0) {
+    for (std::size_t d = 0; d < rt.device_count(); ++d) res.chunk_curves.push_back(rt.chunk_curve(d));
+  }
   return res;
 }
 
@@ -108,7 +112,9 @@ void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<voi
   app.add_option("--devices", f.devices, "cpu:N, cuda:all, cuda:I[,J...] or vgpu:SM1,SM2,... (parts of GPU 0); GPU specs need a CUDA build")->capture_default_str();
   app.add_option("--epochs", f.epochs, "epochs to train")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--batch", f.batch, "samples per step (mini-batch)")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--chunk", f.chunk, "samples per chunk")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--chunk", f.chunk, "samples per chunk, 1 to 1048576; auto: each device's chunk is the smallest size that reaches 95% of its best measured throughput")
+      ->check([](const std::string& v) { return v == "auto" || (!v.empty() && v.find_first_not_of("0123456789") == std::string::npos && std::stoull(v) >= 1 && std::stoull(v) <= (1u << 20)) ? std::string() : std::string("expected auto or a size in [1, 1048576]"); })
+      ->capture_default_str();
   app.add_option("--limit", f.limit, "train on the first N training samples only (0 = all)")->capture_default_str();
   app.add_option("--lr", f.lr, "learning rate")->capture_default_str();
   app.add_option("--optimizer", f.optimizer, "sgd (momentum 0.9) or adam")->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
@@ -152,8 +158,8 @@ std::vector<RunResult> train_policies(const TrainerFlags& f, const TrainerModel&
 
 std::string describe_configuration(const TrainerFlags& f) {
   char buf[512];
-  std::snprintf(buf, sizeof buf, "devices %s, slowdown %s, batch %zu, chunk %zu, %s lr %g (%s), %zu epochs, end game %s, chunk sizing %s",
-                f.devices.c_str(), f.slowdown.empty() ? "none" : f.slowdown.c_str(), f.batch, f.chunk, f.optimizer.c_str(), static_cast<double>(f.lr),
+  std::snprintf(buf, sizeof buf, "devices %s, slowdown %s, batch %zu, chunk %s, %s lr %g (%s), %zu epochs, end game %s, chunk sizing %s",
+                f.devices.c_str(), f.slowdown.empty() ? "none" : f.slowdown.c_str(), f.batch, f.chunk.c_str(), f.optimizer.c_str(), static_cast<double>(f.lr),
                 f.schedule.c_str(), f.epochs, f.endgame.c_str(), f.chunk_sizing.c_str());
   return buf;
 }
@@ -179,9 +185,10 @@ void report(const TrainerFlags& f, const std::vector<RunResult>& runs) {
     j["runs"] = nlohmann::json::array();
     for (const RunResult& r : runs) {
       std::vector<double> util;
-      for (const DeviceReport& d : r.total.devices) util.push_back(d.utilization);
+      std::vector<std::size_t> sizes;
+      for (const DeviceReport& d : r.total.devices) util.push_back(d.utilization), sizes.push_back(d.chunk_samples);
       j["runs"].push_back({{"policy", r.policy}, {"epoch_seconds", r.epoch_seconds}, {"samples_per_s", r.samples_per_s}, {"steals", r.steals},
-                           {"utilization", util}, {"test_accuracy", r.test_accuracy}});
+                           {"utilization", util}, {"chunk_samples", sizes}, {"chunk_curves", r.chunk_curves}, {"test_accuracy", r.test_accuracy}});
     }
     if (f.compare) j["speedup_steal_vs_static"] = speedup;
     std::ofstream out(f.json);

@@ -26,7 +26,7 @@ struct TrainerFlags {
   std::string devices = "cpu:4";
   std::size_t epochs = 10;
   std::size_t batch = 256;
-  std::size_t chunk = 32;
+  std::string chunk = "auto";  // "auto" (each device's measured size) or samples per chunk
   std::size_t limit = 0;  // train on the first N samples only (0 = all)
   float lr = 0.1f;
   std::string optimizer = "sgd";
@@ -94,6 +94,7 @@ struct RunResult {
   std::uint64_t steals = 0;
   double test_accuracy = 0;
   StepReport total;
+  std::vector<std::vector<std::pair<std::size_t, double>>> chunk_curves;  // per device, with --chunk auto
 };
 
 // Trains from the model's initial parameters for --epochs under --policy, or under static and then steal on the

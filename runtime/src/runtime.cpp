@@ -1,6 +1,7 @@
 // The Runtime: cut, place, run with stealing, reduce, scale by the true sample count, update every replica.
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/cpu_device.hpp>
+#include <stealbatch/runtime/detail/chunk_sizer.hpp>
 #include <stealbatch/runtime/detail/cost_profile.hpp>
 #include <stealbatch/runtime/detail/speed_shares.hpp>
 #include <stealbatch/runtime/runtime.hpp>
@@ -115,8 +116,8 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
     m_options.devices = gpus && gpus->available() > 0 ? "cuda:all" : "cpu:" + std::to_string(std::min(cores, 4u));
   }
   DeviceSpec spec = parse_device_spec(m_options.devices);
-  if (m_options.chunk_size < 1 || m_options.chunk_size > (std::size_t{1} << 20)) {
-    throw ConfigError("chunk_size = " + std::to_string(m_options.chunk_size) + "; valid range is [1, 1048576]");
+  if (m_options.chunk_size > (std::size_t{1} << 20)) {
+    throw ConfigError("chunk_size = " + std::to_string(m_options.chunk_size) + "; valid range is [1, 1048576], or 0 for sizes the runtime measures");
   }
   validate(m_options.optimizer);
   if (m_options.in_flight < 1 || m_options.in_flight > 16) {
@@ -198,6 +199,7 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
   }
   m_speed_history.resize(n);
   m_stolen_slowness.resize(n);
+  m_chunk_sizer.reset(n);
   m_idle_steps.assign(n, 0);
   m_backend = backend;
   make_communicator();
@@ -282,6 +284,7 @@ void Runtime::exclude_device(std::size_t position) {
   m_speed_history.erase(m_speed_history.begin() + static_cast<std::ptrdiff_t>(position));
   m_stolen_slowness.erase(m_stolen_slowness.begin() + static_cast<std::ptrdiff_t>(position));
   m_cost_profile.reset();  // indexed by the devices as they were
+  m_chunk_sizer.erase(position);
   m_pending_observation.ready = false;
   m_idle_steps.erase(m_idle_steps.begin() + static_cast<std::ptrdiff_t>(position));
   m_ids.erase(m_ids.begin() + static_cast<std::ptrdiff_t>(position));
@@ -356,7 +359,8 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   if (m_layout.size() == 0) throw ConfigError("step: no parameters registered; call register_parameters() first");
   const auto t_start = Clock::now();
   std::size_t n = m_devices.size();
-  const std::size_t cs = m_options.chunk_size;
+  const bool sized = m_options.chunk_size == 0;  // each device's chunk size from its measured curve (detail::ChunkSizer)
+  std::size_t cs = m_options.chunk_size;         // a full chunk (the fastest device's; with sized, the largest own chunk)
   std::vector<double> speeds = throughput_estimates();  // samples/s per device; empty until measured
   if (m_options.placement == PlacementPolicy::kPreviousStep && !speeds.empty()) {
     for (std::size_t d = 0; d < n; ++d) speeds[d] = m_speed_history[d].back();
@@ -384,7 +388,50 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   spans.clear();
   std::vector<ChunkRange> ranges(n);
   std::vector<double> own_cost(n, static_cast<double>(cs));  // each device's own chunk, in cost units (samples when flat)
-  if (by_speed) {
+  std::vector<std::size_t> own_size(n, cs);   // each device's own chunk this step, in samples
+  std::vector<std::uint32_t> share_len(n, 0);  // each device's share this step, in samples
+  if (sized) {
+    // Shares in samples (by speed or cost once measured, else equal or given), each cut into chunks of its device's
+    // size: a rung of its ladder while it explores, its chosen rung after that. Placed by speed with stealing, a
+    // share's end is cut finer (detail::cut_share), so the step ends on small chunks whatever the sizes.
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> share(n);
+    auto set_shares = [&](const std::vector<ChunkRange>& r) {
+      for (std::size_t d = 0; d < n; ++d) share[d] = {static_cast<std::uint32_t>(r[d].begin), static_cast<std::uint32_t>(r[d].end)};
+    };
+    const std::vector<ChunkRange> plain = m_options.placement == PlacementPolicy::kGiven ? place_proportional(samples.size(), m_options.placement_weights)
+                                          : adaptive                                     ? place_proportional(samples.size(), rate)
+                                                                                         : place_equal(samples.size(), n);
+    set_shares(plain);
+    for (std::size_t d = 0; d < n; ++d) own_size[d] = m_chunk_sizer.size(d, std::max<std::size_t>(1, plain[d].end - plain[d].begin));
+    if (by_speed) {
+      for (std::size_t d = 0; d < n; ++d) own_cost[d] = static_cast<double>(own_size[d]);
+      const std::vector<double> weights = detail::speed_share_weights(rate, m_speed_history, own_size, samples.size());
+      if (by_cost) {
+        share = detail::split_by_cost(position_cost, weights);
+      } else {
+        set_shares(place_proportional(samples.size(), weights));
+      }
+    }
+    std::vector<std::uint32_t> sizes;
+    for (std::size_t d = 0; d < n; ++d) {
+      ranges[d].begin = static_cast<ChunkId>(spans.size());
+      share_len[d] = share[d].second - share[d].first;
+      own_size[d] = std::min<std::size_t>(own_size[d], std::max<std::uint32_t>(1, share_len[d]));
+      own_cost[d] = static_cast<double>(own_size[d]);
+      sizes.clear();
+      if (by_speed && !m_chunk_sizer.exploring(d)) {
+        detail::cut_share(share[d].first, share[d].second, own_cost[d], std::max(1.0, own_cost[d] / 4), position_cost, sizes);
+      } else {
+        for (std::uint32_t at = share[d].first; at < share[d].second; at += static_cast<std::uint32_t>(own_size[d])) {
+          sizes.push_back(static_cast<std::uint32_t>(std::min<std::size_t>(own_size[d], share[d].second - at)));
+        }
+      }
+      std::uint32_t at = share[d].first;
+      for (std::uint32_t size : sizes) spans.push_back({at, size}), at += size;
+      ranges[d].end = static_cast<ChunkId>(spans.size());
+    }
+    cs = *std::max_element(own_size.begin(), own_size.end());
+  } else if (by_speed) {
     // Samples in proportion to speed, and chunks sized to it: a device at a sixth of the fastest one's speed
     // gets a sixth of the samples in chunks a sixth as large, so its chunks take about as long as anyone's and
     // the step's tail stays about one fast chunk long. Placed by cost, the same in cost units: a device's share is
@@ -394,6 +441,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     for (std::size_t d = 0; d < n; ++d) {
       size_of[d] = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(static_cast<double>(cs) * rate[d] / fastest)));
       own_cost[d] = by_cost ? static_cast<double>(cs) * rate[d] / fastest : static_cast<double>(size_of[d]);
+      own_size[d] = size_of[d];
     }
     // Plus a margin for slower devices whose speed is uncertain (see speed_share_weights()).
     const std::vector<double> weights = detail::speed_share_weights(rate, m_speed_history, size_of, samples.size());
@@ -469,7 +517,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   }
   std::vector<std::uint32_t> ran_on(chunks);
   std::vector<float> stolen_ratio(watch_speed ? chunks : 0, 0.0f);  // a stolen chunk's time over what its thief's speed predicts
-  std::vector<double> took_s(learn_costs ? chunks : 0, 0.0);         // each chunk's time on its device, for the cost profile
+  std::vector<double> took_s(learn_costs || sized ? chunks : 0, 0.0);  // each chunk's time on its device: the cost profile, the sizer
   std::vector<std::uint8_t> runs(chunks, 0);  // each chunk's run count: the exactly-once check, chunk by chunk
 
   if (m_grads_dirty) {  // after compute_gradient() or a failed step; a completed step() leaves them zeroed
@@ -522,9 +570,9 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     if (own) r.device_end = std::max(r.device_end, ctx.device_end);
     // The chunk's span: on the device's timeline when it keeps one, else the worker's call (read once, for both uses).
     const auto begin = own ? ctx.device_begin : t0;
-    const auto end = own ? ctx.device_end : (watch_speed || learn_costs || m_trace ? Clock::now() : t0);
+    const auto end = own ? ctx.device_end : (watch_speed || !took_s.empty() || m_trace ? Clock::now() : t0);
     const double took = seconds(end - begin);
-    if (learn_costs) took_s[c] = took;
+    if (!took_s.empty()) took_s[c] = took;
     if (watch_speed) {
       // The factor from its own chunks only: a stolen one may hold samples of another cost (another device's
       // share of a batch whose cost varies by position), which says nothing about this device's speed.
@@ -697,6 +745,9 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     }
     dr.chunks_run = wc.chunks_run;
     dr.samples = m_replicas[d]->samples;
+    dr.chunk_samples = own_size[d];
+    // A GPU's chunks run asynchronously, and its worker's calls do not time them: while it explores, the step does.
+    if (sized && excluded.empty() && !m_host_devices) m_chunk_sizer.observe_step(d, dr.samples, chunks_s);
     loss += m_replicas[d]->loss;
     auto& h = m_speed_history[d];
     if (!excluded.empty()) {
@@ -712,6 +763,12 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
       h.clear();
       m_idle_steps[d] = 0;
     }
+  }
+  if (sized && excluded.empty()) {
+    if (m_host_devices) {
+      for (std::size_t c = 0; c < chunks; ++c) m_chunk_sizer.observe_chunk(ran_on[c], spans[c].size, took_s[c]);
+    }
+    for (std::size_t d = 0; d < n; ++d) m_chunk_sizer.end_step(d, share_len[d]);
   }
   if (learn_costs && excluded.empty()) {
     // Learnt from during the next step's chunk phase (above). speeds: samples/s as this step began, the flat model.

@@ -21,6 +21,7 @@ StepReport accumulate(std::span<const StepReport> steps) {
       a.name = b.name;
       a.busy_s += b.busy_s, a.idle_s += b.idle_s, a.barrier_wait_s += b.barrier_wait_s;
       a.chunks_run += b.chunks_run, a.chunks_stolen += b.chunks_stolen, a.samples += b.samples;
+      a.chunk_samples = b.chunk_samples;  // the latest step's
     }
   }
   if (sum.samples > 0) sum.loss /= static_cast<double>(sum.samples);
@@ -39,15 +40,15 @@ std::string format_dashboard(const StepReport& r, const std::string& title) {
   std::snprintf(line, sizeof line, "| time: chunks %.3f s, allreduce %.3f s, optimizer %.3f s, other %.3f s\n", r.chunks_s, r.reduce_s,
                 r.optimizer_s, std::max(0.0, r.step_s - r.chunks_s - r.reduce_s - r.optimizer_s));
   out += line;
-  std::snprintf(line, sizeof line, "| %-6s %5s  %-*s  %8s %8s %7s %7s %8s\n", "dev", "util", kBar + 2, "", "busy(s)", "wait(s)", "chunks",
-                "stolen", "samples");
+  std::snprintf(line, sizeof line, "| %-6s %5s  %-*s  %8s %8s %7s %7s %8s %6s\n", "dev", "util", kBar + 2, "", "busy(s)", "wait(s)", "chunks",
+                "stolen", "samples", "chunk");
   out += line;
   for (const DeviceReport& d : r.devices) {
     const int filled = std::clamp(static_cast<int>(d.utilization * kBar + 0.5), 0, kBar);
     std::string bar = "|" + std::string(static_cast<std::size_t>(filled), '#') + std::string(static_cast<std::size_t>(kBar - filled), ' ') + "|";
-    std::snprintf(line, sizeof line, "| %-6s %4.0f%%  %s  %8.3f %8.3f %7llu %7llu %8llu\n", d.name.c_str(), d.utilization * 100, bar.c_str(),
+    std::snprintf(line, sizeof line, "| %-6s %4.0f%%  %s  %8.3f %8.3f %7llu %7llu %8llu %6zu\n", d.name.c_str(), d.utilization * 100, bar.c_str(),
                   d.busy_s, d.barrier_wait_s, static_cast<unsigned long long>(d.chunks_run),
-                  static_cast<unsigned long long>(d.chunks_stolen), static_cast<unsigned long long>(d.samples));
+                  static_cast<unsigned long long>(d.chunks_stolen), static_cast<unsigned long long>(d.samples), d.chunk_samples);
     out += line;
   }
   return out;

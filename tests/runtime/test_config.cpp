@@ -30,7 +30,6 @@ TEST_CASE("Config.EveryFieldOutsideItsRangeNamesFieldAndValue") {
       {"devices", "cpu:0", [](RuntimeOptions& o) { o.devices = "cpu:0"; }},
       {"devices", "sim:1,-1", [](RuntimeOptions& o) { o.devices = "sim:1,-1"; }},
       {"devices", "vgpu:0", [](RuntimeOptions& o) { o.devices = "vgpu:0"; }},
-      {"chunk_size", "0", [](RuntimeOptions& o) { o.chunk_size = 0; }},
       {"chunk_size", "1048577", [](RuntimeOptions& o) { o.chunk_size = (1u << 20) + 1; }},
       {"slowdown", "0.5", [](RuntimeOptions& o) { o.slowdown = {1, 0.5}; }},
       {"slowdown has 3 values", "3", [](RuntimeOptions& o) { o.slowdown = {1, 1, 1}; }},

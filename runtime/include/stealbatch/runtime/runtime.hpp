@@ -4,6 +4,7 @@
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/communicator.hpp>
 #include <stealbatch/runtime/device.hpp>
+#include <stealbatch/runtime/detail/chunk_sizer.hpp>
 #include <stealbatch/runtime/detail/cost_profile.hpp>
 #include <stealbatch/runtime/device_spec.hpp>
 #include <stealbatch/runtime/optimizer.hpp>
@@ -56,7 +57,10 @@ enum class Fault { kNone, kThrow, kStall, kDeviceLoss };
 struct RuntimeOptions {
   std::string devices{};                           // "cpu:4", "cuda:all", "cuda:0,1", "vgpu:64,16", "sim:1,1,0.5"; empty = every GPU if
                                                    // there is one (with the CUDA backend enabled), else one CPU device per core, up to 4
-  std::size_t chunk_size = 32;                     // samples per chunk, [1, 1048576]
+  // Samples per chunk, [1, 1048576] (on the fastest device, with kBySpeed sizing); or 0: each device's chunk is
+  // the smallest size that reaches 95% of its best measured throughput (detail::ChunkSizer): large enough for its
+  // kernels, as small as that allows for the step's tail. StepReport's DeviceReport::chunk_samples tells the sizes.
+  std::size_t chunk_size = 0;
   SchedulePolicy policy = SchedulePolicy::kSteal;  // kStatic: no stealing (the DDP baseline)
   PlacementPolicy placement = PlacementPolicy::kThroughput;
   EndGame endgame = EndGame::kOn;
@@ -168,6 +172,9 @@ class Runtime {
   // more than their noise, see detail::pooled_speeds); empty before the first step.
   std::vector<double> throughput_estimates() const;
   std::uint64_t trace_events_dropped() const noexcept;
+  // With chunk_size = 0: device d's measured throughput against chunk size, (samples per chunk, samples/s), from
+  // the chunk sizes it has run so far.
+  std::vector<std::pair<std::size_t, double>> chunk_curve(std::size_t device) const { return m_chunk_sizer.curve(device); }
 
  private:
   struct Replica;
@@ -199,6 +206,7 @@ class Runtime {
   // chunks): samples that cost more where this device's share lies, not a slower device (see run_chunks).
   std::vector<std::vector<double>> m_stolen_slowness;
   detail::CostProfile m_cost_profile;  // costs by batch position, apart from device speeds (cost_by_position)
+  detail::ChunkSizer m_chunk_sizer;    // each device's chunk size (chunk_size = 0)
   // The last step's chunk times, for the profile to learn from (simulated devices: while the next step's chunks run;
   // see run_chunks).
   struct PendingObservation {

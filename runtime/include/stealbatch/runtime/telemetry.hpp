@@ -23,6 +23,7 @@ struct DeviceReport {
   std::uint64_t chunks_run = 0;
   std::uint64_t chunks_stolen = 0;
   std::uint64_t samples = 0;
+  std::size_t chunk_samples = 0;  // the size of its own chunks this step (before a share's end is cut finer)
 };
 
 struct StepReport {
@@ -48,7 +49,7 @@ struct StepReport {
 StepReport accumulate(std::span<const StepReport> steps);
 
 // A fixed-width table with one bar per device, in the spirit of nvidia-smi:
-//   dev    util  |bar                 |  busy(s)  wait(s)  chunks  stolen  samples
+//   dev    util  |bar                 |  busy(s)  wait(s)  chunks  stolen  samples  chunk (the latest step's own chunk size)
 std::string format_dashboard(const StepReport& report, const std::string& title);
 
 // One span of the trace: a chunk or a barrier wait on a device, or the reduction or optimizer on the host row.
