@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check in one run, on the verification machine (one H200, PyTorch and pip's NCCL and cuBLAS, no TBB,
-# OpenBLAS or apt). Build and pack here first (bash perf/pack_device_check.sh), carry .devpack, then:
+# oneDNN or apt). Build and pack here first (bash perf/pack_device_check.sh), carry .devpack, then:
 #
 #   bash perf/device_check.sh [.devpack]
 #
@@ -108,7 +108,7 @@ CUBLAS_LIB=$(libdir libcublas.so.13)
 echo "NCCL from ${NCCL_LIB:-(not found)}, cuBLAS from ${CUBLAS_LIB:-(not found)}"
 export LD_LIBRARY_PATH="$LIB:${NCCL_LIB}:${CUBLAS_LIB}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-ldd "$PACK/bin/gpu_check" 2>&1 | grep -E "not found|nccl|cublas|tbb|openblas|not a dynamic"
+ldd "$PACK/bin/gpu_check" 2>&1 | grep -E "not found|nccl|cublas|tbb|dnnl|gomp|OpenCL|not a dynamic"
 
 say "1. nvidia-smi and the GPU tests"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv || echo "device_check: nvidia-smi failed"
@@ -122,9 +122,9 @@ say "3. PyTorch reference (same models, batch 256, fp32)"
 LD_LIBRARY_PATH="$ORIG_LD" PYTHONUNBUFFERED=1 run torch_ref 120 python3 "$REPO/perf/torch_ref.py" --data "$PACK/data" --json "$OUT/torch_ref.json"
 
 say "4. examples on the GPU"
-run mlp_cuda 90 "$PACK/bin/mlp" --data "$PACK/data" --devices cuda:0 --chunk 256 --epochs 10 --json "$OUT/mlp_gpu.json"
-run mlp_vgpu 90 "$PACK/bin/mlp" --data "$PACK/data" --devices vgpu:64,16,16,16 --hidden 2048,2048 --batch 8192 --chunk 256 --epochs 1 --compare
-run cnn_cuda 120 "$PACK/bin/cnn" --data "$PACK/data" --devices cuda:0 --chunk 64 --json "$OUT/cnn_gpu.json"
+run mlp_cuda 90 "$PACK/bin/mlp" --data "$PACK/data" --devices cuda:0 --epochs 10 --json "$OUT/mlp_gpu.json"
+run mlp_vgpu 90 "$PACK/bin/mlp" --data "$PACK/data" --devices vgpu:64,16,16,16 --hidden 2048,2048 --batch 8192 --epochs 1 --compare
+run cnn_cuda 120 "$PACK/bin/cnn" --data "$PACK/data" --devices cuda:0 --json "$OUT/cnn_gpu.json"
 
 say "5. stealbench: 16 and 32 simulated devices on $(nproc) cores (no GPU)"
 for n in 16 32; do  # 256 samples per device, as in the performance document's tables

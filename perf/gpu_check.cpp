@@ -68,6 +68,7 @@ std::vector<float> mean_gradient(RuntimeOptions o, const ParameterLayout& layout
 struct Timing {
   double step_ms = 0, samples_per_s = 0;
   std::uint64_t steals = 0;
+  std::size_t chunk_samples = 0;  // device 0's, in the last step
   std::vector<double> util;
 };
 
@@ -76,9 +77,11 @@ Timing time_steps(Runtime& rt, const DenseData& d, std::size_t batch, std::size_
   std::vector<double> step_s;
   Timing t;
   std::vector<std::vector<double>> util(rt.device_count());
+  StepReport last;
   for (std::size_t i = 0; i < warmup + steps; ++i) {
     for (std::size_t k = 0; k < batch; ++k) idx[k] = static_cast<std::uint32_t>((i * batch + k) % d.count);
     const StepReport r = rt.step(idx, fn);
+    last = r;
     if (i < warmup) continue;
     step_s.push_back(r.step_s);
     t.steals += r.steals;
@@ -86,6 +89,7 @@ Timing time_steps(Runtime& rt, const DenseData& d, std::size_t batch, std::size_
   }
   t.step_ms = median(step_s) * 1e3;
   t.samples_per_s = static_cast<double>(batch) / median(step_s);
+  t.chunk_samples = last.devices.empty() ? 0 : last.devices[0].chunk_samples;
   for (auto& u : util) t.util.push_back(median(u));
   return t;
 }
@@ -180,20 +184,25 @@ int main(int argc, char** argv) {
       for (const auto& [name, layout, params, fn] :
            {std::tuple{std::string("mlp"), mlp.layout(), mlp.initial_parameters(2), ChunkFunction(mlp_fn)},
             std::tuple{std::string("cnn"), cnn.layout(), cnn.initial_parameters(2), ChunkFunction(cnn_fn)}}) {
-        std::vector<double> rate[2];
+        // chunk 256 (one chunk a step) with each wait, and the automatic size (after its ladder is explored).
+        std::vector<double> rate[3];
+        std::size_t chosen = 0;
         for (int round = 0; round < 3; ++round) {
-          for (const GpuWait w : {GpuWait::kSpin, GpuWait::kBlock}) {
-            Runtime rt(options("cuda:0", SchedulePolicy::kSteal, 256, train, w));
+          for (int run = 0; run < 3; ++run) {
+            const GpuWait w = run == 1 ? GpuWait::kBlock : GpuWait::kSpin;
+            Runtime rt(options("cuda:0", SchedulePolicy::kSteal, run == 2 ? 0 : 256, train, w));
             rt.register_parameters(layout, params);
-            rate[w == GpuWait::kBlock].push_back(time_steps(rt, train, 256, 10, steps / 2, fn).samples_per_s);
+            const Timing tm = time_steps(rt, train, 256, run == 2 ? 60 : 10, steps / 2, fn);
+            rate[run].push_back(tm.samples_per_s);
+            if (run == 2) chosen = tm.chunk_samples;
           }
         }
-        const double spin = median(rate[0]), block = median(rate[1]);
+        const double spin = median(rate[0]), block = median(rate[1]), automatic = median(rate[2]);
         t[name] = {{"batch", 256}, {"chunk", 256}, {"steps", steps / 2 * 3}, {"samples_per_s", spin}, {"samples_per_s_block", block},
-                   {"wait_default", "spin"}, {"spin_over_block", spin / block}};
-        line("throughput: %s batch 256 on 1 GPU: %.0f samples/s waiting by spinning (the default), %.0f with blocking-sync events: "
-             "spin/block %.3f (medians of 3 interleaved runs of %zu steps)",
-             name.c_str(), spin, block, spin / block, steps / 2);
+                   {"wait_default", "spin"}, {"spin_over_block", spin / block}, {"samples_per_s_auto", automatic}, {"auto_chunk", chosen}};
+        line("throughput: %s batch 256 on 1 GPU: %.0f samples/s at chunk 256 waiting by spinning (the default), %.0f with blocking-sync "
+             "events (spin/block %.3f); %.0f at the automatic chunk (%zu); medians of 3 interleaved runs of %zu steps",
+             name.c_str(), spin, block, spin / block, automatic, chosen, steps / 2);
       }
       j["throughput"] = t;
     });
@@ -246,6 +255,23 @@ int main(int argc, char** argv) {
       line("vgpu: steal %.2fx faster than static; ideal speedup %.2fx (ratio %.3f; target >= 0.9); steal efficiency %.3f (target >= 0.9)",
            t_static / t_steal, static_ideal_ms / ideal_ms, (t_static / t_steal) / (static_ideal_ms / ideal_ms), ideal_ms / t_steal);
       j["vgpu"] = v;
+    });
+
+    // The efficiency curve on one GPU: samples/s against chunk size, the MLP at batch 4096, and the automatic choice
+    // with the runtime's own measured curve.
+    section("curve", [&] {
+      json c = json::array();
+      for (std::size_t chunk : {16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 0}) {
+        Runtime rt(options("cuda:0", SchedulePolicy::kSteal, chunk, train));
+        rt.register_parameters(mlp.layout(), mlp.initial_parameters(4));
+        const Timing tm = time_steps(rt, train, 4096, chunk == 0 ? 60 : 5, 20, mlp_fn);
+        json row = {{"chunk", chunk == 0 ? json("auto") : json(chunk)}, {"chunk_samples", tm.chunk_samples}, {"samples_per_s", tm.samples_per_s}};
+        if (chunk == 0) row["measured_curve"] = rt.chunk_curve(0);
+        c.push_back(row);
+        line("curve: mlp batch 4096 on 1 GPU, chunk %s: %.0f samples/s", chunk == 0 ? ("auto (" + std::to_string(tm.chunk_samples) + ")").c_str()
+                                                                                    : std::to_string(chunk).c_str(), tm.samples_per_s);
+      }
+      j["curve"] = c;
     });
 
     // 4. The NCCL AllReduce of each flat buffer, over every GPU of this machine (one rank per GPU).

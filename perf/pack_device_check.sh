@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds what perf/device_check.sh runs and packs it into .devpack/ (ignored by git; carry it to the GPU machine):
 # the GPU binaries (sm_90, static cudart) and stealbench, the shared libraries that machine lacks (libtbb,
-# OpenBLAS, xz-packed to fit the transfer limit), and Fashion-MNIST. NCCL and cuBLAS come from that machine's pip
+# oneDNN with its OpenMP and OpenCL loader, xz-packed to fit the transfer limit), and Fashion-MNIST. NCCL and cuBLAS come from that machine's pip
 # packages.
 #
 #   bash perf/pack_device_check.sh [BUILD_DIR]      (default build/, configured as scripts/test.sh does)
@@ -15,7 +15,7 @@ fi
 ninja -C "$BUILD" gpu_check test_cuda_basics test_cuda_runtime mlp cnn stealbench
 rm -rf "$PACK" && mkdir -p "$PACK/bin" "$PACK/lib" "$PACK/data"
 cp "$BUILD/perf/gpu_check" "$BUILD/tests/cuda/test_cuda_basics" "$BUILD/tests/cuda/test_cuda_runtime" "$BUILD/examples/mlp" "$BUILD/examples/cnn" "$BUILD/perf/stealbench" "$PACK/bin/"
-for lib in libtbb.so.12 libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
+for lib in libtbb.so.12 libdnnl.so.2 libgomp.so.1 libOpenCL.so.1; do
   path=$(ldd "$PACK/bin/gpu_check" | awk -v l="$lib" '$1 == l {print $3}')
   [ -n "$path" ] || { echo "pack: $lib not found in ldd of gpu_check" >&2; exit 1; }
   xz -T2 -6 -c "$path" > "$PACK/lib/$lib.xz"

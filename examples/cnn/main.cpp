@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
     const CnnModel model;
     std::printf("# cnn: %zu train / %zu test samples, model conv5x5x16-pool-conv5x5x32-pool-fc128-fc10 (%zu parameters), %s\n",
                 data.train.count, data.test.count, model.layout().size(), describe_configuration(f).c_str());
+    print_kernels();
     TrainerModel tm = trainer_model(model, data, f.seed);
 #ifdef STEALBATCH_HAS_CUDA
     stealbatch::cuda::enable();  // cuda: and vgpu: device specs

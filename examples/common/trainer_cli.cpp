@@ -1,6 +1,8 @@
 // The example trainers' shared command line, epoch loop and report.
 #include "trainer_cli.hpp"
 
+#include "layers.hpp"
+
 #include <stealbatch/error.hpp>
 
 #include <CLI/CLI.hpp>
@@ -164,6 +166,11 @@ std::string describe_configuration(const TrainerFlags& f) {
   return buf;
 }
 
+void print_kernels() {
+  std::printf("# kernels: %s\n", kernels_in_use().c_str());
+  if (const std::string w = kernel_warning(); !w.empty()) std::fprintf(stderr, "warning: %s\n", w.c_str());
+}
+
 void report(const TrainerFlags& f, const std::vector<RunResult>& runs) {
   for (const RunResult& r : runs) {
     std::printf("\n%s", format_dashboard(r.total, "policy " + r.policy).c_str());
@@ -181,6 +188,7 @@ void report(const TrainerFlags& f, const std::vector<RunResult>& runs) {
   if (!f.json.empty()) {
     nlohmann::json j;
     j["test_accuracy"] = runs.back().test_accuracy;
+    j["kernels"] = kernels_in_use();
     j["epochs"] = f.epochs;
     j["runs"] = nlohmann::json::array();
     for (const RunResult& r : runs) {

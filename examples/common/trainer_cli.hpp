@@ -104,6 +104,10 @@ std::vector<RunResult> train_policies(const TrainerFlags& f, const TrainerModel&
 // "devices cpu:4, slowdown none, batch 256, ...": the configuration for a trainer's header line.
 std::string describe_configuration(const TrainerFlags& f);
 
+// The "# kernels: ..." header line (the CPU kernels' library and instruction set), and a warning on stderr when they
+// run older code than the CPU could.
+void print_kernels();
+
 // Prints each run's dashboard, the speedup with --compare and the test accuracy, and writes --json.
 void report(const TrainerFlags& f, const std::vector<RunResult>& runs);
 

@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
     std::printf("# mlp: %zu train / %zu test samples, model", data.train.count, data.test.count);
     for (std::size_t s : sizes) std::printf(" %zu", s);
     std::printf(", %s\n", describe_configuration(f).c_str());
+    print_kernels();
     TrainerModel tm = trainer_model(model, data, f.seed);
 #ifdef STEALBATCH_HAS_CUDA
     stealbatch::cuda::enable();  // cuda: and vgpu: device specs

@@ -60,6 +60,13 @@ std::size_t ChunkSizer::choose(const State& s) const noexcept {
   return 0;
 }
 
+void ChunkSizer::stop_exploring(std::size_t device) noexcept {
+  State& s = m_devices[device];
+  if (!s.exploring) return;
+  s.exploring = false;
+  s.at = choose(s);
+}
+
 void ChunkSizer::end_step(std::size_t device, std::size_t share) noexcept {
   State& s = m_devices[device];
   if (++s.steps >= kRefreshSteps) {  // devices change (a throttled GPU, a noisy neighbour): measure again
@@ -67,6 +74,10 @@ void ChunkSizer::end_step(std::size_t device, std::size_t share) noexcept {
     return;
   }
   if (!s.exploring) return;
+  if (rung_size(s.at) > share) {  // the rung no longer fits the share (its share shrank as speeds were measured)
+    stop_exploring(device);
+    return;
+  }
   if (s.rungs[s.at].count < kMinChunks && s.steps < kMaxExploreSteps) return;
   // The rung is measured: stop where the next one cannot be cut from the share, at the top, or on a flat curve.
   auto best_below = [&](std::size_t r) {
@@ -77,11 +88,18 @@ void ChunkSizer::end_step(std::size_t device, std::size_t share) noexcept {
   const bool flat = s.at >= 2 && s.rungs[s.at].samples_per_s() < kFlat * best_below(s.at) &&
                     s.rungs[s.at - 1].samples_per_s() < kFlat * best_below(s.at - 1);
   if (s.at + 1 >= kRungs || rung_size(s.at + 1) > share || flat || s.steps >= kMaxExploreSteps) {
-    s.exploring = false;
-    s.at = choose(s);
+    stop_exploring(device);
     return;
   }
   ++s.at;
+}
+
+double ChunkSizer::relative_speed(std::size_t a, std::size_t b) const noexcept {
+  for (std::size_t r = kRungs; r-- > 0;) {
+    const Rung &x = m_devices[a].rungs[r], &y = m_devices[b].rungs[r];
+    if (x.entries > 0 && y.entries > 0 && y.samples_per_s() > 0) return x.samples_per_s() / y.samples_per_s();
+  }
+  return 0;
 }
 
 std::vector<std::pair<std::size_t, double>> ChunkSizer::curve(std::size_t device) const {

@@ -70,30 +70,33 @@ void CpuDevice::bind() {
 std::string CpuDevice::name() const { return "cpu" + std::to_string(m_index); }
 
 void CpuDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
-  if (m_slowdown <= 1.0) {
+  // With one thread, the chunk's compute time is the CPU time this thread spent in it: on a machine with fewer cores
+  // than devices the wall time also holds the time the thread waited for a core. That is what the device reports
+  // (ChunkContext::compute_seconds, its slowdown included), and what a slowed device multiplies: multiplying the
+  // wait made the device far slower than asked (measured on 2 cores, cpu:4, slowdown 6.6,6.6,1,1: the slowed threads
+  // waited for a core 30% of the time and took 4.4% of the samples each instead of about 6.6%). With more threads the
+  // work is spread over the arena's threads, whose CPU time this thread does not see, so the wall time stands in.
+  // The clock reads are also a system call per chunk, the preemption point of set_preemption_point(): on a kernel
+  // without full preemption (preempt=none or lazy), a device thread that wakes while the others compute may wait for
+  // a core until the next timer tick (4 ms at HZ=250), unless a running thread enters the kernel; entering it once
+  // per chunk hands the core over at the chunk boundary instead (measured on the 2-core build machine, kernel 6.18,
+  // preempt=none, cpu:4 with slowdown 6.6,6.6,1,1 at batch 1024, three runs each: the slowed devices' utilization
+  // 0.66-0.73 without it, 0.78-0.81 with it).
+  if (m_slowdown <= 1.0 && !m_compute_time) {
     m_arena.execute([&] { fn(ctx); });
-    // With set_preemption_point(), one system call per chunk (reading the thread's CPU clock is one): on a kernel
-    // without full preemption (preempt=none or lazy), a device thread that wakes while the others compute may
-    // wait for a core until the next timer tick (4 ms at HZ=250), unless a running thread enters the kernel.
-    // Entering it once per chunk hands the core over at the chunk boundary instead. Measured on the 2-core build
-    // machine (kernel 6.18, preempt=none), cpu:4 with slowdown 6.6,6.6,1,1 at batch 1024, three runs each: the
-    // slowed devices' utilization 0.66-0.73 without it, 0.78-0.81 with it.
     if (m_preemption_point) (void)thread_cpu_time();
     return;
   }
-  // Slowed: the device idles for (slowdown - 1) x the chunk's compute time. With one thread, that is the CPU time
-  // this thread spent in the chunk: on a machine with fewer cores than devices the wall time also holds the time
-  // the thread waited for a core, and multiplying that wait by the slowdown makes the device far slower than
-  // asked (measured on 2 cores, cpu:4, slowdown 6.6,6.6,1,1: the slowed threads waited for a core 30% of the time
-  // and took 4.4% of the samples each instead of about 6.6%). With more threads the work is spread over the
-  // arena's threads, whose CPU time this thread does not see, so the wall time stands in. (The clock reads, or the
-  // sleep after them, are also the preemption point above.)
   const bool cpu_clock = m_threads == 1;
   const auto w0 = std::chrono::steady_clock::now();
   const auto c0 = cpu_clock ? thread_cpu_time() : std::chrono::nanoseconds(0);
   m_arena.execute([&] { fn(ctx); });
   const auto compute = cpu_clock ? thread_cpu_time() - c0 : std::chrono::steady_clock::now() - w0;
-  sleep_until_or_cancel(std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(compute * (m_slowdown - 1.0)));
+  ctx.compute_seconds = std::chrono::duration<double>(compute).count() * m_slowdown;
+  if (m_slowdown > 1.0) {
+    // Slowed: the device idles for (slowdown - 1) x the chunk's compute time.
+    sleep_until_or_cancel(std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(compute * (m_slowdown - 1.0)));
+  }
 }
 
 }  // namespace stealbatch

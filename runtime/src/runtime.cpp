@@ -172,6 +172,7 @@ Runtime::Runtime(RuntimeOptions options) : m_options(std::move(options)), m_epoc
       m_devices.push_back(std::make_unique<CpuDevice>(i, threads, f));
       // More device threads than cores: each chunk ends with a preemption point (see CpuDevice::run_chunk()).
       static_cast<CpuDevice&>(*m_devices.back()).set_preemption_point(n * static_cast<std::size_t>(threads) > cores);
+      static_cast<CpuDevice&>(*m_devices.back()).set_compute_time(m_options.chunk_size == 0);  // for the chunk sizer
     }
     m_replicas.push_back(std::make_unique<Replica>());
   }
@@ -412,6 +413,22 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
         set_shares(place_proportional(samples.size(), weights));
       }
     }
+    // Placed by speed, no device's chunk takes longer than the fastest device's: a slower device's is its own size or
+    // the fastest one's scaled to its speed, whichever is smaller. So the step's tail stays about one fast chunk
+    // long, and a slower device never holds a core for long at a time (CPU devices on shared cores).
+    // Speeds for this compare the devices at a rung both ran (speeds measured while the ladders are explored differ by
+    // the rungs' efficiencies), and a device at more than half the fastest one's speed keeps its own size (speeds
+    // that differ by noise should not shrink chunks). A capped device stops exploring: it will not run larger chunks.
+    if (by_speed) {
+      const std::size_t f = static_cast<std::size_t>(std::max_element(rate.begin(), rate.end()) - rate.begin());
+      for (std::size_t d = 0; d < n; ++d) {
+        const double relative = m_chunk_sizer.relative_speed(d, f);  // compared at a rung both ran
+        const auto scaled = static_cast<std::size_t>(std::lround(relative * static_cast<double>(own_size[f])));
+        if (relative <= 0 || relative >= 0.5 || scaled >= own_size[d]) continue;
+        m_chunk_sizer.stop_exploring(d);
+        own_size[d] = std::max<std::size_t>(1, scaled);
+      }
+    }
     std::vector<std::uint32_t> sizes;
     for (std::size_t d = 0; d < n; ++d) {
       ranges[d].begin = static_cast<ChunkId>(spans.size());
@@ -517,7 +534,8 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   }
   std::vector<std::uint32_t> ran_on(chunks);
   std::vector<float> stolen_ratio(watch_speed ? chunks : 0, 0.0f);  // a stolen chunk's time over what its thief's speed predicts
-  std::vector<double> took_s(learn_costs || sized ? chunks : 0, 0.0);  // each chunk's time on its device: the cost profile, the sizer
+  std::vector<double> took_s(learn_costs ? chunks : 0, 0.0);  // each chunk's time on its device, for the cost profile
+  std::vector<double> compute_s(sized ? chunks : 0, 0.0);  // ... its compute time where the device knows it, for the sizer
   std::vector<std::uint8_t> runs(chunks, 0);  // each chunk's run count: the exactly-once check, chunk by chunk
 
   if (m_grads_dirty) {  // after compute_gradient() or a failed step; a completed step() leaves them zeroed
@@ -570,9 +588,10 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
     if (own) r.device_end = std::max(r.device_end, ctx.device_end);
     // The chunk's span: on the device's timeline when it keeps one, else the worker's call (read once, for both uses).
     const auto begin = own ? ctx.device_begin : t0;
-    const auto end = own ? ctx.device_end : (watch_speed || !took_s.empty() || m_trace ? Clock::now() : t0);
+    const auto end = own ? ctx.device_end : (watch_speed || !took_s.empty() || !compute_s.empty() || m_trace ? Clock::now() : t0);
     const double took = seconds(end - begin);
     if (!took_s.empty()) took_s[c] = took;
+    if (!compute_s.empty()) compute_s[c] = ctx.compute_seconds > 0 ? ctx.compute_seconds : took;
     if (watch_speed) {
       // The factor from its own chunks only: a stolen one may hold samples of another cost (another device's
       // share of a batch whose cost varies by position), which says nothing about this device's speed.
@@ -766,7 +785,7 @@ StepReport Runtime::run_chunks(std::span<const std::uint32_t> samples, const Chu
   }
   if (sized && excluded.empty()) {
     if (m_host_devices) {
-      for (std::size_t c = 0; c < chunks; ++c) m_chunk_sizer.observe_chunk(ran_on[c], spans[c].size, took_s[c]);
+      for (std::size_t c = 0; c < chunks; ++c) m_chunk_sizer.observe_chunk(ran_on[c], spans[c].size, compute_s[c]);
     }
     for (std::size_t d = 0; d < n; ++d) m_chunk_sizer.end_step(d, share_len[d]);
   }

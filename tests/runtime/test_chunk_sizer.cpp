@@ -96,9 +96,9 @@ TEST_CASE("ChunkSizer.ExploresOneRungAStepAndIgnoresEachRungsFirstChunk") {
     }
     s.end_step(0, 256);
   }
-  // A rung moves on once 5 of its chunks are counted, after its first: 8 to 32 fit that many in one step of 256
-  // samples; 64 fits 4 a step (3 + 4 counted: 2 steps), 128 fits 2 (1 + 2 + 2: 3 steps), 256 one (6 steps).
-  CHECK(sizes == std::vector<std::size_t>{8, 16, 32, 64, 64, 128, 128, 128, 256, 256, 256, 256, 256, 256});
+  // A rung moves on once 3 of its chunks are counted, after its first: 8 to 64 fit that many in one step of 256
+  // samples; 128 fits 2 a step (1 + 2 counted: 2 steps), 256 one (4 steps: the first ignored, then 3).
+  CHECK(sizes == std::vector<std::size_t>{8, 16, 32, 64, 128, 128, 256, 256, 256, 256});
   CHECK(s.size(0, 256) == c.expected(256));
   const auto curve = s.curve(0);
   REQUIRE(curve.size() == 6);
@@ -139,6 +139,7 @@ struct TimedDevice final : Device {
   Curve curve;
   double step_seconds = 0;
   TimedDevice(std::size_t i, Curve c) : index(i), curve(c) {}
+  TimedDevice(std::size_t i, Curve c, double slower) : index(i), curve{c.a * slower, c.b * slower} {}
   std::string name() const override { return "timed" + std::to_string(index); }
   void begin_step(std::uint64_t, std::chrono::steady_clock::time_point) override { step_seconds = 0; }
   void run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override {
@@ -150,11 +151,13 @@ struct TimedDevice final : Device {
 
 struct TimedBackend final : DeviceBackend {
   Curve curve;
+  std::vector<double> slower{1.0, 1.0};  // each device's times are its factor x the curve's
   explicit TimedBackend(Curve c) : curve(c) {}
-  std::size_t available() const noexcept override { return 2; }
+  TimedBackend(Curve c, std::vector<double> factors) : curve(c), slower(std::move(factors)) {}
+  std::size_t available() const noexcept override { return slower.size(); }
   std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec&, const RuntimeOptions&) override {
     std::vector<std::unique_ptr<Device>> out;
-    for (std::size_t i = 0; i < 2; ++i) out.push_back(std::make_unique<TimedDevice>(i, curve));
+    for (std::size_t i = 0; i < slower.size(); ++i) out.push_back(std::make_unique<TimedDevice>(i, curve, slower[i]));
     return out;
   }
   std::unique_ptr<Communicator> make_communicator(std::span<Device* const>) override { return std::make_unique<InProcessCommunicator>(); }
@@ -211,4 +214,30 @@ TEST_CASE("Runtime.AutoChunkSizesKeepEveryStepExact") {
     for (const DeviceReport& d : r.devices) sizes.insert(d.chunk_samples);
   }
   CHECK(sizes.size() >= 2);  // the ladder was explored
+}
+
+TEST_CASE("Runtime.AutoChunkSizesKeepASlowDevicesChunksAsShortAsTheFastOnes") {
+  // Placed by speed with stealing, a device at under half the fastest one's speed runs chunks no longer in time than
+  // the fastest device's: its size is the fast one's scaled by their speeds compared at a rung both ran, not its own
+  // good-enough rung. So the step's tail stays one fast chunk long.
+  struct Restore {
+    std::shared_ptr<DeviceBackend> before = device_backend(DeviceKind::kCuda);
+    ~Restore() { register_device_backend(DeviceKind::kCuda, before); }
+  } restore;
+  const Curve c{2e-4, 1e-5};
+  register_device_backend(DeviceKind::kCuda, std::make_shared<TimedBackend>(c, std::vector<double>{1.0, 6.0}));
+  Runtime rt({.devices = "cuda:all"});
+  ParameterLayout layout;
+  layout.add("p", 1);
+  rt.register_parameters(layout, std::vector<float>(1, 0.0f));
+  std::vector<std::uint32_t> batch(2048);
+  std::iota(batch.begin(), batch.end(), 0u);
+  StepReport last;
+  for (int step = 0; step < 60; ++step) last = rt.step(batch, [](ChunkContext& ctx) { ctx.grad[0] += 1.0f; });
+  REQUIRE(last.devices.size() == 2);
+  const std::size_t fast = last.devices[0].chunk_samples, slow = last.devices[1].chunk_samples;
+  MESSAGE("chunk sizes: fast " << fast << ", slow " << slow);
+  CHECK(fast >= 64);
+  CHECK(slow >= 1);
+  CHECK(c.seconds(slow) * 6.0 <= c.seconds(fast) * 1.5);  // the slow device's chunk takes no longer than a fast one
 }

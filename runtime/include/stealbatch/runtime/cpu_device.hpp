@@ -27,6 +27,9 @@ class CpuDevice final : public Device {
   // that a device thread waiting for a core gets it at a chunk boundary. Off by default (it costs about 0.6 us a
   // chunk on the build machine); the runtime turns it on when its CPU devices oversubscribe the machine.
   void set_preemption_point(bool on) noexcept { m_preemption_point = on; }
+  // Report each chunk's compute time (ChunkContext::compute_seconds; two clock reads a chunk). The runtime asks for
+  // it when it sizes chunks from their times.
+  void set_compute_time(bool on) noexcept { m_compute_time = on; }
 
  private:
   std::size_t m_index;
@@ -34,6 +37,7 @@ class CpuDevice final : public Device {
   double m_slowdown;
   tbb::task_arena m_arena;
   bool m_preemption_point = false;
+  bool m_compute_time = false;
 };
 
 }  // namespace stealbatch

@@ -52,6 +52,10 @@ struct ChunkContext {
   // next chunk: on a GPU its chunks run in stream order, so one workspace serves them all.
   void* workspace(std::size_t bytes) const;
 
+  // Set by a device that knows the chunk's compute time better than the call's wall time tells (a CPU device with
+  // one thread: the CPU time it spent, times its slowdown, without the time it waited for a core). 0 elsewhere.
+  double compute_seconds = 0;
+
   // Set by a device that runs its chunks on a timeline of its own (a simulated device with chunks in flight): when
   // this chunk runs on the device, which the trace shows instead of the worker's call. Unset elsewhere.
   std::chrono::steady_clock::time_point device_begin{}, device_end{};

@@ -13,8 +13,8 @@ namespace stealbatch::detail {
 // cut into chunks of that rung, and the rung's throughput is what those chunks' times say. It moves up once the
 // rung has kMinChunks chunk times (or kMinSteps step times, for a device whose chunks run asynchronously and are
 // timed by the step; a device's first chunk of each rung is not counted: it pays one-time costs, such as a JIT
-// compiling the kernels for that size, or buffers growing), and stops at the first rung that does not fit its share, at the top, or once the curve has
-// flattened: two rungs in a row that gain under 2% on the best below them. Its chunk is then the smallest rung
+// compiling the kernels for that size, or buffers growing), and stops at the first rung that does not fit its
+// share, at the top, or once the curve has flattened: two rungs in a row that gain under 2% on the best below them. Its chunk is then the smallest rung
 // whose throughput is within kGoodEnough of the best rung's: large enough for the device's kernels, and as small
 // as that allows, for the step's tail. After kRefreshSteps steps every curve is measured again.
 //
@@ -26,7 +26,7 @@ class ChunkSizer {
  public:
   static constexpr std::size_t kFirstRung = 8;
   static constexpr std::size_t kRungs = 18;  // 8 .. 2^20 samples, the largest chunk_size
-  static constexpr std::size_t kMinChunks = 5, kMinSteps = 2, kWindow = 8;
+  static constexpr std::size_t kMinChunks = 3, kMinSteps = 2, kWindow = 8;
   static constexpr double kGoodEnough = 0.95, kFlat = 1.02;
   static constexpr std::uint64_t kRefreshSteps = 1000;
   static constexpr std::uint64_t kMaxExploreSteps = 48;  // a device whose chunks are always stolen stops exploring
@@ -44,6 +44,12 @@ class ChunkSizer {
   void observe_step(std::size_t device, std::size_t samples, double seconds) noexcept;
   // After the step's observations: advances the device's exploration, given its share this step.
   void end_step(std::size_t device, std::size_t share) noexcept;
+  // Ends the device's exploration now, choosing among the rungs measured so far (a device that will not run chunks
+  // larger than its current rung: a slower one whose chunks are capped by the fastest device's chunk time).
+  void stop_exploring(std::size_t device) noexcept;
+  // Device a's speed over device b's, at the largest rung both have measured: apart from the rungs' efficiencies,
+  // which differ while the ladders are explored. 0 when they have none in common.
+  double relative_speed(std::size_t a, std::size_t b) const noexcept;
   // The device's measured samples/s per rung: (rung size, samples/s), rungs with no time left out.
   std::vector<std::pair<std::size_t, double>> curve(std::size_t device) const;
 
