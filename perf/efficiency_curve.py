@@ -51,9 +51,9 @@ def one_run(a, chunk, tmp):
 
 
 def svg(points, auto, curves, title, path):
-    w, h, l, r, t, b = 640, 360, 64, 24, 40, 48
+    w, h, l, r, t, b = 640, 380, 64, 24, 60, 48
     xs = [p[0] for p in points] + [c[0] for cs in curves for c in cs]
-    ys = [p[1] for p in points] + [auto[1]] + [c[1] for cs in curves for c in cs]
+    ys = [p[1] for p in points] + [auto[1]] + [c[1] * len(curves) for cs in curves for c in cs]
     import math
     x0, x1 = math.log2(min(xs)), math.log2(max(xs))
     y1 = max(ys) * 1.1
@@ -80,7 +80,8 @@ def svg(points, auto, curves, title, path):
     ax = auto[0]
     out.append(f'<circle cx="{X(ax):.1f}" cy="{Y(auto[1]):.1f}" r="6" fill="none" stroke="#d62728" stroke-width="2"/>')
     out.append(f'<text x="{X(ax) + 9:.1f}" y="{Y(auto[1]) - 8:.1f}" fill="#d62728">auto: {ax} ({auto[1] / 1e3:.0f}k)</text>')
-    out.append(f'<text x="{w - r}" y="{t - 6}" text-anchor="end" fill="#777">dashed: the runtime\'s own measured curve, per device x devices</text>')
+    out.append(f'<text x="{w - r}" y="{t - 18}" text-anchor="end" fill="#1f77b4">solid: end to end at each fixed --chunk (median of runs)</text>')
+    out.append(f'<text x="{w - r}" y="{t - 6}" text-anchor="end" fill="#777">dashed: each device\'s curve as the runtime measured it, x devices</text>')
     out.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
