@@ -4,10 +4,10 @@
 //   vgpu         static against steal against the ideal on unequal green-context parts of one GPU
 //   allreduce    the NCCL AllReduce of each model's flat gradient buffer
 // and writes one JSON. Without a GPU it says so and exits 2.
-#include "cnn_model.hpp"
-#include "layers.hpp"
-#include "mlp_model.hpp"
-#include "models_cuda.hpp"
+#include <stealbatch/models/cnn_model.hpp>
+#include <stealbatch/models/layers.hpp>
+#include <stealbatch/models/mlp_model.hpp>
+#include <stealbatch/models/models_cuda.hpp>
 
 #include "median.hpp"
 
@@ -17,7 +17,7 @@
 #include <stealbatch/cuda/green.hpp>
 #include <stealbatch/cuda/handles.hpp>
 #include <stealbatch/error.hpp>
-#include <stealbatch/runtime/idx.hpp>
+#include <stealbatch/data/idx.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 
 #include <CLI/CLI.hpp>

@@ -5,8 +5,8 @@
 // gradient mismatch, hang, unexpected error or fault that neither surfaced nor recovered.
 //
 //   soak --seconds 600 --json soak.json
-#include "layers.hpp"
-#include "mlp_model.hpp"
+#include <stealbatch/models/layers.hpp>
+#include <stealbatch/models/mlp_model.hpp>
 
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/runtime.hpp>

@@ -1,9 +1,9 @@
 // cnn: trains a small convolutional network on Fashion-MNIST with stealbatch, and compares stealing with a static split.
-#include "cnn_model.hpp"
+#include <stealbatch/models/cnn_model.hpp>
 #include "trainer_cli.hpp"
 
 #ifdef STEALBATCH_HAS_CUDA
-#include "models_cuda.hpp"
+#include <stealbatch/models/models_cuda.hpp>
 
 #include <stealbatch/cuda/backend.hpp>
 #endif

@@ -1,7 +1,7 @@
 // The example trainers' shared command line, epoch loop and report.
 #include "trainer_cli.hpp"
 
-#include "layers.hpp"
+#include <stealbatch/models/layers.hpp>
 
 #include <stealbatch/error.hpp>
 

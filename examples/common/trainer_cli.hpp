@@ -1,9 +1,9 @@
 // What the example trainers share: the flags, the data, the epoch loop with its progress line, and the report.
 #pragma once
 
-#include "dense_data.hpp"
+#include <stealbatch/models/dense_data.hpp>
 
-#include <stealbatch/runtime/idx.hpp>
+#include <stealbatch/data/idx.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 
 #include <cstddef>

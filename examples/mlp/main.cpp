@@ -1,11 +1,11 @@
 // mlp: trains a multilayer perceptron on Fashion-MNIST with stealbatch, and compares stealing with a static split.
-#include "mlp_model.hpp"
+#include <stealbatch/models/mlp_model.hpp>
 #include "trainer_cli.hpp"
 
 #include <stealbatch/error.hpp>
 
 #ifdef STEALBATCH_HAS_CUDA
-#include "models_cuda.hpp"
+#include <stealbatch/models/models_cuda.hpp>
 
 #include <stealbatch/cuda/backend.hpp>
 #endif

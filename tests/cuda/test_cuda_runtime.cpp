@@ -1,10 +1,10 @@
 // The runtime on CUDA devices: the GPU gradient equals the CPU one (MLP and CNN), stealing across the parts of
 // one GPU gives the same gradient as one whole GPU, replicas stay bit-identical, and the spec errors where there
 // is no GPU (these run everywhere).
-#include "cnn_model.hpp"
-#include "layers.hpp"
-#include "mlp_model.hpp"
-#include "models_cuda.hpp"
+#include <stealbatch/models/cnn_model.hpp>
+#include <stealbatch/models/layers.hpp>
+#include <stealbatch/models/mlp_model.hpp>
+#include <stealbatch/models/models_cuda.hpp>
 
 #include <stealbatch/cuda/backend.hpp>
 #include <stealbatch/cuda/device_info.hpp>

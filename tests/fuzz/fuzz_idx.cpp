@@ -5,7 +5,7 @@
 //   cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DSTEALBATCH_FUZZ=ON -DSTEALBATCH_CUDA=OFF
 //   ninja -C build-fuzz fuzz_idx && build-fuzz/tests/fuzz/fuzz_idx -max_total_time=300 /tmp/corpus tests/fuzz/corpus
 #include <stealbatch/error.hpp>
-#include <stealbatch/runtime/idx.hpp>
+#include <stealbatch/data/idx.hpp>
 
 #include <unistd.h>
 

@@ -1,10 +1,10 @@
 // What the model-level tests share: a synthetic data set, the error measure, and the sequential reference gradient.
 #pragma once
 
-#include "layers.hpp"
-#include "mlp_model.hpp"
+#include <stealbatch/models/layers.hpp>
+#include <stealbatch/models/mlp_model.hpp>
 
-#include <stealbatch/runtime/idx.hpp>
+#include <stealbatch/data/idx.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // ChunkSizer and the runtime's automatic chunk sizes (chunk_size = 0): the ladder explored upward, the smallest
 // good-enough rung chosen, noise and one-time costs kept out, and every step still exact while sizes change.
-#include "mlp_model.hpp"
+#include <stealbatch/models/mlp_model.hpp>
 #include "model_test_support.hpp"
 
 #include <stealbatch/runtime/detail/chunk_sizer.hpp>

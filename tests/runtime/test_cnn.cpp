@@ -1,10 +1,10 @@
 // CnnModel: the specified layout and initialization, the pooling tie rule, the gradient against finite differences,
 // the Runtime's gradient against the sequential one, and a short training run on Fashion-MNIST that learns.
-#include "cnn_model.hpp"
+#include <stealbatch/models/cnn_model.hpp>
 #include "model_test_support.hpp"
 
 #include <stealbatch/error.hpp>
-#include <stealbatch/runtime/idx.hpp>
+#include <stealbatch/data/idx.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 
 #include <doctest/doctest.h>

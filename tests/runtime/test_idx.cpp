@@ -1,6 +1,6 @@
 // IDX reader and Fashion-MNIST loader: gzip and plain round trips, each malformed input, and the real data set.
 #include <stealbatch/error.hpp>
-#include <stealbatch/runtime/idx.hpp>
+#include <stealbatch/data/idx.hpp>
 
 #include <doctest/doctest.h>
 #include <zlib.h>

@@ -1,13 +1,13 @@
 // Runtime: the reduced gradient equals the sequential one, replicas stay identical, failures reach the caller,
 // bad configuration names its field, and a short training run on Fashion-MNIST learns.
-#include "mlp_model.hpp"
+#include <stealbatch/models/mlp_model.hpp>
 #include "model_test_support.hpp"
 
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/communicator.hpp>
 #include <stealbatch/runtime/cpu_device.hpp>
 #include <stealbatch/runtime/detail/speed_shares.hpp>
-#include <stealbatch/runtime/idx.hpp>
+#include <stealbatch/data/idx.hpp>
 #include <stealbatch/runtime/sim_device.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 

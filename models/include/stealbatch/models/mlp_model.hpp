@@ -1,8 +1,8 @@
 // A multilayer perceptron with ReLU and softmax cross-entropy, on oneDNN GEMMs: the model the MLP example trains.
 #pragma once
 
-#include "dense_data.hpp"
-#include "layers.hpp"
+#include <stealbatch/models/dense_data.hpp>
+#include <stealbatch/models/layers.hpp>
 
 #include <stealbatch/runtime/parameters.hpp>
 

@@ -1,8 +1,8 @@
 // A small convolutional network for 28x28 grey images, on oneDNN: the model the CNN example trains.
 #pragma once
 
-#include "dense_data.hpp"
-#include "layers.hpp"
+#include <stealbatch/models/dense_data.hpp>
+#include <stealbatch/models/layers.hpp>
 
 #include <stealbatch/runtime/parameters.hpp>
 

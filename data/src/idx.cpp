@@ -1,6 +1,6 @@
 // IDX parsing with exact-length and sanity checks, gzip reading through zlib, and the Fashion-MNIST loader.
 #include <stealbatch/error.hpp>
-#include <stealbatch/runtime/idx.hpp>
+#include <stealbatch/data/idx.hpp>
 
 #include <zlib.h>
 

@@ -1,5 +1,5 @@
 // The MLP's forward and backward passes: one GEMM per layer and direction, accumulating into the gradient.
-#include "mlp_model.hpp"
+#include <stealbatch/models/mlp_model.hpp>
 
 #include <stealbatch/error.hpp>
 

@@ -1,5 +1,5 @@
 // A sample as a GPU chunk receives it (features, then the label as a float), and the epochs' sample order.
-#include "dense_data.hpp"
+#include <stealbatch/models/dense_data.hpp>
 
 #include <cstring>
 #include <numeric>

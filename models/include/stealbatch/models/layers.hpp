@@ -1,7 +1,7 @@
 // The building blocks the example models share, on oneDNN: GEMM, dense layers, ReLU, softmax cross-entropy, accuracy.
 #pragma once
 
-#include "dense_data.hpp"
+#include <stealbatch/models/dense_data.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -1,5 +1,5 @@
 // The shared building blocks on oneDNN: one GEMM per dense layer and direction, the loss in double.
-#include "layers.hpp"
+#include <stealbatch/models/layers.hpp>
 
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>

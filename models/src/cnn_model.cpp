@@ -1,6 +1,6 @@
 // The CNN's forward and backward passes: oneDNN's convolutions (forward, weight and data gradients) in the layouts it
 // picks for this CPU; the pooling, whose tie rule the model fixes, and the dense layers here.
-#include "cnn_model.hpp"
+#include <stealbatch/models/cnn_model.hpp>
 
 #include <stealbatch/error.hpp>
 

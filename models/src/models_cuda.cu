@@ -4,7 +4,7 @@
 //   forward   Z[m][out]  = X[m][in] W[out][in]^T   ->  gemm(T, N, out, m, in, W, X) = Z^T
 //   weights   dW[out][in] += dZ[m][out]^T X[m][in] ->  gemm(N, T, in, out, m, X, dZ) = dW^T  (beta = 1)
 //   inputs    dX[m][in]  = dZ[m][out] W[out][in]   ->  gemm(N, N, in, m, out, W, dZ) = dX^T
-#include "models_cuda.hpp"
+#include <stealbatch/models/models_cuda.hpp>
 
 #include <stealbatch/cuda/check.hpp>
 

@@ -2,7 +2,7 @@
 // in cuBLAS GEMMs and a few kernels, enqueued on the chunk's stream.
 #pragma once
 
-#include "dense_data.hpp"
+#include <stealbatch/models/dense_data.hpp>
 
 #include <stealbatch/runtime/device.hpp>
 
