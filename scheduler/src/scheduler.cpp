@@ -186,42 +186,17 @@ void Scheduler::set_chunk_costs(std::vector<double> costs) {
 }
 
 void Scheduler::set_chunk_costs(std::vector<double> own, std::vector<double> stolen) {
-  if (own.empty() != stolen.empty()) throw ConfigError("scheduler: chunk costs: give both lists or neither");
-  for (const std::vector<double>* list : {&own, &stolen}) {
-    if (list->empty()) continue;
-    check_range("chunk costs size", list->size(), m_workers.size(), m_workers.size());
-    for (std::size_t w = 0; w < list->size(); ++w) {
-      if (!std::isfinite((*list)[w]) || !((*list)[w] > 0)) {
-        throw ConfigError("scheduler: chunk cost of worker " + std::to_string(w) + " = " + std::to_string((*list)[w]) +
-                          "; need a finite value > 0");
-      }
-    }
-  }
-  for (std::size_t w = 0; w < own.size(); ++w) {
-    // A worker's own chunks must not cost more than a stolen one: the guarantee that the fastest workers always
-    // take (so the step ends) is stated on the stolen costs.
-    if (own[w] > stolen[w]) {
-      throw ConfigError("scheduler: chunk cost of worker " + std::to_string(w) + ": own " + std::to_string(own[w]) + " > stolen " +
-                        std::to_string(stolen[w]) + "; need own <= stolen");
-    }
-  }
-  m_own_costs = std::move(own);
-  m_costs = std::move(stolen);
-  m_rate_sum = 0;
-  m_min_cost = m_costs.empty() ? 0 : *std::min_element(m_costs.begin(), m_costs.end());
-  for (double c : m_costs) m_rate_sum += 1.0 / c;
+  m_endgame.set_costs(m_workers.size(), std::move(own), std::move(stolen));
 }
 
 bool Scheduler::worth_taking(std::size_t w, Source from) noexcept {
-  if (m_costs.empty() || m_options.schedule != SchedulePolicy::kSteal) return true;
+  if (!m_endgame.active() || m_options.schedule != SchedulePolicy::kSteal) return true;
   Worker& me = *m_workers[w];
-  const double placed = from == Source::kOwn ? m_own_costs[w] : m_costs[w];
-  const double mine = placed * me.live_factor + me.live_ahead;
-  const double others = m_rate_sum - 1.0 / m_costs[w];
+  const double placed = from == Source::kOwn ? m_endgame.own_cost(w) : m_endgame.stolen_cost(w);
   // Relaxed: an estimate; the chunks still running elsewhere are counted as left, which only makes this take more.
   const auto left = static_cast<double>(m_remaining.load(std::memory_order_relaxed));
-  const bool worth = others <= 0 || mine <= left / others;
-  if (m_costs[w] > 1.5 * m_min_cost) return worth;
+  const bool worth = m_endgame.worth(w, placed * me.live_factor + me.live_ahead, left);
+  if (!m_endgame.fastest(w)) return worth;
   // One of the fastest as placed. These always take, so the step always ends; one that has slowed down in this
   // step (its live factor) may leave the rest to the others like any slow worker, but only while another fastest
   // worker still takes: m_takers counts those, and the last one never leaves. Once left, it stays out this step.
@@ -242,14 +217,8 @@ void Scheduler::set_live_factor(std::size_t w, double factor, double ahead) noex
 
 std::size_t Scheduler::steal_cap(std::size_t w) const noexcept {
   if (m_options.steal == StealPolicy::kOne) return 1;
-  std::size_t cap = m_options.steal_batch_cap;
-  if (m_costs.empty() || m_costs[w] <= 1.5 * m_min_cost) return cap;
-  // A batch lands in the thief's deque and is then run at its own-chunk cost: cap it at what the end game would
-  // still let this worker take, so a slow worker cannot carry a long tail out of a fast one's deque.
-  const double others = m_rate_sum - 1.0 / m_costs[w];
   const auto left = static_cast<double>(m_remaining.load(std::memory_order_relaxed));  // relaxed: an estimate
-  const double worth = others > 0 ? left / others / m_costs[w] : static_cast<double>(cap);
-  return std::clamp<std::size_t>(static_cast<std::size_t>(worth), 1, cap);
+  return m_endgame.steal_cap(w, m_options.steal_batch_cap, left);
 }
 
 void Scheduler::place_scratch(std::size_t w, std::uint64_t total) {
@@ -275,12 +244,8 @@ StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn, const std::functio
   // Relaxed: the release bump of m_step_seq below publishes these, and the deques, to the workers.
   m_abort.store(false, std::memory_order_relaxed);
   m_remaining.store(chunks, std::memory_order_relaxed);
-  std::uint32_t fastest = 0;
-  for (std::size_t w = 0; w < m_workers.size(); ++w) {
-    m_workers[w]->live_factor = 1.0, m_workers[w]->live_ahead = 0.0, m_workers[w]->left_takers = false;
-    fastest += !m_costs.empty() && m_costs[w] <= 1.5 * m_min_cost;
-  }
-  m_takers.store(fastest, std::memory_order_relaxed);
+  for (auto& worker : m_workers) worker->live_factor = 1.0, worker->live_ahead = 0.0, worker->left_takers = false;
+  m_takers.store(m_endgame.fastest_count(), std::memory_order_relaxed);
   m_in_step.store(static_cast<std::uint32_t>(m_workers.size()), std::memory_order_relaxed);
   // Release: pairs with the workers' acquire loads of m_step_seq.
   m_step_seq.fetch_add(1, std::memory_order_release);
@@ -485,7 +450,7 @@ Scheduler::Found Scheduler::find_work(Worker& me, ChunkId& out) {
           found = Found::kChunk;
           // The batch in our deque is stealable work that a parked worker may be waiting for.
           // With the end game on, a parked worker may be one that declined and will not take it, so wake all.
-          if (moved > 0) m_costs.empty() ? m_event.notify_one() : m_event.notify_all();
+          if (moved > 0) m_endgame.active() ? m_event.notify_all() : m_event.notify_one();
           return true;
         }
         ++me.counters.failed_steals;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <stealbatch/scheduler/chunk_deque.hpp>
+#include <stealbatch/scheduler/endgame.hpp>
 #include <stealbatch/scheduler/event_count.hpp>
 #include <stealbatch/scheduler/idle.hpp>
 #include <stealbatch/scheduler/placement.hpp>
@@ -120,19 +121,14 @@ class Scheduler {
   //   sched.broadcast([&](std::size_t w) { zero(grad[w]); });
   StepStats broadcast(WorkerFn fn);
 
-  // The end game on unequal workers. costs[w] is worker w's expected time for one chunk (any unit, > 0). With
-  // costs set, a stealing worker stops taking chunks once the others would finish everything left sooner than it
-  // would finish one more: with R chunks left, it takes one only while its cost <= max(1.5 * the smallest cost,
-  // R / (the sum of the other workers' chunk rates)). So a slow device does not hold the step up with a last chunk
-  // that a fast one would have finished first, and the fastest workers always take, so the step always ends.
-  // An empty list turns the rule off (the default). Call between steps. Throws ConfigError for a list whose size
-  // is not the worker count or that holds a value that is not finite and > 0.
+  // The end game on unequal workers (EndGameRule states the rule): costs[w] is worker w's expected time for one chunk
+  // (any unit, > 0). So a slow device does not hold the step up with a last chunk that a fast one would have
+  // finished first. An empty list turns the rule off (the default). Call between steps. Throws ConfigError for a
+  // list whose size is not the worker count or that holds a value that is not finite and > 0.
   //   sched.set_chunk_costs({6.6, 6.6, 1, 1});
   void set_chunk_costs(std::vector<double> costs);
-  // As above, with separate costs for a chunk from the worker's own deque and for one it steals: placement may
-  // give each worker chunks sized to its speed, so a slow worker's own chunks are small and a stolen one may not be.
-  // The rule's rates use the stolen costs. Throws ConfigError unless own[w] <= stolen[w]. With costs set, a slow
-  // worker's batch steal is also capped at the chunks the rule would still let it take.
+  // As above, with separate costs for a chunk from the worker's own deque and for one it steals. Throws ConfigError
+  // unless own[w] <= stolen[w].
   void set_chunk_costs(std::vector<double> own, std::vector<double> stolen);
   // During a step, from worker w's own thread (inside its chunk callback): its chunks now take `factor` times the
   // cost set above (a device that slowed down in the middle of the step: a throttled GPU, a shared host), and a
@@ -197,13 +193,10 @@ class Scheduler {
   // Step state, published to the workers by the release bump of m_step_seq.
   const ChunkFn* m_fn = nullptr;
   const WorkerFn* m_broadcast = nullptr;  // set for a broadcast instead of a step of chunks
-  std::vector<double> m_costs;             // per worker, a stolen chunk's cost; empty: no end-game rule
-  std::vector<double> m_own_costs;         // per worker, the cost of a chunk from its own deque
-  double m_rate_sum = 0;                   // the sum of 1 / cost
+  EndGameRule m_endgame;                       // inactive: no end-game rule
   std::chrono::nanoseconds m_watch_period{0};
   std::function<std::exception_ptr()> m_watch_check;
   std::function<void()> m_watch_fail;
-  double m_min_cost = 0;
   std::chrono::steady_clock::time_point m_step_start;
   std::exception_ptr m_error;  // written by the first failing worker only, read by the caller after the step
 
