@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
     if (sim) {
       o.devices = "sim:";
       for (std::size_t d = 0; d < n; ++d) o.devices += (d ? "," : "") + std::to_string(0.2 + 0.8 * static_cast<double>(rng() % 100) / 100.0);
-      o.sim_sample_seconds = 5e-6;
+      o.sim.sample_seconds = 5e-6;
     } else {
       o.devices = "cpu:" + std::to_string(n);
       o.threads_per_device = 1;

@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
   std::size_t in_flight = 2;
   app.add_option("--in-flight", in_flight, "chunks a simulated device has launched and not finished, as on a GPU stream (1: synchronous)")
       ->check(CLI::Range(1, 16))->capture_default_str();
-  double lead_us = RuntimeOptions{}.sim_launch_lead * 1e6;
+  double lead_us = RuntimeOptions{}.sim.launch_lead * 1e6;
   app.add_option("--launch-lead-us", lead_us,
                  "a device takes its next chunk when its queued work ends within this many us (0: as soon as fewer than --in-flight are queued)")
       ->check(CLI::Range(0.0, 1e6))->capture_default_str();
@@ -256,16 +256,16 @@ int main(int argc, char** argv) {
           for (std::size_t i = 0; i < n; ++i) spec += (i ? "," : "") + std::to_string(sc.speeds[i]);
           ps.options.devices = spec;
           ps.options.chunk_size = chunk;
-          ps.options.sim_sample_seconds = sample_seconds;
-          ps.options.sim_sample_cost = sc.cost;
-          ps.options.sim_speed_factor = sc.speed_factor;
-          ps.options.sim_bytes_per_sample = bytes_per_sample;
-          ps.options.sim_link_bw = link_gbps * 1e9;
-          ps.options.sim_link_latency = latency_us * 1e-6;
-          ps.options.sim_allreduce_bytes = allreduce_mb * 1e6;
-          ps.options.sim_busbw = busbw_gbps * 1e9;
+          ps.options.sim.sample_seconds = sample_seconds;
+          ps.options.sim.sample_cost = sc.cost;
+          ps.options.sim.speed_factor = sc.speed_factor;
+          ps.options.sim.bytes_per_sample = bytes_per_sample;
+          ps.options.sim.link_bw = link_gbps * 1e9;
+          ps.options.sim.link_latency = latency_us * 1e-6;
+          ps.options.sim.allreduce_bytes = allreduce_mb * 1e6;
+          ps.options.sim.busbw = busbw_gbps * 1e9;
           ps.options.in_flight = in_flight;
-          ps.options.sim_launch_lead = lead_us * 1e-6;
+          ps.options.sim.launch_lead = lead_us * 1e-6;
           // The ring AllReduce floor of nccl-tests' PERFORMANCE.md, plus its latency: part of the ideal.
           const double nd = static_cast<double>(n);
           const double t_ar = allreduce_mb > 0 ? 2.0 * (nd - 1.0) / nd * allreduce_mb * 1e6 / (busbw_gbps * 1e9) + latency_us * 1e-6 : 0.0;
@@ -357,7 +357,7 @@ int main(int argc, char** argv) {
             // steps then take only what the runtime itself spends (dispatch, steals, wake-ups, the reduction's
             // bookkeeping, the step's set-up).
             RuntimeOptions zo = ps.options;
-            zo.sim_sample_seconds = 0, zo.sim_bytes_per_sample = 0, zo.sim_allreduce_bytes = 0, zo.sim_speed_factor = {}, zo.trace_path.clear();
+            zo.sim.sample_seconds = 0, zo.sim.bytes_per_sample = 0, zo.sim.allreduce_bytes = 0, zo.sim.speed_factor = {}, zo.trace_path.clear();
             Runtime zr(zo);
             ParameterLayout zl;
             zl.add("counts", 1);

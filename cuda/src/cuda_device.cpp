@@ -27,7 +27,7 @@ struct CudaDevice::Slot {
 
 CudaDevice::CudaDevice(std::size_t index, int gpu, Options options, std::shared_ptr<Partition> part)
     : m_index(index), m_gpu(gpu), m_o(std::move(options)), m_part(std::move(part)) {
-  if (m_o.in_flight < 1 || m_o.in_flight > 16) throw ConfigError("in_flight = " + std::to_string(m_o.in_flight) + "; valid range is [1, 16]");
+  check_in_flight(m_o.in_flight);
 }
 
 CudaDevice::~CudaDevice() {

@@ -77,10 +77,27 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
     m_ring_size = m_ring_next = 0;
     m_cost.clear(), m_speed.clear();
   }
-  auto valid = [&](const ChunkTime& c) {
-    return c.seconds > 0 && std::isfinite(c.seconds) && c.size > 0 && c.device < n && std::size_t{c.begin} + c.size <= batch;
-  };
 
+  score_models(batch, chunks, flat_speeds);
+  add_pairs(batch, chunks);
+  // Where samples/s already predicts the chunk times (equal sample costs), the profile cannot be used for the next
+  // placement anyway: the pairs above keep accumulating, and the fit and the costs wait, as they stood, until samples/s
+  // is off (the first step after that compares against them, the next against a fresh fit).
+  if (m_err_flat >= 0 && m_err_flat <= kFlatErrorFloor) return;
+
+  bool connected = false;
+  if (!fit_speeds(connected)) return reset();
+  bool unseen = false;
+  if (!fit_costs(batch, unseen)) return reset();
+  m_active = connected && !unseen && m_err_flat > kFlatErrorFloor && m_err_profile >= 0 && m_err_profile < kMustBeBetter * m_err_flat;
+}
+
+bool CostProfile::valid(const ChunkTime& c, std::size_t batch) const noexcept {
+  return c.seconds > 0 && std::isfinite(c.seconds) && c.size > 0 && c.device < m_devices && std::size_t{c.begin} + c.size <= batch;
+}
+
+void CostProfile::score_models(std::size_t batch, std::span<const ChunkTime> chunks, std::span<const double> flat_speeds) {
+  const std::size_t n = m_devices;
   // 1. Out of sample: how well each model, as it stood, predicted this step's chunk times.
   m_err_profile = m_err_flat = -1;
   bool flat_known = flat_speeds.size() == n;
@@ -91,7 +108,7 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
     double ep = 0, ef = 0;
     std::size_t k = 0;
     for (const ChunkTime& c : chunks) {
-      if (!valid(c)) continue;
+      if (!valid(c, batch)) continue;
       const double cost = before[c.begin + c.size] - before[c.begin];
       const double lp = std::log(c.seconds * m_speed[c.device] / std::max(cost, 1e-300));
       const double lf = std::log(c.seconds * flat_speeds[c.device] / c.size);
@@ -100,6 +117,10 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
     if (k > 0) m_err_profile = ep / static_cast<double>(k), m_err_flat = ef / static_cast<double>(k);
   }
 
+}
+
+void CostProfile::add_pairs(std::size_t batch, std::span<const ChunkTime> chunks) {
+  const std::size_t n = m_devices;
   // 2. Pairs: positions this step ran on device d that an earlier step ran on d': their times per sample differ
   // by log speed(d) - log speed(d') when the positions cost the same both times. Chunk against chunk (two sorted
   // lists of ranges, merged), weighted by the positions they share; kept one-sided here (row d only), the system
@@ -107,7 +128,7 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
   std::vector<Seen> now;
   now.reserve(chunks.size());
   for (const ChunkTime& c : chunks) {
-    if (!valid(c)) continue;
+    if (!valid(c, batch)) continue;
     const double tau = c.seconds / c.size;
     now.push_back({c.begin, c.begin + c.size, c.device, tau, std::log(tau)});
   }
@@ -131,11 +152,10 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
   m_ring_next = (m_ring_next + 1) % kRing;
   m_ring_size = std::min(m_ring_size + 1, kRing);
 
-  // Where samples/s already predicts the chunk times (equal sample costs), the profile cannot be used for the next
-  // placement anyway: the pairs above keep accumulating, and the fit and the costs wait, as they stood, until samples/s
-  // is off (the first step after that compares against them, the next against a fresh fit).
-  if (m_err_flat >= 0 && m_err_flat <= kFlatErrorFloor) return;
+}
 
+bool CostProfile::fit_speeds(bool& connected) {
+  const std::size_t n = m_devices;
   // 3. The log speeds: minimize sum over pairs of w (phi_d - phi_d' - mean difference)^2, a Laplacian system.
   // The fit fixes speeds only up to a common factor, and only within a connected set of devices: a tiny pull
   // towards the last solution pins the common factor, and a graph in pieces leaves the profile unused.
@@ -150,7 +170,7 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
       if (!seen[e] && m_pair_weight[d * n + e] + m_pair_weight[e * n + d] > 0) seen[e] = true, ++reached, stack.push_back(e);
     }
   }
-  const bool connected = reached == n;
+  connected = reached == n;
   std::vector<double> a(n * n, 0.0), b(n, 0.0);
   double trace = 0;
   for (std::size_t d = 0; d < n; ++d) {
@@ -165,13 +185,15 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
   }
   const double pull = 1e-9 * trace / static_cast<double>(n) + 1e-12;
   for (std::size_t d = 0; d < n; ++d) a[d * n + d] += pull, b[d] += pull * m_log_speed[d];
-  if (!cholesky_solve(a, b, n)) {
-    reset();
-    return;
-  }
+  if (!cholesky_solve(a, b, n)) return false;
   const double mean = std::accumulate(b.begin(), b.end(), 0.0) / static_cast<double>(n);
   for (std::size_t d = 0; d < n; ++d) m_log_speed[d] = b[d] - mean;
 
+  return true;
+}
+
+bool CostProfile::fit_costs(std::size_t batch, bool& unseen) {
+  const std::size_t n = m_devices;
   // 4. Costs: each position's recent times per sample times the speed of the device that ran them, mean 1.
   std::vector<double> speed(n);
   for (std::size_t d = 0; d < n; ++d) speed[d] = std::exp(m_log_speed[d]);
@@ -190,7 +212,6 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
   m_cost.assign(batch, 0.0);
   double total = 0, running = 0;
   int times = 0;
-  bool unseen = false;
   for (std::size_t x = 0; x < batch; ++x) {
     running += add[x], times += count[x];
     if (times <= 0 || times > static_cast<int>(kRing)) {
@@ -200,21 +221,15 @@ void CostProfile::observe(std::size_t batch, std::size_t devices, std::span<cons
     m_cost[x] = std::max(0.0, running) * inverse[static_cast<std::size_t>(times)];
     total += m_cost[x];
   }
-  if (!(total > 0) || !std::isfinite(total)) {
-    reset();
-    return;
-  }
+  if (!(total > 0) || !std::isfinite(total)) return false;
   const double scale = static_cast<double>(batch) / total;
   for (double& c : m_cost) c *= scale;
   m_speed.resize(n);
   for (std::size_t d = 0; d < n; ++d) {
     m_speed[d] = speed[d] * scale;
-    if (!std::isfinite(m_speed[d]) || !(m_speed[d] > 0)) {  // a fit thrown off by absurd times: start over
-      reset();
-      return;
-    }
+    if (!std::isfinite(m_speed[d]) || !(m_speed[d] > 0)) return false;  // a fit thrown off by absurd times: start over
   }
-  m_active = connected && !unseen && m_err_flat > kFlatErrorFloor && m_err_profile >= 0 && m_err_profile < kMustBeBetter * m_err_flat;
+  return true;
 }
 
 std::vector<std::pair<std::uint32_t, std::uint32_t>> split_by_cost(std::span<const double> costs, std::span<const double> weights) {

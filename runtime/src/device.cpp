@@ -1,11 +1,19 @@
 // The host replica every CPU and simulated device keeps: parameters, gradient sum and optimizer state in memory.
+#include <stealbatch/error.hpp>
 #include <stealbatch/runtime/device.hpp>
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 namespace stealbatch {
+
+void check_in_flight(std::size_t in_flight) {
+  if (in_flight < 1 || in_flight > kMaxInFlight) {
+    throw ConfigError("in_flight = " + std::to_string(in_flight) + "; valid range is [1, " + std::to_string(kMaxInFlight) + "]");
+  }
+}
 
 void Device::init_replica(std::span<const float> initial, const OptimizerOptions& options) {
   m_params.assign(initial.begin(), initial.end());

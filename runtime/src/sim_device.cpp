@@ -15,7 +15,7 @@ SimDevice::SimDevice(std::size_t index, double speed, double sample_seconds, std
     : m_index(index), m_speed(speed), m_sample_seconds(sample_seconds), m_sample_cost(std::move(sample_cost)) {
   if (!std::isfinite(speed) || !(speed > 0)) throw ConfigError("sim device: speed = " + std::to_string(speed) + "; need a finite value > 0");
   if (!std::isfinite(sample_seconds) || sample_seconds < 0 || sample_seconds > 1) {
-    throw ConfigError("sim_sample_seconds = " + std::to_string(sample_seconds) + "; valid range is [0, 1]");
+    throw ConfigError("sim.sample_seconds = " + std::to_string(sample_seconds) + "; valid range is [0, 1]");
   }
 }
 
@@ -31,8 +31,8 @@ void SimDevice::begin_step(std::uint64_t step, std::chrono::steady_clock::time_p
 }
 
 void SimDevice::set_in_flight(std::size_t k, double lead) {
-  if (k < 1 || k > 16) throw ConfigError("in_flight = " + std::to_string(k) + "; valid range is [1, 16]");
-  if (!std::isfinite(lead) || lead < 0 || lead > 1) throw ConfigError("sim_launch_lead = " + std::to_string(lead) + " s; valid range is [0, 1]");
+  check_in_flight(k);
+  if (!std::isfinite(lead) || lead < 0 || lead > 1) throw ConfigError("sim.launch_lead = " + std::to_string(lead) + " s; valid range is [0, 1]");
   m_in_flight = k;
   m_lead = std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(lead));
 }

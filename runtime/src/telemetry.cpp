@@ -19,7 +19,7 @@ StepReport accumulate(std::span<const StepReport> steps) {
       DeviceReport& a = sum.devices[d];
       const DeviceReport& b = s.devices[d];
       a.name = b.name;
-      a.busy_s += b.busy_s, a.idle_s += b.idle_s, a.barrier_wait_s += b.barrier_wait_s;
+      a.busy_s += b.busy_s, a.idle_s += b.idle_s, a.barrier_wait_s += b.barrier_wait_s, a.compute_s += b.compute_s;
       a.chunks_run += b.chunks_run, a.chunks_stolen += b.chunks_stolen, a.samples += b.samples;
       a.chunk_samples = b.chunk_samples;  // the latest step's
     }
@@ -91,9 +91,9 @@ void TraceWriter::drain() {
 
 void TraceWriter::write(const TraceEvent& e) {
   static const char* const kNames[] = {"chunk", "allreduce", "optimizer", "barrier"};
-  const char* kind = kNames[std::min<std::uint32_t>(e.kind, 3)];
+  const char* kind = kNames[std::min<std::uint32_t>(static_cast<std::uint32_t>(e.kind), 3)];
   m_out << (m_first ? "" : ",\n") << "{\"name\":\"" << kind;
-  if (e.kind == 0) m_out << ' ' << e.chunk;
+  if (e.kind == TraceKind::kChunk) m_out << ' ' << e.chunk;
   m_out << "\",\"cat\":\"" << kind << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << e.device << ",\"ts\":" << static_cast<double>(e.begin_ns) / 1e3
         << ",\"dur\":" << static_cast<double>(e.end_ns - e.begin_ns) / 1e3 << "}";
   m_first = false;

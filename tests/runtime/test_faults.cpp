@@ -49,7 +49,7 @@ TEST_CASE("Faults.StallFailsTheStepWithATimeoutAndTheRuntimeGoesOn") {
   RuntimeOptions o;
   o.devices = "sim:1,1,1";
   o.chunk_size = 8;
-  o.sim_sample_seconds = 20e-6;
+  o.sim.sample_seconds = 20e-6;
   o.stall_timeout = 0.2;
   o.inject_fault = [&](std::size_t device, std::uint64_t step, ChunkId chunk) {
     std::int64_t zero = 0;  // one stall: the first chunk device 1 runs in step 2
@@ -88,7 +88,7 @@ TEST_CASE("Faults.LostDeviceFailsTheStepByDefault") {
   Fixture fx;
   RuntimeOptions o;
   o.devices = "sim:1,1,1";
-  o.sim_sample_seconds = 20e-6;
+  o.sim.sample_seconds = 20e-6;
   o.chunk_size = 8;
   o.threads_per_device = 1;
   o.inject_fault = [](std::size_t device, std::uint64_t, ChunkId chunk) { return device == 2 && chunk >= 20 ? Fault::kDeviceLoss : Fault::kNone; };
@@ -112,7 +112,7 @@ TEST_CASE("Faults.ExcludedDeviceIsDroppedAndTheGradientStaysExact") {
     o.devices = devices;
     o.chunk_size = 4;
     o.threads_per_device = 1;
-    o.sim_sample_seconds = 20e-6;
+    o.sim.sample_seconds = 20e-6;
     o.on_device_failure = OnDeviceFailure::kExclude;
     o.placement = PlacementPolicy::kEqual;  // device 1 surely holds a third of step 2's chunks
     // Device 1 dies at its third chunk of step 2 (after running two: their gradient is lost with it).
@@ -145,9 +145,9 @@ TEST_CASE("Faults.StalledReductionTimesOutToo") {
   Fixture fx;
   RuntimeOptions o;
   o.devices = "sim:1,1";
-  o.sim_sample_seconds = 0;
-  o.sim_allreduce_bytes = 1e9;
-  o.sim_busbw = 1e9;
+  o.sim.sample_seconds = 0;
+  o.sim.allreduce_bytes = 1e9;
+  o.sim.busbw = 1e9;
   o.stall_timeout = 0.2;
   Runtime rt(o);
   rt.register_parameters(fx.model.layout(), fx.init);

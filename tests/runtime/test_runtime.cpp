@@ -329,8 +329,8 @@ TEST_CASE("Runtime.ADeviceThatSlowsDownMidStepDoesNotEndTheStepLate") {
   o.devices = "sim:1,1";
   o.chunk_size = 1;
   o.in_flight = 1;
-  o.sim_sample_seconds = unit;
-  o.sim_speed_factor = [](std::size_t d, std::uint64_t step, double t) { return d == 0 && step == 3 && t >= 5 * unit ? 0.1 : 1.0; };
+  o.sim.sample_seconds = unit;
+  o.sim.speed_factor = [](std::size_t d, std::uint64_t step, double t) { return d == 0 && step == 3 && t >= 5 * unit ? 0.1 : 1.0; };
   Runtime rt(o);
   ParameterLayout layout;
   layout.add("w", 1);
@@ -514,7 +514,7 @@ TEST_CASE("Runtime.SimDevicesGiveTheExactGradient") {
   const MlpModel model({12, 8, 4});
   const std::vector<float> init = model.initial_parameters(3);
   for (SchedulePolicy policy : {SchedulePolicy::kStatic, SchedulePolicy::kSteal}) {
-    Runtime rt({.devices = "sim:1,0.5,0.25", .chunk_size = 9, .policy = policy, .sim_sample_seconds = 2e-6});
+    Runtime rt({.devices = "sim:1,0.5,0.25", .chunk_size = 9, .policy = policy, .sim = {.sample_seconds = 2e-6}});
     rt.register_parameters(model.layout(), init);
     std::vector<MlpModel::Workspace> ws(3);
     std::vector<std::uint32_t> batch(200);
@@ -533,7 +533,7 @@ TEST_CASE("Runtime.StealingBeatsStaticOnUnequalSimDevices") {
   // samples cost 100 us (a 24 ms step when balanced): with 20 us, another test on the same two cores made the
   // steal steps land on 4 ms timer ticks (preempt=none kernels wake a waiting thread at the tick) and lose.
   auto mean_step = [](SchedulePolicy policy) {
-    Runtime rt({.devices = "sim:1,1,0.15,0.15", .chunk_size = 8, .policy = policy, .sim_sample_seconds = 100e-6});
+    Runtime rt({.devices = "sim:1,1,0.15,0.15", .chunk_size = 8, .policy = policy, .sim = {.sample_seconds = 100e-6}});
     ParameterLayout layout;
     layout.add("p", 4);
     rt.register_parameters(layout, std::vector<float>(4, 0.0f));
@@ -558,7 +558,7 @@ TEST_CASE("Runtime.SpeedSizedChunksStayExact") {
   const Synthetic syn(400, 10, 3, 8);
   const MlpModel model({10, 6, 3});
   const std::vector<float> init = model.initial_parameters(4);
-  Runtime rt({.devices = "sim:1,0.25", .chunk_size = 8, .chunk_sizing = ChunkSizing::kBySpeed, .sim_sample_seconds = 5e-6});
+  Runtime rt({.devices = "sim:1,0.25", .chunk_size = 8, .chunk_sizing = ChunkSizing::kBySpeed, .sim = {.sample_seconds = 5e-6}});
   rt.register_parameters(model.layout(), init);
   std::vector<MlpModel::Workspace> ws(2);
   std::size_t max_chunks = 0;
@@ -583,7 +583,7 @@ TEST_CASE("Runtime.ALoneDeviceKeepsItsChunksWhole") {
   layout.add("p", 1);
   auto fn = [](ChunkContext& ctx) { ctx.grad[0] += static_cast<float>(ctx.samples.size()); };
   for (const char* devices : {"sim:1", "cpu:1"}) {
-    Runtime rt({.devices = devices, .chunk_size = 256, .sim_sample_seconds = 1e-6});
+    Runtime rt({.devices = devices, .chunk_size = 256, .sim = {.sample_seconds = 1e-6}});
     rt.register_parameters(layout, std::vector<float>(1, 0.0f));
     std::vector<std::uint32_t> batch(256);
     std::iota(batch.begin(), batch.end(), 0u);
@@ -596,7 +596,7 @@ TEST_CASE("Runtime.ALoneDeviceKeepsItsChunksWhole") {
       CHECK(rt.step(uneven, fn).chunks == 4);  // 3 x 256 + 232
     }
   }
-  Runtime two({.devices = "sim:1,1", .chunk_size = 64, .sim_sample_seconds = 1e-6});
+  Runtime two({.devices = "sim:1,1", .chunk_size = 64, .sim = {.sample_seconds = 1e-6}});
   two.register_parameters(layout, std::vector<float>(1, 0.0f));
   std::vector<std::uint32_t> batch(1024);
   std::iota(batch.begin(), batch.end(), 0u);

@@ -63,6 +63,11 @@ struct ChunkContext {
 
 using ChunkFunction = std::function<void(ChunkContext&)>;
 
+// Chunks a device with its own queue (a GPU stream, a simulated device) may have launched and not finished.
+inline constexpr std::size_t kMaxInFlight = 16;
+// Throws ConfigError unless 1 <= in_flight <= kMaxInFlight, naming the field and the range.
+void check_in_flight(std::size_t in_flight);
+
 // How a GPU device's worker waits for its chunks. kSpin: CUDA's default scheduling, as PyTorch waits (the thread
 // spins while the process has no more CUDA contexts than cores, and yields otherwise); the wake-up is immediate.
 // kBlock: blocking-sync events; the thread sleeps and costs no CPU, but each wait adds a sleep and a wake-up.

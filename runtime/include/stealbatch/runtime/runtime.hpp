@@ -4,17 +4,12 @@
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/communicator.hpp>
 #include <stealbatch/runtime/device.hpp>
-#include <stealbatch/runtime/detail/chunk_sizer.hpp>
-#include <stealbatch/runtime/detail/cost_profile.hpp>
 #include <stealbatch/runtime/device_spec.hpp>
 #include <stealbatch/runtime/optimizer.hpp>
 #include <stealbatch/runtime/parameters.hpp>
 #include <stealbatch/runtime/telemetry.hpp>
 #include <stealbatch/scheduler/scheduler.hpp>
 
-#include <array>
-#include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -54,6 +49,29 @@ enum class OnDeviceFailure { kFail, kExclude };
 // (until the stall watchdog cancels it); kDeviceLoss, its device dies before running it.
 enum class Fault { kNone, kThrow, kStall, kDeviceLoss };
 
+// Simulated devices: a chunk takes sample_seconds x (the sum of its samples' costs) / speed, slept out on the host,
+// while the chunk function computes the real gradient.
+struct SimOptions {
+  double sample_seconds = 100e-6;                      // seconds per sample at speed 1, [0, 1]
+  std::function<double(std::uint32_t)> sample_cost{};  // a sample's relative cost (default 1)
+  // A stolen chunk's inputs cross a link first: bytes_per_sample * samples / link_bw + link_latency seconds. The
+  // AllReduce of allreduce_bytes follows the ring model 2 (n - 1) / n * bytes / busbw + link_latency
+  // (SimRingCommunicator). Zero bytes: no cost.
+  double bytes_per_sample = 0;                         // [0, 1e9]
+  double link_bw = 25e9;                               // bytes/s, [1, 1e15]
+  double link_latency = 10e-6;                         // seconds, [0, 1]
+  double allreduce_bytes = 0;                          // [0, 1e12]
+  double busbw = 100e9;                                // bytes/s, [1, 1e15]
+  // A factor on device d's speed at (step, seconds into the step), for speed changes during a run (default 1).
+  // Called on the device's thread at each chunk's start.
+  std::function<double(std::size_t device, std::uint64_t step, double seconds_into_step)> speed_factor{};
+  // A worker takes its next chunk only when the work its device has queued would run out within this many seconds
+  // (and fewer than in_flight are queued), so chunks stay in the deques, where idle devices can steal them, until
+  // just before they are needed. 0: as soon as fewer than in_flight are queued. The default is several timer
+  // overshoots of a loaded host. [0, 1].
+  double launch_lead = 0.5e-3;
+};
+
 struct RuntimeOptions {
   std::string devices{};                           // "cpu:4", "cuda:all", "cuda:0,1", "vgpu:64,16", "sim:1,1,0.5"; empty = every GPU if
                                                    // there is one (with the CUDA backend enabled), else one CPU device per core, up to 4
@@ -73,34 +91,17 @@ struct RuntimeOptions {
   // samples/s does (a batch whose cost depends on position: several sources in fixed proportions, data sorted by
   // length). See detail/cost_profile.hpp; StepReport::placed_by_cost tells when a step was.
   bool cost_by_position = true;
-  double sim_sample_seconds = 100e-6;              // simulated devices: seconds per sample at speed 1, [0, 1]
-  std::function<double(std::uint32_t)> sim_sample_cost{};  // simulated devices: a sample's relative cost (default 1)
+  SimOptions sim{};                                // simulated devices ("sim:..." specs)
   std::vector<double> placement_weights{};         // kGiven: one weight >= 0 per device
-  // Simulated devices: a stolen chunk's inputs cross a link first: sim_bytes_per_sample * samples / sim_link_bw
-  // + sim_link_latency seconds. And the AllReduce of sim_allreduce_bytes follows the ring model
-  // 2 (n - 1) / n * bytes / sim_busbw + sim_link_latency. Zero bytes: no cost.
-  double sim_bytes_per_sample = 0;                 // [0, 1e9]
-  double sim_link_bw = 25e9;                       // bytes/s, > 0
-  double sim_link_latency = 10e-6;                 // seconds, [0, 1]
-  double sim_allreduce_bytes = 0;                  // [0, 1e12]
-  double sim_busbw = 100e9;                        // bytes/s, > 0
-  // Simulated devices: a factor on device d's speed at (step, seconds into the step), for speed changes during a
-  // run (default 1). Called on the device's thread at each chunk's start.
-  std::function<double(std::size_t device, std::uint64_t step, double seconds_into_step)> sim_speed_factor{};
   OptimizerOptions optimizer{};
   std::string trace_path{};                        // Chrome Trace Event JSON; empty = no trace
   // GPU devices: a chunk's inputs are gathered on the host, sample after sample, into pinned staging, then copied
   // to the device (ChunkContext::input). gather(sample, dst) writes input_bytes bytes of that sample at dst.
   std::size_t input_bytes = 0;                     // [0, 1 << 30]; 0 = no inputs travel (the chunk function finds its own)
   std::function<void(std::uint32_t sample, std::byte* dst)> gather{};
-  std::size_t in_flight = 2;                       // GPU and simulated devices: chunks launched and not yet finished, [1, 16]
+  std::size_t in_flight = 2;                       // GPU and simulated devices: chunks launched and not yet finished, [1, kMaxInFlight]
                                                    // (a worker may wait for in_flight - 1 chunks at once: keep stall_timeout above that)
   GpuWait gpu_wait = GpuWait::kSpin;               // GPU devices: how a worker waits for its chunks (see GpuWait)
-  // Simulated devices: a worker takes its next chunk only when the work its device has queued would run out
-  // within this many seconds (and fewer than in_flight are queued), so chunks stay in the deques, where idle
-  // devices can steal them, until just before they are needed. 0: as soon as fewer than in_flight are queued.
-  // The 0.5 ms default is several timer overshoots (median 48 us, p99 92 us on the 2-core build machine). [0, 1].
-  double sim_launch_lead = 0.5e-3;
   // The stall watchdog: a step in which some device has been inside one chunk for longer than stall_timeout
   // seconds fails with a TimeoutError, and that device's waits are cancelled. (0, 86400]; default 10 minutes.
   double stall_timeout = 600;
@@ -111,8 +112,14 @@ struct RuntimeOptions {
   std::uint64_t seed = 0x5eedba7c;                 // victim order
 };
 
-// A family of devices built outside this library: the CUDA backend (stealbatch::cuda) registers one for cuda:
-// and vgpu: specs (stealbatch::cuda::enable()). Without one, those specs fail with a ConfigError that says so.
+// Checks every option against its range (and the ones that depend on each other) before anything is built; throws
+// ConfigError naming the field, the value and what is valid. The Runtime's constructor calls it first. (Options
+// that depend on the devices, such as the length of slowdown, are checked once the devices are known.)
+void validate(const RuntimeOptions& options);
+
+// A family of devices: the library's own for cpu: and sim: specs, and the CUDA backend (stealbatch::cuda), which
+// registers one for cuda: and vgpu: specs (stealbatch::cuda::enable()). Without it, those specs fail with a
+// ConfigError that says so.
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
@@ -121,8 +128,15 @@ class DeviceBackend {
   virtual std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec& spec, const RuntimeOptions& options) = 0;
   // The reduction across the devices make_devices() returned.
   virtual std::unique_ptr<Communicator> make_communicator(std::span<Device* const> devices) = 0;
+  // Devices in this process's memory whose chunks are done when run_chunk() returns (CPU, simulated): the runtime
+  // keeps one shared copy of their parameters and fuses the reduction with the update, slice by slice.
+  virtual bool shares_host_memory() const noexcept { return false; }
+  // Devices that leave the host's cores idle while their chunks run (simulated ones sleep): the runtime's own
+  // bookkeeping may run meanwhile.
+  virtual bool leaves_cores_idle() const noexcept { return false; }
 };
-// Registers the backend for a kind of device spec (kCuda, kVgpu); a later registration replaces an earlier one.
+// Registers the backend for a kind of device spec (kCuda, kVgpu, or a stand-in for kCpu or kSim in a test); a later
+// registration replaces an earlier one, and nullptr restores the built-in one where there is one.
 void register_device_backend(DeviceKind kind, std::shared_ptr<DeviceBackend> backend);
 std::shared_ptr<DeviceBackend> device_backend(DeviceKind kind);
 
@@ -159,84 +173,26 @@ class Runtime {
   // extra round trip to the devices.
   void set_learning_rate(float lr);
 
-  std::size_t device_count() const noexcept { return m_devices.size(); }
-  const Device& device(std::size_t i) const { return *m_devices.at(i); }
-  const ParameterLayout& layout() const noexcept { return m_layout; }
+  std::size_t device_count() const noexcept;
+  const Device& device(std::size_t i) const;
+  const ParameterLayout& layout() const noexcept;
   // A host copy of a replica's parameters, valid until the next call: copy it to keep it (GPU replicas are copied
   // from the device; CPU and simulated devices share one).
   std::span<const float> parameters(std::size_t device = 0) const;
   // The full-batch mean gradient of the last compute_gradient().
-  std::span<const float> gradient() const noexcept { return m_mean_grad; }
-  const RuntimeOptions& options() const noexcept { return m_options; }
+  std::span<const float> gradient() const noexcept;
+  const RuntimeOptions& options() const noexcept;
   // The current placement weights (samples/s per device: each device's median, pooled where the devices differ no
   // more than their noise, see detail::pooled_speeds); empty before the first step.
   std::vector<double> throughput_estimates() const;
   std::uint64_t trace_events_dropped() const noexcept;
   // With chunk_size = 0: device d's measured throughput against chunk size, (samples per chunk, samples/s), from
   // the chunk sizes it has run so far.
-  std::vector<std::pair<std::size_t, double>> chunk_curve(std::size_t device) const { return m_chunk_sizer.curve(device); }
+  std::vector<std::pair<std::size_t, double>> chunk_curve(std::size_t device) const;
 
  private:
-  struct Replica;
-  struct ChunkSpan {
-    std::uint32_t begin;
-    std::uint32_t size;
-  };
-  // What the reduction phase leaves: the sum in every device's buffer (kSum); or, on host devices only, fused into
-  // that phase slice by slice with the buffers zeroed after, the optimizer update of the shared parameters
-  // (kUpdate) or the mean gradient in m_mean_grad (kMean).
-  enum class Reduce { kSum, kUpdate, kMean };
-  StepReport run_chunks(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to);
-  void exclude_device(std::size_t position);
-  std::exception_ptr check_stalls();
-  void make_scheduler();
-  void make_communicator();
-  void learn_pending_observation() noexcept;
-
-  RuntimeOptions m_options;
-  std::vector<std::unique_ptr<Device>> m_devices;
-  std::vector<std::unique_ptr<Replica>> m_replicas;
-  std::unique_ptr<Communicator> m_comm;
-  std::unique_ptr<TraceWriter> m_trace;
-  ParameterLayout m_layout;
-  std::vector<float> m_mean_grad;
-  std::vector<float> m_mean_next;  // host devices: the mean being written in the reduction phase
-  std::vector<std::vector<double>> m_speed_history;  // per device, the last samples/s measurements
-  // Per device, how much slower than their thieves' own speed predicts its chunks ran on them (the last few stolen
-  // chunks): samples that cost more where this device's share lies, not a slower device (see run_chunks).
-  std::vector<std::vector<double>> m_stolen_slowness;
-  detail::CostProfile m_cost_profile;  // costs by batch position, apart from device speeds (cost_by_position)
-  detail::ChunkSizer m_chunk_sizer;    // each device's chunk size (chunk_size = 0)
-  // The last step's chunk times, for the profile to learn from (simulated devices: while the next step's chunks run;
-  // see run_chunks).
-  struct PendingObservation {
-    std::vector<detail::CostProfile::ChunkTime> chunks;
-    std::vector<double> flat_speeds;
-    std::size_t batch = 0, devices = 0;
-    bool ready = false;
-  } m_pending_observation;
-  std::vector<std::size_t> m_idle_steps;             // per device, consecutive steps in which it ran nothing
-  std::chrono::steady_clock::time_point m_epoch;
-  std::uint64_t m_steps = 0;
-  bool m_grads_dirty = false;
-  bool m_lr_pending = false;  // set_learning_rate() ran since the last update: the replicas take m_options.optimizer.lr
-  std::vector<ChunkSpan> m_spans;  // this step's chunk table, reused
-  bool m_is_sim = false;
-  bool m_host_devices = false;  // CPU or simulated devices: a chunk's time is known when its call returns
-  double m_sim_allreduce_s = 0;    // the simulated AllReduce time per step (ring model)
-  std::atomic<std::size_t> m_ar_arrived{0};  // simulated devices: workers ready for this step's AllReduce
-  mutable std::vector<float> m_host_params;  // parameters()' copy
-  // Host devices (CPU, simulated) share one copy of the parameters and one optimizer: each device's worker reduces
-  // and updates its own slice of them in one phase, instead of every device updating a full replica of its own.
-  // Double-buffered: the update writes the other buffer (and the optimizer's next state), and only a step that
-  // completed switches to it, so a step that fails in that phase leaves nothing applied.
-  std::array<std::vector<float>, 2> m_shared_params;
-  std::size_t m_shared_live = 0;  // the buffer the devices read
-  std::unique_ptr<Optimizer> m_shared_optimizer;
-  std::vector<std::size_t> m_ids;            // each device's index at creation (stable across exclusions)
-  std::vector<std::unique_ptr<Device>> m_lost;  // excluded devices, kept until the runtime goes
-  std::shared_ptr<DeviceBackend> m_backend;
-  std::unique_ptr<Scheduler> m_sched;  // last: its workers stop before the devices and replicas go
+  struct Impl;  // runtime/src/runtime_impl.hpp
+  std::unique_ptr<Impl> m;
 };
 
 }  // namespace stealbatch

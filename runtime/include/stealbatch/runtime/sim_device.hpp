@@ -36,7 +36,8 @@ class SimDevice final : public Device {
   // the one before it ends, whichever is later, so a worker that wakes late (timer overshoot, a busy core) costs
   // the device nothing while a launched chunk is still queued. With a lead > 0, run_chunk() also returns only
   // once the queued work would run out within `lead` seconds: the worker then takes its next chunk just in time,
-  // and until then the chunk stays where a thief can take it. Set before the runtime runs; k in [1, 16], lead in [0, 1].
+  // and until then the chunk stays where a thief can take it. Set before the runtime runs; k in [1, kMaxInFlight], lead
+  // in [0, 1].
   void set_in_flight(std::size_t k, double lead = 0.0);
   void finish_chunks() override;
   double queued_seconds() const override;
@@ -51,9 +52,9 @@ class SimDevice final : public Device {
   double m_bytes_per_sample = 0, m_link_bw = 1, m_latency = 0;
   std::size_t m_in_flight = 1;
   std::chrono::steady_clock::duration m_lead{};
-  // Worker-thread state: the end times of the launched, unfinished chunks, a ring of at most m_in_flight (<= 16),
+  // Worker-thread state: the end times of the launched, unfinished chunks, a ring of at most m_in_flight,
   // oldest at m_head. A fixed ring: the chunk path allocates nothing.
-  std::array<std::chrono::steady_clock::time_point, 16> m_running{};
+  std::array<std::chrono::steady_clock::time_point, kMaxInFlight> m_running{};
   std::size_t m_head = 0, m_count = 0;
   // The end of the last launched chunk (m_count > 0): when a chunk launched now could start.
   std::chrono::steady_clock::time_point last_end() const { return m_running[(m_head + m_count - 1) % m_running.size()]; }

@@ -15,6 +15,7 @@ namespace stealbatch {
 
 struct DeviceReport {
   std::string name;
+  double compute_s = 0;       // its chunks' time: the device's own figure (chunks in flight), or its worker's
   double busy_s = 0;          // running chunks, its part of the AllReduce and its optimizer update (a slowed-down
                               // device counts its idling as busy: it emulates compute)
   double idle_s = 0;          // step_s - busy_s
@@ -52,13 +53,16 @@ StepReport accumulate(std::span<const StepReport> steps);
 //   dev    util  |bar                 |  busy(s)  wait(s)  chunks  stolen  samples  chunk (the latest step's own chunk size)
 std::string format_dashboard(const StepReport& report, const std::string& title);
 
-// One span of the trace: a chunk or a barrier wait on a device, or the reduction or optimizer on the host row.
+// A span of the trace: a chunk, or a barrier wait (a device waiting for the others) on a device's row; the reduction
+// or the optimizer on the host row.
+enum class TraceKind : std::uint32_t { kChunk, kAllReduce, kOptimizer, kBarrier };
+
 struct TraceEvent {
   std::uint32_t device = 0;
   std::uint32_t chunk = 0;
   std::int64_t begin_ns = 0;  // since the runtime's creation
   std::int64_t end_ns = 0;
-  std::uint32_t kind = 0;     // 0: chunk, 1: AllReduce, 2: optimizer, 3: barrier (a device waiting for the others)
+  TraceKind kind = TraceKind::kChunk;
 };
 
 // Per-worker single-producer queues of trace events. Workers push on the hot path (a few stores, never a lock);

@@ -54,6 +54,13 @@ class CostProfile {
   void reset();
 
  private:
+  // The phases of observe(): how well each model predicted this step (1), the pairs of positions run on two devices
+  // (2), the devices' log speeds from the pairs (3), each position's cost (4). The fits return false when they fail.
+  bool valid(const ChunkTime& c, std::size_t batch) const noexcept;
+  void score_models(std::size_t batch, std::span<const ChunkTime> chunks, std::span<const double> flat_speeds);
+  void add_pairs(std::size_t batch, std::span<const ChunkTime> chunks);
+  bool fit_speeds(bool& connected);
+  bool fit_costs(std::size_t batch, bool& unseen);
   static constexpr std::size_t kRing = 4;  // steps whose chunks are kept: at most kRing observations of a position
   std::size_t m_batch = 0, m_devices = 0;
   // The chunks of the last kRing steps (valid ones, sorted by position): positions [begin, end), the device, and
@@ -79,7 +86,7 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> split_by_cost(std::span<con
 // The end of a share is cut finer: full chunks while more than kTailChunks chunks' worth is left, then each
 // chunk a kTailChunks-th of what is left, down to the floor (the factoring of guided self-scheduling). Thieves take
 // from the end of a share, so the step ends on small chunks wherever its last work lies. Measured with stealbench
-// (steal-adaptive, three runs each, medians; with sim_launch_lead 0.5 ms): at 2 (halves of the last two chunks, the
+// (steal-adaptive, three runs each, medians; with sim.launch_lead 0.5 ms): at 2 (halves of the last two chunks, the
 // rule before), 4, 6 and 8, varcost 0.966 / 0.982 / 0.980 / 0.982 at 4 devices, 0.939 / 0.959 / 0.965 / 0.966 at
 // 16, 0.909 / 0.941 / 0.937 / 0.947 at 32; seed-skew at 32 devices 0.955 / 0.950 / 0.955 / 0.946 (more chunks, more
 // per-chunk work on two cores); the other scenarios within noise.

@@ -1,0 +1,205 @@
+// A step's plan and chunk table: what is known of the devices, the shares and chunk sizes, and the end game's costs.
+#include "runtime_impl.hpp"
+
+#include <stealbatch/runtime/detail/speed_shares.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+namespace stealbatch {
+
+StepPlan Runtime::Impl::plan_step(std::size_t batch) {
+  const std::size_t n = devices.size();
+  StepPlan p;
+  p.speeds = throughput_estimates();  // samples/s per device; empty until measured
+  if (options.placement == PlacementPolicy::kPreviousStep && !p.speeds.empty()) {
+    for (std::size_t d = 0; d < n; ++d) p.speeds[d] = speed_history[d].back();
+  }
+  p.known = !p.speeds.empty();
+  for (double v : p.speeds) p.known = p.known && std::isfinite(v) && v > 0;
+  const bool steal = options.policy == SchedulePolicy::kSteal;
+  p.adaptive = p.known && ((options.placement == PlacementPolicy::kThroughput && steal) || options.placement == PlacementPolicy::kPreviousStep);
+  p.sized = options.chunk_size == 0;
+  // Speed-sized chunks, and a share whose end is cut finer: for thieves. A lone device has none, and keeps its chunks
+  // whole (fewer launches, larger GEMMs).
+  p.by_speed = p.adaptive && n > 1 && steal && options.chunk_sizing == ChunkSizing::kBySpeed;
+  // Positions' costs and devices' speeds learnt apart (detail::CostProfile): where a chunk's time is known when its
+  // call returns (host devices), with the policy that places by speed.
+  p.learn_costs = host_devices && options.cost_by_position && steal && options.placement == PlacementPolicy::kThroughput &&
+                  options.chunk_sizing == ChunkSizing::kBySpeed;
+  p.by_cost = p.by_speed && p.learn_costs && cost_profile.active(batch, n);
+  // Each device's speed in cost units per second: samples/s, or the profile's speeds when placing by cost.
+  p.rate = p.speeds;
+  if (p.by_cost) p.rate.assign(cost_profile.speeds().begin(), cost_profile.speeds().end());
+  // Read only before the chunk phase: the profile learns (and may reallocate its costs) while the chunks run.
+  if (p.by_cost) p.position_cost = cost_profile.costs();
+  return p;
+}
+
+namespace {
+
+using Shares = std::vector<std::pair<std::uint32_t, std::uint32_t>>;
+
+Shares to_shares(const std::vector<ChunkRange>& r) {
+  Shares s(r.size());
+  for (std::size_t d = 0; d < r.size(); ++d) s[d] = {static_cast<std::uint32_t>(r[d].begin), static_cast<std::uint32_t>(r[d].end)};
+  return s;
+}
+
+// Cuts each device's share into chunks: whole ones of its size to the share's end, or (cut finer) sixths of what is
+// left down to `floor` at the end, so the owner ends its share, and thieves (who take from the high end) start, on
+// small chunks (detail::cut_share). Fills the spans and each device's range of chunk ids.
+void cut_shares(const Shares& share, const std::vector<double>& target, const std::vector<double>& floor, const std::vector<bool>& finer,
+                std::span<const double> position_cost, ChunkTable& t) {
+  std::vector<std::uint32_t> sizes;
+  for (std::size_t d = 0; d < share.size(); ++d) {
+    t.ranges[d].begin = static_cast<ChunkId>(t.spans.size());
+    sizes.clear();
+    if (finer[d]) {
+      detail::cut_share(share[d].first, share[d].second, target[d], floor[d], position_cost, sizes);
+    } else {
+      const auto whole = static_cast<std::uint32_t>(std::max(1.0, target[d]));
+      for (std::uint32_t at = share[d].first; at < share[d].second; at += whole) sizes.push_back(std::min(whole, share[d].second - at));
+    }
+    std::uint32_t at = share[d].first;
+    for (std::uint32_t size : sizes) t.spans.push_back({at, size}), at += size;
+    t.ranges[d].end = static_cast<ChunkId>(t.spans.size());
+  }
+}
+
+}  // namespace
+
+// Sized (chunk_size = 0): shares in samples (by speed or cost once measured, else equal or given), each cut into
+// chunks of its device's size: a rung of its ladder while it explores, its chosen rung after that.
+void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& t) {
+  const std::size_t n = devices.size();
+  const std::vector<ChunkRange> plain = options.placement == PlacementPolicy::kGiven ? place_proportional(batch, options.placement_weights)
+                                        : p.adaptive                                   ? place_proportional(batch, p.rate)
+                                                                                       : place_equal(batch, n);
+  Shares share = to_shares(plain);
+  for (std::size_t d = 0; d < n; ++d) t.own_size[d] = chunk_sizer.size(d, std::max<std::size_t>(1, plain[d].end - plain[d].begin));
+  if (p.by_speed) {
+    // Plus a margin for slower devices whose speed is uncertain (see speed_share_weights()).
+    const std::vector<double> weights = detail::speed_share_weights(p.rate, speed_history, t.own_size, batch);
+    share = p.by_cost ? detail::split_by_cost(p.position_cost, weights) : to_shares(place_proportional(batch, weights));
+    // No device's chunk takes longer than the fastest device's: a device at under half the fastest one's speed
+    // (compared at a rung both ran: speeds measured while the ladders are explored differ by the rungs'
+    // efficiencies; within half, speeds that differ by noise keep their sizes) runs the fastest one's size scaled
+    // to its speed. So the step's tail stays about one fast chunk long, and a slower device never holds a core
+    // for long at a time. A capped device stops exploring: it will not run larger chunks.
+    const std::size_t f = static_cast<std::size_t>(std::max_element(p.rate.begin(), p.rate.end()) - p.rate.begin());
+    for (std::size_t d = 0; d < n; ++d) {
+      const double relative = chunk_sizer.relative_speed(d, f);
+      const auto scaled = static_cast<std::size_t>(std::lround(relative * static_cast<double>(t.own_size[f])));
+      if (relative <= 0 || relative >= 0.5 || scaled >= t.own_size[d]) continue;
+      chunk_sizer.stop_exploring(d);
+      t.own_size[d] = std::max<std::size_t>(1, scaled);
+    }
+  }
+  std::vector<double> target(n), floor(n);
+  std::vector<bool> finer(n);
+  for (std::size_t d = 0; d < n; ++d) {
+    t.share_len[d] = share[d].second - share[d].first;
+    t.own_size[d] = std::min<std::size_t>(t.own_size[d], std::max<std::uint32_t>(1, t.share_len[d]));
+    t.own_cost[d] = target[d] = static_cast<double>(t.own_size[d]);
+    floor[d] = std::max(1.0, target[d] / 4);
+    finer[d] = p.by_speed && !chunk_sizer.exploring(d);  // an exploring device's chunks are all of its rung
+  }
+  cut_shares(share, target, floor, finer, p.position_cost, t);
+  t.full_chunk = *std::max_element(t.own_size.begin(), t.own_size.end());
+}
+
+// Placed by speed with fixed sizes: samples in proportion to speed, and chunks sized to it.
+void Runtime::Impl::cut_by_speed(std::size_t batch, const StepPlan& p, ChunkTable& t) {
+  const std::size_t n = devices.size(), cs = options.chunk_size;
+  // Samples in proportion to speed, and chunks sized to it: a device at a sixth of the fastest one's speed gets a
+  // sixth of the samples in chunks a sixth as large, so its chunks take about as long as anyone's and the step's
+  // tail stays about one fast chunk long. Placed by cost, the same in cost units: a device's share is its part of
+  // the batch's cost, and a chunk where samples cost twice the mean holds half the samples.
+  const double fastest = *std::max_element(p.rate.begin(), p.rate.end());
+  std::vector<double> floor(n);
+  for (std::size_t d = 0; d < n; ++d) {
+    t.own_size[d] = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(static_cast<double>(cs) * p.rate[d] / fastest)));
+    t.own_cost[d] = p.by_cost ? static_cast<double>(cs) * p.rate[d] / fastest : static_cast<double>(t.own_size[d]);
+    floor[d] = p.by_cost ? t.own_cost[d] / 4 : static_cast<double>(std::max<std::size_t>(1, t.own_size[d] / 4));  // a quarter chunk
+  }
+  const std::vector<double> weights = detail::speed_share_weights(p.rate, speed_history, t.own_size, batch);
+  const Shares share = p.by_cost ? detail::split_by_cost(p.position_cost, weights) : to_shares(place_proportional(batch, weights));
+  cut_shares(share, t.own_cost, floor, std::vector<bool>(n, true), p.position_cost, t);
+}
+
+// Fixed sizes, placed by count: the batch cut into chunks of chunk_size (the last may hold fewer), placed equally,
+// by weight or by speed.
+void Runtime::Impl::cut_fixed(std::size_t batch, const StepPlan& p, ChunkTable& t) {
+  const std::size_t n = devices.size(), cs = options.chunk_size;
+  for (std::size_t at = 0; at < batch; at += cs) t.spans.push_back({static_cast<std::uint32_t>(at), static_cast<std::uint32_t>(std::min(cs, batch - at))});
+  if (options.placement == PlacementPolicy::kGiven) {
+    t.ranges = place_proportional(t.size(), options.placement_weights);
+  } else {
+    t.ranges = p.adaptive ? place_proportional(t.size(), p.speeds) : place_equal(t.size(), n);
+  }
+}
+
+ChunkTable Runtime::Impl::cut_and_place(std::size_t batch, const StepPlan& p) {
+  const std::size_t n = devices.size();
+  ChunkTable t;
+  t.ranges.resize(n);
+  t.share_len.assign(n, 0);
+  t.full_chunk = options.chunk_size;
+  t.own_size.assign(n, options.chunk_size);
+  t.own_cost.assign(n, static_cast<double>(options.chunk_size));
+  if (p.sized) {
+    cut_sized(batch, p, t);
+  } else if (p.by_speed) {
+    cut_by_speed(batch, p, t);
+  } else {
+    cut_fixed(batch, p, t);
+  }
+  const std::size_t chunks = t.size();
+  // Each chunk's cost in the units of the plan's rate: its samples, or the sum of its positions' costs.
+  t.chunk_cost.resize(chunks);
+  for (std::size_t c = 0; c < chunks; ++c) {
+    double cost = static_cast<double>(t.spans[c].size);
+    if (p.by_cost) {
+      cost = 0;
+      for (std::uint32_t x = t.spans[c].begin; x < t.spans[c].begin + t.spans[c].size; ++x) cost += p.position_cost[x];
+    }
+    t.chunk_cost[c] = cost;
+  }
+  t.home.resize(chunks);
+  for (std::size_t d = 0; d < n; ++d) {
+    for (ChunkId c = t.ranges[d].begin; c < t.ranges[d].end; ++c) t.home[c] = static_cast<std::uint32_t>(d);
+  }
+  t.ran_on.assign(chunks, 0);
+  t.runs.assign(chunks, 0);
+  t.took_s.assign(p.learn_costs ? chunks : 0, 0.0);
+  t.compute_s.assign(p.sized ? chunks : 0, 0.0);
+  return t;
+}
+
+void Runtime::Impl::set_endgame_costs(const ChunkTable& t, StepPlan& p) {
+  if (!p.known || options.endgame != EndGame::kOn) {
+    sched->set_chunk_costs({});
+    return;
+  }
+  const std::size_t n = devices.size();
+  std::vector<double> own(n), stolen(n);
+  for (std::size_t d = 0; d < n; ++d) {
+    // A device's samples/s mixes its speed with the cost of the samples placed on it. When the chunks taken from its
+    // share ran as slowly on other devices as on it (the batch costs more where its share lies, as when data is
+    // sorted by length), it is not a slow device: a chunk it steals from elsewhere costs it what it costs them. Its
+    // measured speed times that slowness (the median of the last stolen chunks) is then its speed for the end game,
+    // so it keeps taking work instead of idling as a "slow" device. Placed by cost, the speeds are already apart
+    // from the costs.
+    const double slowness = p.by_cost ? 1.0 : detail::data_slowness(stolen_slowness[d]);
+    own[d] = t.own_cost[d] / p.rate[d];
+    stolen[d] = std::max(own[d], static_cast<double>(t.full_chunk) / (p.rate[d] * slowness));  // a stolen chunk is at most a full one
+  }
+  sched->set_chunk_costs(std::move(own), std::move(stolen));
+  // A device whose own chunks take far longer than its measured speed says has slowed down in this step (a throttled
+  // GPU, a device that lost speed mid-step): the end game then weighs its chunks at what they take now. Only where a
+  // chunk's time is known when its call returns: host devices and simulated ones (their timeline).
+  p.watch_speed = host_devices;
+}
+
+}  // namespace stealbatch

@@ -1,0 +1,171 @@
+// The chunk phase: each chunk run on its device with faults and stalls watched, and, when a device is lost with
+// on_device_failure = exclude, the device dropped and its chunks re-run on the survivors.
+#include "runtime_impl.hpp"
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace stealbatch {
+
+namespace {
+
+// Two own chunks in a row that take more than this many times what the device's measured speed predicts mark the
+// device as slowed down for the rest of the step (Scheduler::set_live_factor). Well above the chunk-to-chunk spread
+// of real devices and of simulated variable costs, so only a real change of speed trips it.
+constexpr double kSlowedDown = 2.0;
+// ... and by at least this much (seconds): a chunk of microseconds that took three times as long says nothing about
+// the device (a cache miss, a timer read, a context switch).
+constexpr double kSlowedDownAtLeast = 100e-6;
+
+}  // namespace
+
+void Runtime::Impl::run_one(std::size_t w, ChunkId c, std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t,
+                            const StepPlan& plan) {
+  Replica& r = *replicas[w];
+  Device& dev = *devices[w];
+  const std::uint64_t step_no = steps + 1;
+  ChunkContext ctx;
+  ctx.device = w;
+  ctx.chunk = c;
+  ctx.home_device = t.home[c];
+  ctx.samples = samples.subspan(t.spans[c].begin, t.spans[c].size);
+  ctx.params = dev.params();
+  ctx.grad = dev.grad();
+  ctx.owner = &dev;
+  ctx.layout = &layout;
+  ctx.loss_sum = &r.loss;
+  const auto t0 = Clock::now();
+  const WatchStamp stamp(r, c, epoch, t0);
+  try {
+    const Fault fault = options.inject_fault ? options.inject_fault(ids[w], step_no, c) : Fault::kNone;
+    if (fault == Fault::kDeviceLoss) throw DeviceLostError(dev.name(), w, step_no, c, "injected fault");
+    if (fault == Fault::kThrow) throw std::runtime_error("injected fault: the chunk function threw");
+    if (fault == Fault::kStall) {
+      dev.sleep_until_or_cancel(Clock::time_point::max());  // never completes on its own
+      throw std::runtime_error("injected stall, cancelled by the watchdog");
+    }
+    dev.run_chunk(ctx, fn);
+  } catch (const DeviceLostError& e) {
+    if (options.on_device_failure == OnDeviceFailure::kExclude) throw;  // run_with_recovery() drops the device and re-runs its chunks
+    std::throw_with_nested(ChunkError(dev.name(), step_no, c, e.what(), false));
+  } catch (const std::exception& e) {
+    const bool gpu_error = dynamic_cast<const CudaError*>(&e) != nullptr || dynamic_cast<const NcclError*>(&e) != nullptr;
+    std::throw_with_nested(ChunkError(dev.name(), step_no, c, e.what(), !gpu_error));
+  } catch (...) {
+    std::throw_with_nested(ChunkError(dev.name(), step_no, c, "a non-standard exception", true));
+  }
+  r.samples += ctx.samples.size();
+  t.ran_on[c] = static_cast<std::uint32_t>(w);
+  ++t.runs[c];
+  const bool own = ctx.device_end != Clock::time_point{};  // the device's timeline, when it keeps one
+  if (own) r.device_end = std::max(r.device_end, ctx.device_end);
+  // The chunk's span: on the device's timeline when it keeps one, else the worker's call (read once, for every use).
+  const auto begin = own ? ctx.device_begin : t0;
+  const auto end = own ? ctx.device_end : (plan.watch_speed || !t.took_s.empty() || !t.compute_s.empty() || trace ? Clock::now() : t0);
+  const double took = seconds(end - begin);
+  if (!t.took_s.empty()) t.took_s[c] = took;
+  if (!t.compute_s.empty()) t.compute_s[c] = ctx.compute_seconds > 0 ? ctx.compute_seconds : took;
+  if (plan.watch_speed) {
+    // The factor from its own chunks only: a stolen one may hold samples of another cost (another device's share of
+    // a batch whose cost varies by position), which says nothing about this device's speed.
+    const double ratio = took * plan.rate[w] / t.chunk_cost[c];
+    if (t.home[c] != w) t.stolen_ratio[c] = static_cast<float>(ratio);
+    if (t.home[c] == w) {
+      // Two in a row: one slow chunk is as often a chunk that lost its core for a while as a device that slowed down.
+      const bool slow = ratio > kSlowedDown && took * (1.0 - 1.0 / ratio) > kSlowedDownAtLeast;  // took - expected
+      r.live_factor = slow && r.last_ratio > kSlowedDown ? std::min(ratio, r.last_ratio) : 1.0;
+      r.last_ratio = slow ? ratio : 0.0;
+    }
+    // With chunks in flight, the next one starts only when those are done.
+    sched->set_live_factor(w, r.live_factor, dev.queued_seconds());
+  }
+  if (trace) trace->push(w, {static_cast<std::uint32_t>(ids[w]), c, (begin - epoch).count(), (end - epoch).count(), TraceKind::kChunk});
+}
+
+ChunkPhase Runtime::Impl::run_with_recovery(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
+                                            Clock::time_point step_start) {
+  t.stolen_ratio.assign(plan.watch_speed ? t.size() : 0, 0.0f);
+  if (grads_dirty) {  // after compute_gradient() or a failed step; a completed step() leaves them zeroed
+    sched->broadcast([&](std::size_t d) { devices[d]->zero_grad(); });
+  }
+  for (auto& r : replicas) r->reset_step();
+  grads_dirty = true;
+  std::size_t largest = 0;
+  for (const ChunkSpan& c : t.spans) largest = std::max<std::size_t>(largest, c.size);
+  for (auto& d : devices) d->reset_cancel(), d->begin_step(steps + 1, step_start), d->reserve(largest);
+  comm->begin_step();
+  auto run = [&](std::size_t w, ChunkId c) { run_one(w, c, samples, fn, t, plan); };
+  ChunkPhase phase;
+  phase.start = step_start;
+  try {
+    // Devices that sleep through their chunks: the profile learns from the last step while this one's chunks run,
+    // off the step's critical path. This step is placed by what the profile knew before it.
+    std::function<void()> learn;
+    if (pending_observation.ready) learn = [this] { learn_pending_observation(); };
+    phase.stats = sched->run(t.ranges, run, learn);
+  } catch (const DeviceLostError& first) {
+    // on_device_failure = exclude: drop the device, then re-run on the survivors what it had run this step (its
+    // gradient buffer leaves the reduction) and what nobody ran; again if another device is lost meanwhile.
+    std::optional<DeviceLostError> pending(first);
+    while (pending) {
+      const std::size_t dead = pending->index();
+      phase.excluded.push_back(pending->device());
+      pending.reset();
+      plan.watch_speed = false;  // the speeds are indexed by the devices as they were
+      exclude_device(dead);
+      const std::size_t n = devices.size();
+      std::vector<ChunkId> redo;
+      for (std::size_t c = 0; c < t.size(); ++c) {
+        if (t.runs[c] != 0 && t.ran_on[c] == dead) t.runs[c] = 0;
+        if (t.runs[c] == 0) {
+          redo.push_back(static_cast<ChunkId>(c));
+          continue;
+        }
+        if (t.ran_on[c] > dead) --t.ran_on[c];
+        if (t.home[c] == dead) {
+          t.home[c] = kHomeLost;  // placed on the lost device and run elsewhere: it moved
+        } else if (t.home[c] != kHomeLost && t.home[c] > dead) {
+          --t.home[c];
+        }
+      }
+      phase.rerun += redo.size();
+      std::vector<std::vector<ChunkId>> lists(n);
+      const std::vector<ChunkRange> share = place_equal(redo.size(), n);
+      for (std::size_t w = 0; w < n; ++w) {
+        for (std::size_t i = share[w].begin; i < share[w].end; ++i) lists[w].push_back(redo[i]), t.home[redo[i]] = static_cast<std::uint32_t>(w);
+      }
+      for (auto& d : devices) d->reset_cancel();
+      comm->begin_step();
+      try {
+        phase.stats = sched->run(lists, run);
+      } catch (const DeviceLostError& again) {
+        pending.emplace(again);
+      }
+    }
+  }
+  phase.end = Clock::now();
+  for (std::size_t c = 0; c < t.size(); ++c) {
+    if (t.runs[c] != 1) {
+      throw std::logic_error("runtime: chunk " + std::to_string(c) + " ran " + std::to_string(t.runs[c]) + " times in step " + std::to_string(steps + 1) +
+                             ": exactly-once violated");
+    }
+  }
+  return phase;
+}
+
+void Runtime::Impl::exclude_device(std::size_t position) {
+  const auto at = [position](auto& v) { v.erase(v.begin() + static_cast<std::ptrdiff_t>(position)); };
+  sched.reset();  // joins the workers: they are parked between steps
+  lost.push_back(std::move(devices[position]));
+  at(devices), at(replicas), at(speed_history), at(stolen_slowness), at(idle_steps), at(ids);
+  cost_profile.reset();  // indexed by the devices as they were
+  chunk_sizer.erase(position);
+  pending_observation.ready = false;
+  if (options.placement == PlacementPolicy::kGiven) at(options.placement_weights);
+  if (devices.empty()) throw Error("runtime: every device was lost; nothing is left to run on");
+  make_communicator();
+  make_scheduler();
+}
+
+}  // namespace stealbatch

@@ -1,0 +1,191 @@
+// The Runtime's state, and the phases of a step; each phase lives in the source file named beside it.
+#pragma once
+
+#include <stealbatch/runtime/detail/chunk_sizer.hpp>
+#include <stealbatch/runtime/detail/cost_profile.hpp>
+#include <stealbatch/runtime/runtime.hpp>
+#include <stealbatch/scheduler/scheduler.hpp>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace stealbatch {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
+
+// The watchdog's mark for a device busy in the reduction or the update rather than in a chunk.
+inline constexpr ChunkId kReductionPhase = ~ChunkId{0};
+// A chunk's home device when that device was lost during the step (the chunk counts as moved wherever it ran).
+inline constexpr std::uint32_t kHomeLost = ~std::uint32_t{0};
+
+// A device's tallies for this step (the replica itself lives in the Device). Aligned so that two devices' tallies
+// never share a cache line.
+struct alignas(detail::kCacheLine) Replica {
+  double loss = 0;
+  std::uint64_t samples = 0;
+  // How long finish_chunks() waited this step for chunks still in flight (a GPU, a simulated device): device time
+  // of this step's chunks that the worker's busy time in the chunk phase does not hold.
+  Clock::duration finish{};
+  Clock::time_point device_end{};  // the end of the device's last chunk this step, on its own timeline (if it keeps one)
+  Clock::duration update{};         // its part of the fused update this step (shared host parameters)
+  Clock::duration model_wait{};     // how long it slept out a modelled reduction for all (0 for all but one)
+  double live_factor = 1.0;         // this step: how much slower than measured its own chunks now run
+  double last_ratio = 0.0;          // this step: its last own chunk's time over what its measured speed predicted
+  // The stall watchdog's view, written by the device's worker and read by the caller's thread: when the chunk
+  // now running started (ns since the runtime's creation; 0 when none runs), and which chunk. Relaxed: a timer
+  // that may read a value a moment old, nothing is published through it.
+  std::atomic<std::int64_t> chunk_started_ns{0};
+  std::atomic<ChunkId> current_chunk{0};
+
+  void reset_step() noexcept { loss = 0, samples = 0, device_end = {}, live_factor = 1.0, last_ratio = 0.0, model_wait = {}; }
+};
+
+// Marks a device as busy (in chunk `what`, or kReductionPhase) for the stall watchdog, for the stamp's lifetime.
+// Relaxed stores: see Replica.
+struct WatchStamp {
+  std::atomic<std::int64_t>& started;
+  WatchStamp(Replica& r, ChunkId what, Clock::time_point epoch, Clock::time_point now = Clock::now()) : started(r.chunk_started_ns) {
+    r.current_chunk.store(what, std::memory_order_relaxed);
+    started.store(std::max<std::int64_t>(1, (now - epoch).count()), std::memory_order_relaxed);
+  }
+  ~WatchStamp() { started.store(0, std::memory_order_relaxed); }
+  WatchStamp(const WatchStamp&) = delete;
+  WatchStamp& operator=(const WatchStamp&) = delete;
+};
+
+struct ChunkSpan {
+  std::uint32_t begin;
+  std::uint32_t size;
+};
+
+// How a step is placed: what is known of the devices and which rules apply (chunk_table.cpp).
+struct StepPlan {
+  std::vector<double> speeds;  // samples/s per device; empty until measured
+  std::vector<double> rate;    // each device's speed in cost units per second (samples/s, or the profile's speeds)
+  std::span<const double> position_cost;  // by_cost: each batch position's cost (read before the chunk phase only)
+  bool known = false;          // every device has a measured speed
+  bool adaptive = false;       // placed by measured speed
+  bool sized = false;          // chunk_size = 0: each device's chunk size from its measured curve
+  bool by_speed = false;       // speed-sized chunks, a share's end cut finer (stealing, 2+ devices)
+  bool learn_costs = false;    // the cost profile learns from this step
+  bool by_cost = false;        // placed by learnt batch-position costs
+  bool watch_speed = false;    // the end game weighs a device at what its chunks take now (set_live_factor)
+};
+
+// The step's chunks and where they were placed and ran (chunk_table.cpp fills the first part; the chunk phase the
+// second).
+struct ChunkTable {
+  std::vector<ChunkSpan> spans;          // chunk c covers samples [spans[c].begin, spans[c].begin + spans[c].size)
+  std::vector<ChunkRange> ranges;        // each device's placed chunks
+  std::vector<double> chunk_cost;        // each chunk's cost in the units of StepPlan::rate
+  std::vector<double> own_cost;          // each device's own chunk, in cost units (samples when flat)
+  std::vector<std::size_t> own_size;     // each device's own chunk, in samples
+  std::vector<std::uint32_t> share_len;  // each device's share, in samples (sized)
+  std::size_t full_chunk = 0;            // a full chunk, in samples: what a stolen chunk is at most
+
+  std::vector<std::uint32_t> home;      // where each chunk was placed (kHomeLost once its device was lost)
+  std::vector<std::uint32_t> ran_on;    // which device ran it
+  std::vector<std::uint8_t> runs;       // how many times it ran: the exactly-once check, chunk by chunk
+  std::vector<float> stolen_ratio;      // watch_speed: a stolen chunk's time over what its thief's speed predicts
+  std::vector<double> took_s;           // learn_costs: its time on its device
+  std::vector<double> compute_s;        // sized: its compute time where the device knows it, else its time
+  std::size_t size() const noexcept { return spans.size(); }
+};
+
+// What the chunk phase left for the report.
+struct ChunkPhase {
+  StepStats stats;
+  std::vector<std::string> excluded;  // devices lost and dropped this step
+  std::uint64_t rerun = 0;            // chunks re-run on the survivors
+  Clock::time_point start, end;
+};
+
+// What the reduction phase leaves: the sum in every device's buffer (kSum); or, on host devices only, fused into
+// that phase slice by slice with the buffers zeroed after, the optimizer update of the shared parameters
+// (kUpdate) or the mean gradient in mean_next (kMean).
+enum class Reduce { kSum, kUpdate, kMean };
+
+struct Runtime::Impl {
+  explicit Impl(RuntimeOptions options);
+  ~Impl();
+
+  // One step: cut and place the chunks, run them (with recovery), reduce, report (run_step.cpp).
+  StepReport run_step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to);
+  // chunk_table.cpp
+  StepPlan plan_step(std::size_t batch);
+  ChunkTable cut_and_place(std::size_t batch, const StepPlan& plan);
+  void cut_sized(std::size_t batch, const StepPlan& plan, ChunkTable& t);
+  void cut_by_speed(std::size_t batch, const StepPlan& plan, ChunkTable& t);
+  void cut_fixed(std::size_t batch, const StepPlan& plan, ChunkTable& t);
+  void set_endgame_costs(const ChunkTable& table, StepPlan& plan);
+  // run_chunks.cpp
+  void run_one(std::size_t w, ChunkId c, std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, const StepPlan& plan);
+  ChunkPhase run_with_recovery(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
+                               Clock::time_point step_start);
+  void exclude_device(std::size_t position);
+  // reduce.cpp
+  StepStats reduce(std::size_t batch, Reduce reduce_to);
+  // step_report.cpp
+  StepReport build_report(std::size_t batch, const ChunkTable& t, const StepPlan& plan, ChunkPhase& phase, const StepStats& reduced,
+                          Clock::time_point reduced_at);
+  void learn_from_step(std::size_t batch, const ChunkTable& t, const StepPlan& plan, const ChunkPhase& phase, StepReport& rep);
+  // runtime.cpp
+  void make_communicator();
+  void make_scheduler();
+  std::exception_ptr check_stalls();
+  void learn_pending_observation() noexcept;
+  std::vector<double> throughput_estimates() const;
+
+  RuntimeOptions options;
+  DeviceKind kind = DeviceKind::kCpu;
+  std::shared_ptr<DeviceBackend> backend;
+  std::vector<std::unique_ptr<Device>> devices;
+  std::vector<std::unique_ptr<Replica>> replicas;
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<TraceWriter> trace;
+  ParameterLayout layout;
+  std::vector<float> mean_grad;
+  std::vector<float> mean_next;  // host devices: the mean being written in the reduction phase
+  std::vector<std::vector<double>> speed_history;  // per device, the last samples/s measurements
+  // Per device, how much slower than their thieves' own speed predicts its chunks ran on them (the last few stolen
+  // chunks): samples that cost more where this device's share lies, not a slower device.
+  std::vector<std::vector<double>> stolen_slowness;
+  detail::CostProfile cost_profile;  // costs by batch position, apart from device speeds (cost_by_position)
+  detail::ChunkSizer chunk_sizer;    // each device's chunk size (chunk_size = 0)
+  // The last step's chunk times, for the profile to learn from (simulated devices: while the next step's chunks run).
+  struct PendingObservation {
+    std::vector<detail::CostProfile::ChunkTime> chunks;
+    std::vector<double> flat_speeds;
+    std::size_t batch = 0, devices = 0;
+    bool ready = false;
+  } pending_observation;
+  std::vector<std::size_t> idle_steps;  // per device, consecutive steps in which it ran nothing
+  Clock::time_point epoch;
+  std::uint64_t steps = 0;
+  bool grads_dirty = false;
+  bool lr_pending = false;      // set_learning_rate() ran since the last update: the replicas take options.optimizer.lr
+  bool host_devices = false;    // CPU or simulated devices: a chunk's time is known when its call returns
+  bool learn_while_running = false;  // devices that sleep through their chunks: the profile learns during the next step
+  mutable std::vector<float> host_params;  // parameters()' copy
+  // Host devices share one copy of the parameters and one optimizer: each device's worker reduces and updates its
+  // own slice of them in one phase, instead of every device updating a full replica of its own. Double-buffered:
+  // the update writes the other buffer (and the optimizer's next state), and only a step that completed switches
+  // to it, so a step that fails in that phase leaves nothing applied.
+  std::array<std::vector<float>, 2> shared_params;
+  std::size_t shared_live = 0;  // the buffer the devices read
+  std::unique_ptr<Optimizer> shared_optimizer;
+  std::vector<std::size_t> ids;              // each device's index at creation (stable across exclusions)
+  std::vector<std::unique_ptr<Device>> lost;  // excluded devices, kept until the runtime goes
+  std::unique_ptr<Scheduler> sched;  // last: its workers stop before the devices and replicas go
+};
+
+}  // namespace stealbatch

@@ -1,0 +1,61 @@
+// validate(RuntimeOptions): every option's range, checked once, before anything is built.
+#include <stealbatch/runtime/runtime.hpp>
+
+#include <cmath>
+#include <string>
+
+namespace stealbatch {
+
+namespace {
+
+std::string text(double v) {
+  std::string s = std::to_string(v);
+  return s;
+}
+
+void check(const char* field, double v, double lo, double hi, const char* unit = "") {
+  if (!std::isfinite(v) || v < lo || v > hi) {
+    throw ConfigError(std::string(field) + " = " + text(v) + unit + "; valid range is [" + text(lo) + ", " + text(hi) + "]");
+  }
+}
+
+void check_size(const char* field, std::size_t v, std::size_t lo, std::size_t hi, const std::string& also = "") {
+  if (v < lo || v > hi) {
+    throw ConfigError(std::string(field) + " = " + std::to_string(v) + "; valid range is [" + std::to_string(lo) + ", " + std::to_string(hi) + "]" + also);
+  }
+}
+
+}  // namespace
+
+void validate(const RuntimeOptions& o) {
+  if (!o.devices.empty()) (void)parse_device_spec(o.devices);
+  if (o.chunk_size > (std::size_t{1} << 20)) check_size("chunk_size", o.chunk_size, 1, std::size_t{1} << 20, ", or 0 for sizes the runtime measures");
+  validate(o.optimizer);
+  check_in_flight(o.in_flight);
+  check_size("input_bytes", o.input_bytes, 0, std::size_t{1} << 30);
+  if (o.input_bytes > 0 && !o.gather) throw ConfigError("input_bytes = " + std::to_string(o.input_bytes) + " but no gather function is set");
+  for (std::size_t i = 0; i < o.slowdown.size(); ++i) {
+    const std::string field = "slowdown[" + std::to_string(i) + "]";
+    check(field.c_str(), o.slowdown[i], 1, 1000);
+  }
+  if (o.threads_per_device < 0 || o.threads_per_device > 1024) {
+    throw ConfigError("threads_per_device = " + std::to_string(o.threads_per_device) + "; valid range is [0, 1024] (0 = cores / devices)");
+  }
+  check_size("throughput_window", o.throughput_window, 1, 100);
+  if (!std::isfinite(o.stall_timeout) || o.stall_timeout <= 0 || o.stall_timeout > 86400) {
+    throw ConfigError("stall_timeout = " + text(o.stall_timeout) + " s; valid range is (0, 86400]");
+  }
+  if (o.placement == PlacementPolicy::kGiven) {
+    if (o.placement_weights.empty()) throw ConfigError("placement = given but placement_weights is empty; give one weight >= 0 per device");
+    (void)place_proportional(1, o.placement_weights);  // finite, >= 0, not all 0
+  }
+  check("sim.sample_seconds", o.sim.sample_seconds, 0, 1, " s");
+  check("sim.bytes_per_sample", o.sim.bytes_per_sample, 0, 1e9);
+  check("sim.link_bw", o.sim.link_bw, 1, 1e15);
+  check("sim.link_latency", o.sim.link_latency, 0, 1, " s");
+  check("sim.allreduce_bytes", o.sim.allreduce_bytes, 0, 1e12);
+  check("sim.busbw", o.sim.busbw, 1, 1e15);
+  check("sim.launch_lead", o.sim.launch_lead, 0, 1, " s");
+}
+
+}  // namespace stealbatch
