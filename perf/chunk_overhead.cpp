@@ -28,18 +28,28 @@ int main(int argc, char** argv) {
   rt.register_parameters(layout, std::vector<float>{0.0f});
   std::vector<std::uint32_t> batch(chunks);
   std::iota(batch.begin(), batch.end(), 0u);
-  const ChunkFunction empty = [](ChunkContext&) {};
-  std::vector<double> per_chunk_us;
+  // Each chunk adds its sample to the gradient's one float: the reduced gradient must be the batch, every step (the
+  // correctness column), whichever device ran which chunk.
+  const ChunkFunction count = [](ChunkContext& ctx) { ctx.grad[0] += static_cast<float>(ctx.samples.size()); };
+  std::vector<double> per_chunk_us, step_us;
+  std::size_t wrong = 0;
   for (std::size_t i = 0; i < steps + 5; ++i) {
-    const StepReport r = rt.compute_gradient(batch, empty);
+    const StepReport r = rt.compute_gradient(batch, count);
+    wrong += r.samples != chunks || rt.gradient()[0] != 1.0f;  // the mean of 1 a sample
     // Each device spends the chunk phase on its chunks, so device-time per chunk = phase * devices / chunks.
-    if (i >= 5) per_chunk_us.push_back(r.chunks_s * static_cast<double>(rt.device_count()) / static_cast<double>(r.chunks) * 1e6);
+    if (i >= 5) {
+      per_chunk_us.push_back(r.chunks_s * static_cast<double>(rt.device_count()) / static_cast<double>(r.chunks) * 1e6);
+      step_us.push_back(r.step_s * 1e6);
+    }
   }
   std::sort(per_chunk_us.begin(), per_chunk_us.end());
-  std::printf("# chunk_overhead, stealbatch %s: %s, policy %s, %zu chunks of 1 sample per step, %zu timed steps\n", kVersionString,
+  std::sort(step_us.begin(), step_us.end());
+  std::printf("# chunk_overhead, stealbatch %s: devices %s, policy %s, %zu samples a step at chunk_size 1, 5 untimed + %zu timed steps\n", kVersionString,
               devices.c_str(), policy.c_str(), chunks, steps);
-  std::printf("# per-chunk overhead = chunk-phase wall time x devices / chunks (device-time per chunk, empty chunk function)\n");
-  std::printf("per_chunk_us  p50 %.3f  p10 %.3f  p90 %.3f\n", per_chunk_us[per_chunk_us.size() / 2], per_chunk_us[per_chunk_us.size() / 10],
-              per_chunk_us[per_chunk_us.size() * 9 / 10]);
-  return 0;
+  std::printf("# per_chunk_us = chunk-phase wall time x devices / chunks: the runtime's device time per chunk, the chunk function a single add\n");
+  std::printf("%-10s %10s %10s %10s %12s %7s\n", "metric", "p10", "p50", "p90", "step_us_p50", "#wrong");
+  const auto at = [](const std::vector<double>& v, std::size_t num) { return v[v.size() * num / 10]; };
+  std::printf("%-10s %10.3f %10.3f %10.3f %12.1f %7zu\n", "per_chunk", at(per_chunk_us, 1), at(per_chunk_us, 5), at(per_chunk_us, 9), at(step_us, 5), wrong);
+  std::printf("# summary: %zu steps checked, #wrong total %zu\n", steps + 5, wrong);
+  return wrong == 0 ? 0 : 1;
 }

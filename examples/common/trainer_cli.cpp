@@ -17,18 +17,27 @@
 #include <numeric>
 #include <random>
 
+#include <unistd.h>
+
 namespace stealbatch::examples {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One progress line, rewritten in place: epoch, samples, samples/s, ETA, loss.
+// The progress line: epoch, samples, samples/s, ETA, loss. On a terminal it is redrawn in place; into a file or a pipe
+// it is one plain line at each epoch's end (and every 10 s of a long epoch).
+bool to_terminal() {
+  static const bool tty = isatty(fileno(stderr)) != 0;
+  return tty;
+}
+
 void progress(const std::string& tag, std::size_t epoch, std::size_t epochs, std::size_t done, std::size_t total, double elapsed,
               double loss) {
   const double rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0;
   const double eta = rate > 0 ? static_cast<double>(total - done) / rate : 0;
-  std::fprintf(stderr, "\r[%s] epoch %zu/%zu  %6zu/%zu samples  %8.0f samples/s  ETA %5.1f s  loss %.4f   ", tag.c_str(), epoch, epochs, done,
-               total, rate, eta, loss);
+  const bool tty = to_terminal();
+  std::fprintf(stderr, "%s[%s] epoch %zu/%zu  %6zu/%zu samples  %8.0f samples/s  ETA %5.1f s  loss %.4f%s", tty ? "\r" : "", tag.c_str(), epoch,
+               epochs, done, total, rate, eta, loss, tty ? "   " : "\n");
 }
 
 std::size_t chunk_size(const TrainerFlags& f) { return f.chunk == "auto" ? 0 : static_cast<std::size_t>(std::stoull(f.chunk)); }
@@ -86,13 +95,13 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
       done += b;
       all.push_back(r);
       const auto now = Clock::now();
-      if (now - last_print > std::chrono::milliseconds(250) || done == order.size()) {
+      if (now - last_print > std::chrono::milliseconds(to_terminal() ? 250 : 10000) || done == order.size()) {
         progress(res.policy, epoch, f.epochs, done, order.size(), std::chrono::duration<double>(now - t0).count(), loss_sum / static_cast<double>(done));
         last_print = now;
       }
     }
     res.epoch_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    std::fprintf(stderr, "\n");
+    if (to_terminal()) std::fprintf(stderr, "\n");
   }
   res.total = stealbatch::accumulate(all);
   res.steals = res.total.steals;

@@ -16,6 +16,7 @@
 #include <test_support.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <ctime>
 #include <thread>
@@ -34,6 +35,22 @@ using examples::MlpModel;
 using namespace stealbatch::testing;
 
 namespace {
+
+// Makes two devices both run a chunk in the first step they share: each device's first chunk waits (5 s at most)
+// until the other has started one, so neither can drain the other's deque before it wakes. Later chunks run freely.
+struct BothDevicesRun {
+  std::atomic<unsigned> started{0};
+  ChunkFunction wrap(ChunkFunction fn) {
+    return [this, fn = std::move(fn)](ChunkContext& ctx) {
+      const unsigned bit = 1u << ctx.device;
+      if ((started.fetch_or(bit) & bit) == 0) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (started.load() != 3u && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      }
+      fn(ctx);
+    };
+  }
+};
 
 std::string config_error(const std::function<void()>& f) {
   try {
@@ -170,7 +187,9 @@ TEST_CASE("Runtime.LearningRateTakesEffectAtTheNextUpdate") {
   const Synthetic syn(256, 16, 4, 5);
   const MlpModel model({16, 12, 4});
   auto train = [&](float initial_lr, float set_lr, bool fail_first) {
-    Runtime rt({.devices = "cpu:3", .chunk_size = 7, .threads_per_device = 1, .optimizer = {.kind = OptimizerKind::kSgd, .lr = initial_lr}});
+    // Fixed, equally placed chunks: every run cuts the batch the same way, so only the rate tells the runs apart.
+    Runtime rt({.devices = "cpu:3", .chunk_size = 7, .placement = PlacementPolicy::kEqual, .chunk_sizing = ChunkSizing::kFixed,
+                .threads_per_device = 1, .optimizer = {.kind = OptimizerKind::kSgd, .lr = initial_lr}});
     rt.register_parameters(model.layout(), model.initial_parameters(3));
     if (set_lr > 0) rt.set_learning_rate(set_lr);
     std::vector<MlpModel::Workspace> ws(3);
@@ -257,7 +276,7 @@ TEST_CASE("Runtime.CpuSlowdownMultipliesComputeNotWaiting") {
   // 30 ms blocked and almost no CPU: about 30 ms, far from the 120 ms that multiplying the wall time would give.
   const auto blocked = timed([](ChunkContext&) { std::this_thread::sleep_for(milliseconds(30)); });
   CHECK(blocked >= milliseconds(30));
-  CHECK(blocked < milliseconds(60));
+  CHECK(blocked < milliseconds(100));
 }
 
 TEST_CASE("Runtime.SimDeviceWithChunksInFlightAbsorbsALateWorker") {
@@ -275,18 +294,24 @@ TEST_CASE("Runtime.SimDeviceWithChunksInFlightAbsorbsALateWorker") {
     ChunkContext ctx;
     ctx.samples = sample;
     const auto t0 = Wall::now();
+    std::vector<std::pair<Wall::time_point, Wall::time_point>> spans;  // each chunk on the device's own timeline
     for (int i = 0; i < 5; ++i) {
       dev.run_chunk(ctx, [](ChunkContext&) {});
+      spans.emplace_back(ctx.device_begin, ctx.device_end);
       std::this_thread::sleep_for(milliseconds(4));
     }
     dev.finish_chunks();
     CHECK(dev.step_device_seconds().value() == doctest::Approx(0.050));
+    if (in_flight > 1) {
+      // Back to back: each chunk starts when the one before it ends, whatever the host did between the launches.
+      for (std::size_t i = 1; i < spans.size(); ++i) CHECK(spans[i].first == spans[i - 1].second);
+    }
     return std::chrono::duration<double, std::milli>(Wall::now() - t0).count();
   };
   const double sync_ms = run(1), async_ms = run(2);
   CHECK(sync_ms >= 69.0);
   CHECK(async_ms >= 50.0);
-  CHECK(async_ms < 60.0);
+  CHECK(async_ms < sync_ms);
   CHECK_THROWS_AS(SimDevice(0, 1.0, 1e-3).set_in_flight(0), ConfigError);
 }
 
@@ -312,7 +337,7 @@ TEST_CASE("Runtime.SimDeviceTakesItsNextChunkJustInTime") {
   const double eager = first_return_ms(0.0), just_in_time = first_return_ms(2e-3);
   CHECK(eager < 5.0);
   CHECK(just_in_time >= 7.9);
-  CHECK(just_in_time < 10.0 + 5.0);
+  CHECK(just_in_time < 50.0);  // not at the chunk's end plus a queue's worth: the bound leaves room for a loaded host
   CHECK_THROWS_AS(SimDevice(0, 1.0, 1e-3).set_in_flight(2, -1.0), ConfigError);
 }
 
@@ -344,7 +369,9 @@ TEST_CASE("Runtime.ADeviceThatSlowsDownMidStepDoesNotEndTheStepLate") {
   MESSAGE("step " << rep.step_s * 1e3 << " ms; device 0 ran " << rep.devices[0].chunks_run << " chunks, device 1 waited "
                   << rep.devices[1].barrier_wait_s * 1e3 << " ms");
   CHECK(rep.devices[0].chunks_run + rep.devices[1].chunks_run == 100);
-  CHECK(rep.devices[1].barrier_wait_s < 2.5 * unit);  // a 40 ms chunk's worth with the end game blind to it
+  // How long device 1 waited for device 0's last chunk: both waits run from a last chunk's end on a simulated
+  // timeline to the end of the chunk phase, so the host's lateness in ending the phase cancels out of the difference.
+  CHECK(rep.devices[1].barrier_wait_s - rep.devices[0].barrier_wait_s < 2.5 * unit);  // a 40 ms chunk with the end game blind to it
 }
 
 TEST_CASE("Runtime.SpeedSharesGiveUncertainSlowDevicesAMargin") {
@@ -561,13 +588,14 @@ TEST_CASE("Runtime.SpeedSizedChunksStayExact") {
   Runtime rt({.devices = "sim:1,0.25", .chunk_size = 8, .chunk_sizing = ChunkSizing::kBySpeed, .sim = {.sample_seconds = 5e-6}});
   rt.register_parameters(model.layout(), init);
   std::vector<MlpModel::Workspace> ws(2);
+  BothDevicesRun both;  // the slow device surely runs in the first step, so both speeds are measured after it
   std::size_t max_chunks = 0;
   for (int step = 0; step < 6; ++step) {
     std::vector<std::uint32_t> batch(97);
     std::iota(batch.begin(), batch.end(), static_cast<std::uint32_t>(step * 50));
-    const StepReport r = rt.compute_gradient(batch, [&](ChunkContext& ctx) {
+    const StepReport r = rt.compute_gradient(batch, both.wrap([&](ChunkContext& ctx) {
       model.accumulate_gradient(ctx.params, ctx.grad, syn.data, ctx.samples, ws[ctx.device]);
-    });
+    }));
     CAPTURE(step);
     CHECK(relative_error(rt.gradient(), sequential_mean_gradient(model, init, syn.data, batch)) <= 1e-5);
     CHECK(r.samples == 97);
@@ -600,8 +628,9 @@ TEST_CASE("Runtime.ALoneDeviceKeepsItsChunksWhole") {
   two.register_parameters(layout, std::vector<float>(1, 0.0f));
   std::vector<std::uint32_t> batch(1024);
   std::iota(batch.begin(), batch.end(), 0u);
+  BothDevicesRun both;  // both devices run in the first step, so both have a measured speed after it
   std::size_t most = 0;
-  for (int step = 0; step < 4; ++step) most = std::max<std::size_t>(most, two.step(batch, fn).chunks);
+  for (int step = 0; step < 4; ++step) most = std::max<std::size_t>(most, two.step(batch, both.wrap(fn)).chunks);
   CHECK(most > 16);  // 1024 / 64 = 16 whole chunks; each share's end was cut finer
 }
 

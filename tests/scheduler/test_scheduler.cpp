@@ -160,10 +160,17 @@ TEST_CASE("Scheduler.StealingMovesWorkOffTheLoadedWorker") {
   Scheduler sched({.workers = 4});
   const auto ranges = place_proportional(80, std::vector<double>{10, 0, 0, 0});
   std::vector<std::atomic<int>> runs(80);
-  const StepStats st = sched.run(ranges, [&](std::size_t, ChunkId c) {
+  // Worker 0's first chunk lasts until the others have run 30 (5 s at most): they can get there only by stealing from
+  // its deque, however late they wake.
+  std::atomic<int> by_thieves{0};
+  std::atomic<bool> first{true}, waited_out{false};
+  const StepStats st = sched.run(ranges, [&](std::size_t w, ChunkId c) {
     runs[c].fetch_add(1);
+    if (w != 0) by_thieves.fetch_add(1);
+    if (w == 0 && first.exchange(false)) waited_out = !wait_for([&] { return by_thieves.load() >= 30; }, 5000ms);
     std::this_thread::sleep_for(200us);  // emulated device time: frees the core for the thieves
   });
+  CHECK_FALSE(waited_out.load());
   std::uint64_t stolen = 0, by_others = 0;
   for (std::size_t w = 0; w < 4; ++w) stolen += st.workers[w].chunks_stolen;
   for (std::size_t w = 1; w < 4; ++w) by_others += st.workers[w].chunks_run;
@@ -339,9 +346,13 @@ TEST_CASE("Scheduler.AWorkerThatSlowsDownMidStepLeavesTheEndToTheOthers") {
   Scheduler sched({.workers = 2});
   sched.set_chunk_costs({1, 1});
   std::vector<std::atomic<int>> runs(64);
+  // Worker 1 starts only once worker 0 is inside its first chunk (5 s at most), so worker 0 surely runs one.
+  std::atomic<int> w0_runs{0};
+  auto after = [&](int k) { (void)wait_for([&] { return w0_runs.load() >= k; }, 5000ms); };
   const StepStats st = sched.run(place_equal(64, 2), [&](std::size_t w, ChunkId c) {
     runs[c].fetch_add(1);
-    if (w == 0) sched.set_live_factor(0, 100.0);
+    if (w == 0) sched.set_live_factor(0, 100.0), w0_runs.fetch_add(1);
+    if (w == 1) after(1);
     std::this_thread::sleep_for(200us);  // worker 1 is busy with its own 32 chunks (6 ms) while worker 0 runs its first
   });
   int wrong = 0;
@@ -353,7 +364,12 @@ TEST_CASE("Scheduler.AWorkerThatSlowsDownMidStepLeavesTheEndToTheOthers") {
   CHECK(st.workers[1].endgame_declines == 0);
 
   // The factor lasts one step: in the next, worker 0 takes its share again.
-  const StepStats st2 = sched.run(place_equal(64, 2), [&](std::size_t, ChunkId) { std::this_thread::sleep_for(50us); });
+  w0_runs = 0;
+  const StepStats st2 = sched.run(place_equal(64, 2), [&](std::size_t w, ChunkId) {
+    if (w == 0) w0_runs.fetch_add(1);
+    if (w == 1) after(2);  // worker 0 gets to run two before worker 1 starts
+    std::this_thread::sleep_for(50us);
+  });
   CHECK(st2.workers[0].endgame_declines == 0);
   CHECK(st2.workers[0].chunks_run > 1);
 
@@ -362,9 +378,11 @@ TEST_CASE("Scheduler.AWorkerThatSlowsDownMidStepLeavesTheEndToTheOthers") {
   // elsewhere, so it takes no second one.
   sched.set_chunk_costs({2, 1});
   std::vector<std::atomic<int>> runs3(64);
+  w0_runs = 0;
   const StepStats st3 = sched.run(place_equal(64, 2), [&](std::size_t w, ChunkId c) {
     runs3[c].fetch_add(1);
-    if (w == 0) sched.set_live_factor(0, 1.0, 1000.0);
+    if (w == 0) sched.set_live_factor(0, 1.0, 1000.0), w0_runs.fetch_add(1);
+    if (w == 1) after(1);
     std::this_thread::sleep_for(200us);
   });
   wrong = 0;
@@ -415,16 +433,28 @@ TEST_CASE("Scheduler.SlowThiefStealsSmallBatches") {
   Scheduler sched({.workers = 3, .steal_batch_cap = 8});
   sched.set_chunk_costs({10, 1, 1});
   std::vector<std::atomic<int>> runs(60);
+  // The order is forced, not timed: the fast workers wait (5 s at most) until the slow one has started its first
+  // chunk, which it steals with all 60 left; that chunk lasts until the others have run 41 more, so when it ends at
+  // most 18 are left and it is worth no further steal.
+  std::atomic<bool> slow_started{false};
+  std::atomic<int> fast_done{0};
   const StepStats st = sched.run(place_proportional(60, std::vector<double>{0, 1, 0}), [&](std::size_t w, ChunkId c) {
     runs[c].fetch_add(1);
+    if (w == 0) {
+      if (!slow_started.exchange(true)) (void)wait_for([&] { return fast_done.load() >= 41; }, 5000ms);
+    } else {
+      (void)wait_for([&] { return slow_started.load(); }, 5000ms);
+      fast_done.fetch_add(1);
+    }
     std::this_thread::sleep_for(w == 0 ? 2000us : 200us);
   });
   int wrong = 0;
   for (auto& r : runs) wrong += r.load() != 1;
   CHECK(wrong == 0);
   // With 60 chunks left and the two others draining 2 chunks per cost unit, the first steal is worth at most
-  // 60 / 2 / 10 = 3 chunks; later ones fewer. An uncapped half-steal would have taken 8.
-  CHECK(st.workers[0].chunks_run <= 6);
+  // 60 / 2 / 10 = 3 chunks. An uncapped half-steal would have taken 8 (or 4 of a stolen batch of 7).
+  CHECK(st.workers[0].chunks_stolen >= 1);
+  CHECK(st.workers[0].chunks_stolen <= 3);
   MESSAGE("slow thief ran " << st.workers[0].chunks_run << " chunks, stole " << st.workers[0].chunks_stolen);
 }
 
