@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the stealbench sweeps behind the README's charts and draws them into perf/charts/ (SVG).
+# Runs the stealbench sweeps behind perf/README.md's charts and draws them into perf/charts/ (SVG).
 # Usage: perf/stealbench_charts.sh [BUILD_DIR]   (a few minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."

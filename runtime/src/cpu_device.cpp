@@ -61,9 +61,7 @@ CpuDevice::CpuDevice(std::size_t index, int threads, double slowdown)
 void CpuDevice::bind() {
   detail::tighten_timer_slack();
   // A slowed device sleeps after each chunk and must get a core promptly when it wakes; queued behind the full-speed
-  // devices' compute it loses the time it waits, which then stretches its chunks and step starts. Measured on the
-  // 2-core build machine (kernel 6.18), cpu:4 with slowdown 6.6,6.6,1,1, batch 1024, Adam, three pairs of runs:
-  // the slowed devices' utilization 0.77-0.81 with the default slice, 0.81-0.87 with this one, and the epoch no slower.
+  // devices' compute it loses the time it waits, which then stretches its chunks and step starts.
   if (m_slowdown > 1.0) request_short_slice();
 }
 
@@ -73,15 +71,12 @@ void CpuDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   // With one thread, the chunk's compute time is the CPU time this thread spent in it: on a machine with fewer cores
   // than devices the wall time also holds the time the thread waited for a core. That is what the device reports
   // (ChunkContext::compute_seconds, its slowdown included), and what a slowed device multiplies: multiplying the
-  // wait made the device far slower than asked (measured on 2 cores, cpu:4, slowdown 6.6,6.6,1,1: the slowed threads
-  // waited for a core 30% of the time and took 4.4% of the samples each instead of about 6.6%). With more threads the
-  // work is spread over the arena's threads, whose CPU time this thread does not see, so the wall time stands in.
-  // The clock reads are also a system call per chunk, the preemption point of set_preemption_point(): on a kernel
-  // without full preemption (preempt=none or lazy), a device thread that wakes while the others compute may wait for
-  // a core until the next timer tick (4 ms at HZ=250), unless a running thread enters the kernel; entering it once
-  // per chunk hands the core over at the chunk boundary instead (measured on the 2-core build machine, kernel 6.18,
-  // preempt=none, cpu:4 with slowdown 6.6,6.6,1,1 at batch 1024, three runs each: the slowed devices' utilization
-  // 0.66-0.73 without it, 0.78-0.81 with it).
+  // wait would make the device far slower than asked. With more threads the work is spread over the arena's threads,
+  // whose CPU time this thread does not see, so the wall time stands in. The clock reads are also a system call per
+  // chunk, the preemption point of set_preemption_point(): on a kernel without full preemption (preempt=none or
+  // lazy), a device thread that wakes while the others compute may wait for a core until the next timer tick (4 ms
+  // at HZ=250), unless a running thread enters the kernel; entering it once per chunk hands the core over at the
+  // chunk boundary instead.
   if (m_slowdown <= 1.0 && !m_compute_time) {
     m_arena.execute([&] { fn(ctx); });
     if (m_preemption_point) (void)thread_cpu_time();

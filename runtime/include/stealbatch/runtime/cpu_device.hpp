@@ -24,8 +24,8 @@ class CpuDevice final : public Device {
   int threads() const noexcept { return m_threads; }
   double slowdown() const noexcept { return m_slowdown; }
   // When the CPU devices' threads outnumber the cores: end every chunk with a system call (see run_chunk()), so
-  // that a device thread waiting for a core gets it at a chunk boundary. Off by default (it costs about 0.6 us a
-  // chunk on the build machine); the runtime turns it on when its CPU devices oversubscribe the machine.
+  // that a device thread waiting for a core gets it at a chunk boundary. Off by default (a system call a chunk);
+  // the runtime turns it on when its CPU devices oversubscribe the machine.
   void set_preemption_point(bool on) noexcept { m_preemption_point = on; }
   // Report each chunk's compute time (ChunkContext::compute_seconds; two clock reads a chunk). The runtime asks for
   // it when it sizes chunks from their times.

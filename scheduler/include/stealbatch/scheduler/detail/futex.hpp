@@ -13,11 +13,10 @@
 
 namespace stealbatch::detail {
 
-// libstdc++'s std::atomic::wait/notify add a shared waiter table and a spin-then-backoff on top of the futex.
-// Measured on the 2-core build machine: a one-chunk step returned to its caller after 63 µs (p50) when the caller
-// slept in std::atomic::wait, 9 µs with this; dequebench's wake p50 went from about 7 µs to about 3 µs. The kernel compares the word with `seen` atomically with
-// the sleep, so a change between the caller's load and the sleep is not lost; a spurious return is possible,
-// so callers re-check in a loop.
+// libstdc++'s std::atomic::wait/notify add a shared waiter table and a spin-then-backoff on top of the futex, which
+// made a step's hand-off several times slower (perf/README.md, dequebench). The kernel compares the word with
+// `seen` atomically with the sleep, so a change between the caller's load and the sleep is not lost; a spurious
+// return is possible, so callers re-check in a loop.
 static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t) && std::atomic<std::uint32_t>::is_always_lock_free,
               "a futex word must be a plain 32-bit integer");
 

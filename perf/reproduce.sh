@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs every measurement behind perf/README.md on this machine, one after another, into results/ (not committed),
+# and redraws perf/charts/. About 20 minutes on two cores. The PyTorch rows need a Python with torch installed by
+# hand (never a build or test dependency); without TORCH_PYTHON they are skipped.
+#
+#   TORCH_PYTHON=~/torch-venv/bin/python bash perf/reproduce.sh [BUILD_DIR]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+out=results
+mkdir -p "$out"
+log() { printf '\n== %s  %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), commit $(git rev-parse --short HEAD)"
+
+log "the main job"
+"$build/examples/mlp" --compare --devices cpu:4 --slowdown 6.6,6.6,1,1 --epochs 1 --json "$out/mlp_compare.json" 2>/dev/null | tee "$out/main_job.txt"
+
+log "kernels: gemmbench (OpenBLAS as it detects itself, then with its core named)"
+"$build/perf/gemmbench" --json "$out/gemmbench.json" | tee "$out/gemmbench.txt"
+OPENBLAS_CORETYPE=SkylakeX "$build/perf/gemmbench" --libs openblas | tee "$out/gemmbench_skylakex.txt"
+
+if [ -n "${TORCH_PYTHON:-}" ]; then
+  log "against PyTorch (interleaved) and the accuracy of the default runs"
+  python3 perf/compare_torch.py --torch-python "$TORCH_PYTHON" --build "$build" --runs 3 --accuracy --json "$out/compare_torch.json" | tee "$out/compare_torch.txt"
+else
+  log "against PyTorch: skipped (set TORCH_PYTHON)"
+fi
+
+log "samples/s against chunk size"
+python3 perf/efficiency_curve.py --build "$build" --runs 3 --json "$out/efficiency_mlp.json" --svg perf/charts/efficiency_curve_mlp.svg | tee "$out/efficiency_mlp.txt"
+python3 perf/efficiency_curve.py --build "$build" --example cnn --runs 3 --chunks 4,8,16,32,64 --epochs 3 --json "$out/efficiency_cnn.json" \
+  --svg perf/charts/efficiency_curve_cnn.svg -- --limit 20000 | tee "$out/efficiency_cnn.txt"
+
+log "stealbench at 4, 16 and 32 simulated devices, and the scale sweep"
+"$build/perf/stealbench" --scenario seed-slow,seed-skew,hetero,varcost,slowdown --overhead --json "$out/sb4.json" 2>/dev/null | tee "$out/sb4.txt"
+for n in 16 32; do
+  "$build/perf/stealbench" --scenario seed-slow,seed-skew,hetero,varcost,slowdown --policy static,lbbsp,steal-adaptive --devices "$n" \
+    --batch $((n * 256)) --overhead --json "$out/sb$n.json" 2>/dev/null | tee "$out/sb$n.txt"
+done
+"$build/perf/stealbench" --scenario scale --policy static,lbbsp,central,steal,steal-adaptive --overhead --json "$out/sb_scale.json" 2>/dev/null \
+  | tee "$out/sb_scale.txt"
+python3 perf/tail_model.py | tee "$out/tail_model.txt"
+
+log "the deque against its peers, the runtime's cost per chunk"
+"$build/perf/dequebench" --json "$out/dequebench.json" | tee "$out/dequebench.txt"
+for spec in "cpu:2 steal" "cpu:2 static" "cpu:4 steal"; do
+  set -- $spec
+  "$build/perf/chunk_overhead" --devices "$1" --policy "$2" | tee -a "$out/chunk_overhead.txt"
+done
+
+log "soak: 180 s of random faults"
+"$build/perf/soak" --seconds 180 --json "$out/soak.json" 2>/dev/null | tee "$out/soak.txt"
+
+log "charts"
+bash perf/stealbench_charts.sh "$build"
+log "done: $out/"
