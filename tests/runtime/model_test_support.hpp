@@ -39,6 +39,15 @@ struct Synthetic {
   }
 };
 
+// Puts back whatever backend served cuda: specs when a test that registered a stand-in ends.
+struct RestoreCudaBackend {
+  std::shared_ptr<DeviceBackend> before = device_backend(DeviceKind::kCuda);
+  ~RestoreCudaBackend() { register_device_backend(DeviceKind::kCuda, before); }
+  RestoreCudaBackend() = default;
+  RestoreCudaBackend(const RestoreCudaBackend&) = delete;
+  RestoreCudaBackend& operator=(const RestoreCudaBackend&) = delete;
+};
+
 // max |a - b| / max |b| (examples/common/layers.hpp).
 inline double relative_error(std::span<const float> a, std::span<const float> b) { return examples::max_relative_error(a, b); }
 

@@ -168,10 +168,7 @@ struct TimedBackend final : DeviceBackend {
 TEST_CASE("Runtime.AutoChunkSizeIsEachDevicesGoodEnoughRung") {
   // Two devices timed by the step (a GPU's way), a + b m a chunk: the runtime explores their ladders within each
   // device's share and settles on the smallest rung within 95% of the best, then reports it in every step.
-  struct Restore {
-    std::shared_ptr<DeviceBackend> before = device_backend(DeviceKind::kCuda);
-    ~Restore() { register_device_backend(DeviceKind::kCuda, before); }
-  } restore;
+  const RestoreCudaBackend restore;  // the test registers a stand-in
   const Curve c{2e-4, 1e-5};
   register_device_backend(DeviceKind::kCuda, std::make_shared<TimedBackend>(c));
   Runtime rt({.devices = "cuda:all", .policy = SchedulePolicy::kStatic});  // chunk_size = 0 is the default
@@ -220,10 +217,7 @@ TEST_CASE("Runtime.AutoChunkSizesKeepASlowDevicesChunksAsShortAsTheFastOnes") {
   // Placed by speed with stealing, a device at under half the fastest one's speed runs chunks no longer in time than
   // the fastest device's: its size is the fast one's scaled by their speeds compared at a rung both ran, not its own
   // good-enough rung. So the step's tail stays one fast chunk long.
-  struct Restore {
-    std::shared_ptr<DeviceBackend> before = device_backend(DeviceKind::kCuda);
-    ~Restore() { register_device_backend(DeviceKind::kCuda, before); }
-  } restore;
+  const RestoreCudaBackend restore;  // the test registers a stand-in
   const Curve c{2e-4, 1e-5};
   register_device_backend(DeviceKind::kCuda, std::make_shared<TimedBackend>(c, std::vector<double>{1.0, 6.0}));
   Runtime rt({.devices = "cuda:all"});

@@ -446,10 +446,7 @@ TEST_CASE("Runtime.NoDeviceSpecMeansEveryGpuWhenThereIsOne") {
     }
     std::unique_ptr<Communicator> make_communicator(std::span<Device* const>) override { return std::make_unique<InProcessCommunicator>(); }
   };
-  struct Restore {
-    std::shared_ptr<DeviceBackend> before = device_backend(DeviceKind::kCuda);
-    ~Restore() { register_device_backend(DeviceKind::kCuda, before); }
-  } restore;
+  const RestoreCudaBackend restore;  // the test registers a stand-in
   auto gpus = std::make_shared<FakeGpus>(3);
   register_device_backend(DeviceKind::kCuda, gpus);
   {
@@ -662,10 +659,7 @@ TEST_CASE("Runtime.DevicesReserveForTheStepsLargestChunkBeforeItRuns") {
     }
     std::unique_ptr<Communicator> make_communicator(std::span<Device* const>) override { return std::make_unique<InProcessCommunicator>(); }
   };
-  struct Restore {
-    std::shared_ptr<DeviceBackend> before = device_backend(DeviceKind::kCuda);
-    ~Restore() { register_device_backend(DeviceKind::kCuda, before); }
-  } restore;
+  const RestoreCudaBackend restore;  // the test registers a stand-in
   auto backend = std::make_shared<Backend>();
   register_device_backend(DeviceKind::kCuda, backend);
   Runtime rt({.devices = "cuda:all", .chunk_size = 48});
