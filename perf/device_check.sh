@@ -16,13 +16,15 @@
 # DEVICE_CHECK_MIN_STEP_S (20 s) left is skipped with a line that says so, and the summary table prints on any exit,
 # naming every missing figure. Exit status: 0 when every step ran and every target holds.
 set -uo pipefail
-PACK=$(cd "${1:-.devpack}" && pwd)
+PACK=$(cd "${1:-.devpack}" 2>/dev/null && pwd) || { echo "device_check: no pack at ${1:-.devpack} (run perf/pack_device_check.sh here first)"; exit 2; }
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$PWD/device_check_out}
 DEADLINE_S=${DEVICE_CHECK_DEADLINE_S:-480}
 MIN_STEP_S=${DEVICE_CHECK_MIN_STEP_S:-20}
 mkdir -p "$OUT"
-exec > >(tee "$OUT/device_check.log") 2>&1
+# A limit that signals the whole process group must not take the log's tee with it: the summary still has to get out.
+trap '' PIPE
+exec > >(trap '' INT TERM; exec tee "$OUT/device_check.log") 2>&1
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
 say() { printf '\n== [%3ds] %s\n' "$(elapsed)" "$*"; }
@@ -75,7 +77,10 @@ summary() {  # on every exit: the figures that came, and a line for each that di
 trap summary EXIT
 interrupted() {
   echo "device_check: interrupted by SIG$1"
-  [ -n "$STEP_PID" ] && kill "$STEP_PID" 2>/dev/null
+  if [ -n "$STEP_PID" ]; then
+    kill "$STEP_PID" 2>/dev/null
+    wait "$STEP_PID" 2>/dev/null  # timeout forwards the signal and kills its step 5 s later at the latest
+  fi
   fails=$((fails + 1))
   exit 1
 }
@@ -106,7 +111,8 @@ libdir() { local f; f=$(find $SITES /usr/local/cuda/lib64 /usr/local/cuda/lib -n
 NCCL_LIB=$(libdir libnccl.so.2)
 CUBLAS_LIB=$(libdir libcublas.so.13)
 echo "NCCL from ${NCCL_LIB:-(not found)}, cuBLAS from ${CUBLAS_LIB:-(not found)}"
-export LD_LIBRARY_PATH="$LIB:${NCCL_LIB}:${CUBLAS_LIB}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+LD_LIBRARY_PATH="$LIB${NCCL_LIB:+:$NCCL_LIB}${CUBLAS_LIB:+:$CUBLAS_LIB}:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 ldd "$PACK/bin/gpu_check" 2>&1 | grep -E "not found|nccl|cublas|tbb|dnnl|gomp|OpenCL|not a dynamic"
 

@@ -51,7 +51,7 @@ void NcclCommunicator::allreduce_all(std::span<float* const> buffers, std::size_
 
 PartsCommunicator::PartsCommunicator(std::vector<CudaDevice*> devices) : m_devices(std::move(devices)) {
   if (m_devices.size() <= 1) return;
-  SB_CUDA_CHECK(cudaSetDevice(m_devices[0]->gpu()));  // the primary context, even where a green one was current
+  const DeviceScope on(m_devices[0]->gpu());  // the stream belongs to that GPU's primary context; the caller's device comes back after
   m_stream = make_stream();
 }
 
@@ -61,6 +61,7 @@ void PartsCommunicator::allreduce_sum(std::size_t device, std::span<float* const
 
 void PartsCommunicator::allreduce_all(std::span<float* const> buffers, std::size_t count) {
   if (m_devices.size() <= 1) return;
+  const DeviceScope on(m_devices[0]->gpu());  // the stream's and the table's device, whatever the caller has current
   cudaStream_t s = m_stream.get();
   if (m_table.size() != buffers.size()) m_table = DeviceBuffer<float*>(buffers.size());
   SB_CUDA_CHECK(cudaMemcpyAsync(m_table.data(), buffers.data(), buffers.size() * sizeof(float*), cudaMemcpyHostToDevice, s));

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace stealbatch::cuda {
 
@@ -33,9 +34,16 @@ CudaDevice::CudaDevice(std::size_t index, int gpu, Options options, std::shared_
 CudaDevice::~CudaDevice() {
   // On the runtime's thread, after the worker has gone. A part's handle, events and streams are released inside its
   // own context, and the thread's context is restored after; the streams go before the part (cuGreenCtxDestroy).
-  std::optional<ContextScope> on;
+  // A whole GPU's handles are released with that GPU current (cuBLAS synchronizes the current device), and the
+  // caller's device is restored after.
+  std::optional<ContextScope> part;
+  std::optional<DeviceScope> gpu;
   try {
-    on.emplace(m_part.get());
+    if (m_part) {
+      part.emplace(m_part.get());
+    } else {
+      gpu.emplace(m_gpu);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "stealbatch: %s: %s\n", name().c_str(), e.what());
   }
@@ -48,6 +56,8 @@ CudaDevice::~CudaDevice() {
   m_blas.reset();
   m_slots.clear();
   m_synced.reset();
+  m_params = {}, m_grad = {}, m_m = {}, m_v = {}, m_loss = {};
+  m_loss_host = {};
   m_compute.reset();
   m_copy.reset();
 }
@@ -243,13 +253,15 @@ void* CudaDevice::workspace(std::size_t bytes) {
     void* p = nullptr;
     const cudaError_t e = cudaMallocAsync(&p, want, s);
     if (e == cudaSuccess) {
-      if (m_scratch) SB_CUDA_CHECK(m_scratch_pooled ? cudaFreeAsync(m_scratch, s) : cudaFree(m_scratch));
-      m_scratch = p, m_scratch_bytes = want, m_scratch_pooled = true;
+      void* old = std::exchange(m_scratch, p);
+      const bool old_pooled = std::exchange(m_scratch_pooled, true);
+      m_scratch_bytes = want;
+      if (old) SB_CUDA_CHECK(old_pooled ? cudaFreeAsync(old, s) : cudaFree(old));
       return p;
     }
-    if (e == cudaErrorMemoryAllocation) SB_CUDA_CHECK(e);
-    (void)cudaGetLastError();  // not supported on this stream: the synchronous way from now on
-    m_scratch_async = false;
+    (void)cudaGetLastError();  // clear it: the next chunk's launch check must not report it
+    if (e != cudaErrorNotSupported) SB_CUDA_CHECK(e);  // out of memory, or an earlier kernel's error: the caller's
+    m_scratch_async = false;  // no stream-ordered allocator for this stream: the synchronous way from now on
   }
   SB_CUDA_CHECK(cudaStreamSynchronize(s));  // chunks in flight may still use the old one
   if (m_scratch) SB_CUDA_CHECK(m_scratch_pooled ? cudaFreeAsync(m_scratch, s) : cudaFree(m_scratch));

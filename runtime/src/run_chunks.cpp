@@ -114,6 +114,9 @@ ChunkPhase Runtime::Impl::run_with_recovery(std::span<const std::uint32_t> sampl
       pending.reset();
       plan.watch_speed = false;  // the speeds are indexed by the devices as they were
       exclude_device(dead);
+      t.own_size.erase(t.own_size.begin() + static_cast<std::ptrdiff_t>(dead));  // the report reads them by the new indices
+      t.own_cost.erase(t.own_cost.begin() + static_cast<std::ptrdiff_t>(dead));
+      t.share_len.erase(t.share_len.begin() + static_cast<std::ptrdiff_t>(dead));
       const std::size_t n = devices.size();
       std::vector<ChunkId> redo;
       for (std::size_t c = 0; c < t.size(); ++c) {

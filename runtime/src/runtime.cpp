@@ -177,7 +177,10 @@ std::span<const float> Runtime::gradient() const noexcept { return m->mean_grad;
 const RuntimeOptions& Runtime::options() const noexcept { return m->options; }
 std::vector<double> Runtime::throughput_estimates() const { return m->throughput_estimates(); }
 std::uint64_t Runtime::trace_events_dropped() const noexcept { return m->trace ? m->trace->dropped() : 0; }
-std::vector<std::pair<std::size_t, double>> Runtime::chunk_curve(std::size_t device) const { return m->chunk_sizer.curve(device); }
+std::vector<std::pair<std::size_t, double>> Runtime::chunk_curve(std::size_t device) const {
+  (void)m->devices.at(device);  // std::out_of_range for a device that does not exist
+  return m->chunk_sizer.curve(device);
+}
 
 std::span<const float> Runtime::parameters(std::size_t device) const {
   m->host_params.resize(m->layout.size());

@@ -53,5 +53,23 @@ echo "rehearsal: after SIGTERM, device_check.sh exited $rc in $took s"
 [ $took -le 5 ] || fail "took $took s to stop after SIGTERM"
 grep -q "interrupted by SIGTERM" "$WORK/out/device_check.log" || fail "no line for the signal"
 grep -q "mlp GPU vs CPU gradient *missing" "$WORK/out/device_check.log" || fail "no summary after SIGTERM"
-pgrep -f "sleep 1000" >/dev/null && pkill -f "exec sleep 1017"
+
+# A limit that signals the whole process group (as `timeout` and the device tool do) takes the log's tee along too:
+# the summary must still reach the log.
+rm -rf "$WORK/out"
+OUT="$WORK/out" DEVICE_CHECK_DEADLINE_S=120 setsid bash "$REPO/perf/device_check.sh" "$WORK/pack" > "$WORK/stdout" 2>&1 &
+leader=$!
+for _ in $(seq 100); do grep -q "test_cuda_runtime: hangs" "$WORK/out/device_check.log" 2>/dev/null && break; sleep 0.1; done
+kill -TERM -- "-$leader" 2>/dev/null
+wait "$leader" 2>/dev/null
+wait_for_log "] done:" "$WORK/out/device_check.log" || fail "no summary after SIGTERM to the process group"
+grep -q "mlp GPU vs CPU gradient *missing" "$WORK/out/device_check.log" || fail "the summary lacks its rows after a group SIGTERM"
+echo "rehearsal: after SIGTERM to the whole process group, the summary is in the log"
+
+# The hanging stand-in must not outlive the runs.
+for _ in $(seq 50); do pgrep -x -f "sleep 1017" >/dev/null || break; sleep 0.1; done
+if pgrep -x -f "sleep 1017" >/dev/null; then
+  pkill -x -f "sleep 1017"
+  fail "the hanging step outlived the script"
+fi
 echo "rehearsal: PASS"
