@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -154,9 +155,15 @@ struct CnnModel::Workspace::Kernels {
   std::vector<float> w1, w2, w2_bwd, dw1, dw2, dw_plain, db;
   std::vector<std::uint8_t> arg1, arg2;
 
+  // Workspaces plan under one lock: oneDNN shares state between threads while it creates primitives (ThreadSanitizer
+  // saw one workspace's set-up read a descriptor that another's had allocated inside the library), synchronized where
+  // ThreadSanitizer cannot see it. Under the lock each set-up is an ordered hand-off to both. A workspace plans once
+  // per chunk size, so the lock is off the steady-state path.
   Plan& plan(std::size_t m) {
     auto it = plans.find(m);
     if (it != plans.end()) return *it->second;
+    static std::mutex creating;
+    const std::lock_guard lock(creating);
     if (plans.size() >= kPlans) plans.clear();
     const auto dim = [](std::size_t v) { return static_cast<memory::dim>(v); };
     constexpr std::size_t side = CnnModel::kSide, half = side / 2;
