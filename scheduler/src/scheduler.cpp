@@ -44,6 +44,7 @@ struct alignas(detail::kCacheLine) Scheduler::Worker {
   double live_factor = 1.0;
   double live_ahead = 0.0;
   bool left_takers = false;
+  std::vector<ChunkId> sourced;  // a sourced step: what the source wrote (sized by run_sourced, between steps)
   std::thread thread;
 };
 
@@ -129,6 +130,24 @@ StepStats Scheduler::run(std::span<const std::vector<ChunkId>> placement, ChunkF
   return launch(total, fn);
 }
 
+StepStats Scheduler::run_sourced(ChunkSource source, ChunkFn fn) {
+  if (m_central) throw ConfigError("scheduler: run_sourced() needs the steal or static policy, not central");
+  for (auto& w : m_workers) {
+    w->deque.reclaim();  // quiescent, as in place_scratch()
+    if (w->sourced.size() != kMaxSourced) w->sourced.resize(kMaxSourced);
+  }
+  // Published to the workers by the release bump in launch(), like the rest of the step state.
+  m_source = &source;
+  m_sourced.store(0, std::memory_order_relaxed);
+  m_refilling.store(false, std::memory_order_relaxed);
+  m_source_open.store(true, std::memory_order_relaxed);
+  struct Reset {
+    const ChunkSource*& p;
+    ~Reset() { p = nullptr; }
+  } reset{m_source};
+  return launch(1, fn);  // one count: the source's token
+}
+
 template <class Fill>
 void Scheduler::place_all(std::uint64_t total, Fill&& fill) {
   try {
@@ -190,7 +209,8 @@ void Scheduler::set_chunk_costs(std::vector<double> own, std::vector<double> sto
 }
 
 bool Scheduler::worth_taking(std::size_t w, Source from) noexcept {
-  if (!m_endgame.active() || m_options.schedule != SchedulePolicy::kSteal) return true;
+  // A sourced step has no end game here: its source decides what is worth taking.
+  if (!m_endgame.active() || m_options.schedule != SchedulePolicy::kSteal || m_source != nullptr) return true;
   Worker& me = *m_workers[w];
   const double placed = from == Source::kOwn ? m_endgame.own_cost(w) : m_endgame.stolen_cost(w);
   // Relaxed: an estimate; the chunks still running elsewhere are counted as left, which only makes this take more.
@@ -291,6 +311,11 @@ StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn, const std::functio
     ran += stats.workers[w].chunks_run;
   }
   if (m_error) std::rethrow_exception(m_error);
+  if (m_source) {
+    // Relaxed: the workers' release decrements of m_in_step, acquired above, ordered every refill before this.
+    chunks = m_sourced.load(std::memory_order_relaxed);
+    stats.chunks = chunks;
+  }
   // The invariant the whole design rests on; cheap enough to check on every step.
   bool drained = !m_central || m_central->queue.empty();
   for (const auto& w : m_workers) drained = drained && w->deque.empty();
@@ -370,6 +395,17 @@ void Scheduler::run_step(Worker& me) {
     Found f = Found::kStepOver;
     if (m_options.schedule == SchedulePolicy::kSteal) {
       f = find_work(me, stolen);
+    } else if (m_source) {
+      // Static, sourced: only the source, no stealing from the other deques.
+      bool got = false;
+      auto poll = [&] { return step_over() || (got = refill(me, stolen)) || !m_source_open.load(std::memory_order_acquire); };
+      auto ready = [&] { return step_over() || source_ready(); };
+      wait_until(poll, ready, &me.counters.parks);
+      if (got) {
+        f = Found::kChunk;
+      } else {
+        wait_until(over, over, &me.counters.parks);
+      }
     } else {
       wait_until(over, over, &me.counters.parks);  // static: idle until the others finish, as at a DDP barrier
     }
@@ -418,6 +454,12 @@ Scheduler::Found Scheduler::find_work(Worker& me, ChunkId& out) {
   const std::size_t n = m_workers.size();
   if (n == 1) {
     auto over = [&] { return step_over(); };
+    if (m_source) {
+      bool got = false;
+      auto poll = [&] { return step_over() || (got = refill(me, out)) || !m_source_open.load(std::memory_order_acquire); };
+      wait_until(poll, poll, &me.counters.parks);
+      if (got) return Found::kChunk;
+    }
     wait_until(over, over, &me.counters.parks);
     return Found::kStepOver;
   }
@@ -461,10 +503,16 @@ Scheduler::Found Scheduler::find_work(Worker& me, ChunkId& out) {
         }
       }
       // kRetry means another thread made progress on a deque that may still hold work: look again at once.
-      if (!retry) return false;
+      if (retry) continue;
+      // Every deque was empty: a sourced step asks its source (if no other worker is asking it now).
+      if (m_source && refill(me, out)) {
+        found = Found::kChunk;
+        return true;
+      }
+      return false;
     }
   };
-  auto ready = [&] { return step_over() || work_visible(me.index); };
+  auto ready = [&] { return step_over() || work_visible(me.index) || source_ready(); };
   wait_until(steal_round, ready, &me.counters.parks);
   if (found == Found::kStepOver && !step_over()) {
     auto over = [&] { return step_over(); };
@@ -477,6 +525,62 @@ bool Scheduler::step_over() const noexcept {
   // Relaxed on m_remaining and m_abort: they guard no data. A worker that leaves the step on either has nothing
   // left to read from the step; what it wrote reaches the caller through m_in_step.
   return m_remaining.load(std::memory_order_relaxed) == 0 || m_abort.load(std::memory_order_relaxed);
+}
+
+bool Scheduler::source_ready() const noexcept {
+  // Acquire: pairs with the release stores in refill(), so a worker that sees the source free again also sees the
+  // deque pushes and the count that came before.
+  return m_source != nullptr && m_source_open.load(std::memory_order_acquire) && !m_refilling.load(std::memory_order_acquire);
+}
+
+// The protocol of a sourced step. m_remaining counts the chunks given and not yet run, plus one token while the
+// source is open. One worker at a time (m_refilling, taken by an acquire CAS) calls the source. It adds what it got
+// to m_remaining before it gives the token back, on the same atomic in program order, so the count cannot reach
+// zero between two refills; it then pushes the chunks onto its own deque (owner push: thieves may steal them at
+// once) and releases m_refilling. A source that returns 0 is exhausted: the worker closes it and drops the token,
+// and whoever then takes m_remaining to zero wakes everyone, exactly as in a placed step. Every release of
+// m_refilling is followed by notify_all(), so a worker that parked while another was asking (its ready() saw
+// m_refilling set) wakes to steal what was pushed, or to ask the source itself.
+bool Scheduler::refill(Worker& me, ChunkId& out) {
+  if (!source_ready()) return false;
+  bool expected = false;
+  if (!m_refilling.compare_exchange_strong(expected, true, std::memory_order_acquire, std::memory_order_relaxed)) return false;
+  if (!m_source_open.load(std::memory_order_relaxed) || step_over()) {  // closed while we took the flag; or failed
+    m_refilling.store(false, std::memory_order_release);
+    m_event.notify_all();
+    return false;
+  }
+  std::size_t got = 0;
+  try {
+    got = (*m_source)(me.index, std::span<ChunkId>(me.sourced));
+    if (got > me.sourced.size()) throw std::logic_error("scheduler: a chunk source returned more chunks than it was given room for");
+  } catch (...) {
+    got = 0;
+    fail_step(std::current_exception());
+  }
+  if (got == 0) {
+    m_source_open.store(false, std::memory_order_release);
+    m_refilling.store(false, std::memory_order_release);
+    // Relaxed: as in execute(); the notify_all() below orders the zero before any parked worker's re-check.
+    m_remaining.fetch_sub(1, std::memory_order_relaxed);
+    m_event.notify_all();
+    return false;
+  }
+  m_sourced.fetch_add(got, std::memory_order_relaxed);
+  m_remaining.fetch_add(got, std::memory_order_relaxed);  // the token is still held: the count stays above zero
+  out = me.sourced[0];
+  if (got > 1) {
+    // Pushed high to low, so this worker pops them ascending and thieves take the high end, as in a placed step.
+    std::reverse(me.sourced.begin() + 1, me.sourced.begin() + static_cast<std::ptrdiff_t>(got));
+    try {
+      me.deque.push_bulk(std::span<const ChunkId>(me.sourced.data() + 1, got - 1));
+    } catch (...) {  // growth failed: those chunks are lost to the step, which must fail rather than end short
+      fail_step(std::current_exception());
+    }
+  }
+  m_refilling.store(false, std::memory_order_release);
+  m_event.notify_all();
+  return true;
 }
 
 bool Scheduler::work_visible(std::size_t self) const noexcept {

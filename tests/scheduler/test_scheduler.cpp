@@ -482,3 +482,69 @@ TEST_CASE("Scheduler.CentralQueueRunsEveryChunkOnce") {
   for (std::size_t i = 0; i < 300; ++i) wrong += runs[i].load() != 1;
   CHECK(wrong == 0);
 }
+
+TEST_CASE("Scheduler.SourcedStepsRunEveryChunkOnce") {
+  // Chunks handed out by a source in blocks of random size (as a rank claims its share and steals from others),
+  // 1 to 6 workers, steal and static, random chunk delays: every chunk the source gave runs exactly once, and the
+  // step ends only once the source is exhausted.
+  const std::size_t steps = scaled(2000);
+  std::mt19937_64 rng(42);
+  for (std::size_t workers : {1u, 2u, 3u, 6u}) {
+    for (SchedulePolicy policy : {SchedulePolicy::kSteal, SchedulePolicy::kStatic}) {
+      Scheduler sched({.workers = workers, .schedule = policy});
+      for (std::size_t s = 0; s < steps / 8; ++s) {
+        const std::size_t total = std::uniform_int_distribution<std::size_t>(0, 300)(rng);
+        const std::size_t block_max = std::uniform_int_distribution<std::size_t>(1, 40)(rng);
+        std::atomic<std::size_t> next{0};
+        std::atomic<int> calls_after_exhausted{0};
+        std::atomic<bool> exhausted{false};
+        std::vector<std::atomic<int>> runs(total);
+        std::mt19937_64 src_rng(s);  // used under the source's one-caller-at-a-time guarantee
+        auto source = [&](std::size_t, std::span<ChunkId> out) -> std::size_t {
+          if (exhausted.load()) ++calls_after_exhausted;
+          const std::size_t begin = next.load(std::memory_order_relaxed);
+          const std::size_t k = std::min({total - begin, std::uniform_int_distribution<std::size_t>(1, block_max)(src_rng), out.size()});
+          for (std::size_t i = 0; i < k; ++i) out[i] = static_cast<ChunkId>(begin + i);
+          next.store(begin + k, std::memory_order_relaxed);
+          if (k == 0) exhausted.store(true);
+          return k;
+        };
+        const StepStats st = sched.run_sourced(source, [&](std::size_t, ChunkId c) {
+          if (c % 7 == 0) spin_for(std::chrono::microseconds(c % 50));
+          runs[c].fetch_add(1, std::memory_order_relaxed);
+        });
+        REQUIRE(st.chunks == total);
+        REQUIRE(next.load() == total);
+        REQUIRE(calls_after_exhausted.load() == 0);
+        for (std::size_t c = 0; c < total; ++c) REQUIRE(runs[c].load() == 1);
+      }
+    }
+  }
+}
+
+TEST_CASE("Scheduler.SourcedStepFailsWhenTheSourceThrowsAndTheNextStepRuns") {
+  Scheduler sched({.workers = 3});
+  std::atomic<int> calls{0};
+  auto bad = [&](std::size_t, std::span<ChunkId> out) -> std::size_t {
+    if (calls.fetch_add(1) == 2) throw std::runtime_error("source failed");
+    out[0] = static_cast<ChunkId>(calls.load());
+    out[1] = static_cast<ChunkId>(calls.load() + 100);
+    return 2;
+  };
+  CHECK_THROWS_WITH_AS(sched.run_sourced(bad, [](std::size_t, ChunkId) {}), "source failed", std::runtime_error);
+  std::atomic<int> ran{0};
+  std::size_t given = 0;
+  auto good = [&](std::size_t, std::span<ChunkId> out) -> std::size_t {
+    if (given == 10) return 0;
+    out[0] = static_cast<ChunkId>(given++);
+    return 1;
+  };
+  const StepStats st = sched.run_sourced(good, [&](std::size_t, ChunkId) { ++ran; });
+  CHECK(st.chunks == 10);
+  CHECK(ran.load() == 10);
+  // A placed step after sourced ones is unaffected.
+  std::atomic<int> placed{0};
+  const auto ranges = place_equal(12, 3);
+  CHECK(sched.run(ranges, [&](std::size_t, ChunkId) { ++placed; }).chunks == 12);
+  CHECK(placed.load() == 12);
+}

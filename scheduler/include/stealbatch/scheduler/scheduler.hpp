@@ -87,6 +87,14 @@ class FunctionRef<R(A...)> {
 
 using ChunkFn = detail::FunctionRef<void(std::size_t worker, ChunkId chunk)>;
 using WorkerFn = detail::FunctionRef<void(std::size_t worker)>;
+// A step's chunks handed out on demand rather than placed up front (Scheduler::run_sourced): a worker that finds no
+// chunk in any deque asks the source, one worker at a time, which writes up to out.size() chunk ids into `out` and
+// returns how many. 0 means the source has nothing more this step and will not be asked again: it must decide, not
+// answer "not yet". Multi-process runs use one: the rank's own share claimed a block at a time, then chunks taken
+// from other ranks.
+using ChunkSource = detail::FunctionRef<std::size_t(std::size_t worker, std::span<ChunkId> out)>;
+// The most chunk ids one call of a ChunkSource may return.
+inline constexpr std::size_t kMaxSourced = 4096;
 
 // The scheduler owns N worker threads and one ChunkDeque per worker. run() places a step's chunks, wakes the
 // workers, and returns when every chunk has run exactly once. Between steps the workers park and use no CPU.
@@ -115,6 +123,12 @@ class Scheduler {
   StepStats run(std::span<const ChunkRange> placement, ChunkFn fn, const std::function<void()>& meanwhile = {});
   // Chunks placed as arbitrary lists; worker w pops its list front to back.
   StepStats run(std::span<const std::vector<ChunkId>> placement, ChunkFn fn);
+  // Chunks from a source instead of a placement: every deque starts empty and workers ask `source` for chunks
+  // whenever they find none to pop or steal; what one worker gets goes onto its own deque, where the others may
+  // steal it. Returns when the source is exhausted and every chunk it gave has run, exactly once. The end game
+  // (set_chunk_costs) does not apply: the source decides what is worth taking. kCentral is not supported.
+  //   sched.run_sourced([&](std::size_t w, std::span<ChunkId> out) { return claim_block(out); }, run_chunk);
+  StepStats run_sourced(ChunkSource source, ChunkFn fn);
   // Runs fn(worker) once on every worker thread, concurrently, and returns when all have finished (each worker's
   // busy time is its call's duration); the first exception is rethrown. For per-device work that belongs on the
   // device's own thread: zeroing its buffers, its part of a reduction, its optimizer update.
@@ -168,6 +182,10 @@ class Scheduler {
   void wait_until(Poll&& poll, Ready&& ready, std::uint64_t* parks);
   Found find_work(Worker& me, ChunkId& out);
   bool step_over() const noexcept;
+  // Asks the source for chunks (when it is open and no other worker is asking): the first to run now in `out`, the
+  // rest onto this worker's deque. False when it gave nothing.
+  bool refill(Worker& me, ChunkId& out);
+  bool source_ready() const noexcept;
   enum class Source { kOwn, kStolen };
   bool worth_taking(std::size_t w, Source from) noexcept;
   bool work_visible(std::size_t self) const noexcept;
@@ -193,6 +211,7 @@ class Scheduler {
   // Step state, published to the workers by the release bump of m_step_seq.
   const ChunkFn* m_fn = nullptr;
   const WorkerFn* m_broadcast = nullptr;  // set for a broadcast instead of a step of chunks
+  const ChunkSource* m_source = nullptr;  // set for a sourced step
   EndGameRule m_endgame;                       // inactive: no end-game rule
   std::chrono::nanoseconds m_watch_period{0};
   std::function<std::exception_ptr()> m_watch_check;
@@ -202,7 +221,12 @@ class Scheduler {
 
   alignas(detail::kCacheLine) std::atomic<std::uint64_t> m_remaining{0};  // chunks of this step not yet finished
   alignas(detail::kCacheLine) std::atomic<bool> m_abort{false};
-  std::atomic<std::uint32_t> m_takers{0};  // the fastest workers (as placed) that have not left the step's end game
+  std::atomic<std::uint32_t> m_takers{0};
+  // A sourced step: the source may still give chunks (while it is, m_remaining holds one extra count, a token, so
+  // that no worker sees the step over between two refills); a worker is asking it; how many chunks it gave.
+  alignas(detail::kCacheLine) std::atomic<bool> m_source_open{false};
+  std::atomic<bool> m_refilling{false};
+  std::atomic<std::uint64_t> m_sourced{0};  // the fastest workers (as placed) that have not left the step's end game
   alignas(detail::kCacheLine) std::atomic<std::uint32_t> m_step_seq{0};
   std::atomic<std::uint32_t> m_in_step{0};  // workers that have not yet left the current step; the caller waits on it
   std::atomic<bool> m_shutdown{false};
