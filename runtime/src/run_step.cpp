@@ -12,6 +12,7 @@ StepReport Runtime::Impl::run_step(std::span<const std::uint32_t> samples, const
     throw ConfigError("batch = " + std::to_string(samples.size()) + " samples; at most 4294967295 per step");
   }
   if (layout.size() == 0) throw ConfigError("step: no parameters registered; call register_parameters() first");
+  if (cluster) return run_cluster_step(samples, fn, reduce_to);  // cluster_step.cpp
   const auto t_start = Clock::now();
   StepPlan plan = plan_step(samples.size());                 // chunk_table.cpp
   ChunkTable table = cut_and_place(samples.size(), plan);    // chunk_table.cpp

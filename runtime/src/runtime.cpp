@@ -43,6 +43,8 @@ Runtime::Impl::Impl(RuntimeOptions o) : options(std::move(o)), epoch(Clock::now(
   validate(options);
   const DeviceSpec spec = parse_device_spec(options.devices);
   kind = spec.kind;
+  cluster = options.cluster;
+  if (cluster) join_cluster(spec);  // cluster_step.cpp: every rank's device count; slowdown and threads for this rank
   backend = backend_for(spec);
   devices = backend->make_devices(spec, options);
   if (devices.empty()) throw ConfigError("devices = '" + spec.text + "': no device");
@@ -99,6 +101,7 @@ void Runtime::Impl::make_scheduler() {
 }
 
 std::exception_ptr Runtime::Impl::check_stalls() {
+  if (cluster) watch_cluster();
   const std::int64_t now = (Clock::now() - epoch).count();
   const auto limit = static_cast<std::int64_t>(options.stall_timeout * 1e9);
   for (std::size_t w = 0; w < replicas.size(); ++w) {
@@ -109,6 +112,12 @@ std::exception_ptr Runtime::Impl::check_stalls() {
     const ChunkId c = replicas[w]->current_chunk.load(std::memory_order_relaxed);
     const std::string where = c == kReductionPhase ? "in the reduction or the update" : "in chunk " + std::to_string(c);
     const bool usable = comm->survives_abort();
+    if (cluster) {
+      // Across ranks a stalled device ends the job: the other ranks wait for this one's share of the reduction.
+      cluster->abort("stealbatch: rank " + std::to_string(cluster->rank()) + ": device " + devices[w]->name() + " made no progress for " + ms +
+                     " ms in step " + std::to_string(steps + 1) + " (stuck " + where + "; stall_timeout = " + std::to_string(options.stall_timeout) +
+                     " s): ending the job");
+    }
     return std::make_exception_ptr(TimeoutError(
         "device " + devices[w]->name() + " made no progress for " + ms + " ms in step " + std::to_string(steps + 1) + " (stuck " + where +
         "; stall_timeout = " + std::to_string(options.stall_timeout) + " s): the step failed and nothing was applied; its waits were cancelled" +

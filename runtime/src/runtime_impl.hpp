@@ -138,6 +138,10 @@ struct Runtime::Impl {
   StepReport build_report(std::size_t batch, const ChunkTable& t, const StepPlan& plan, ChunkPhase& phase, const StepStats& reduced,
                           Clock::time_point reduced_at);
   void learn_from_step(std::size_t batch, const ChunkTable& t, const StepPlan& plan, const ChunkPhase& phase, StepReport& rep);
+  // cluster_step.cpp: a step across the ranks of options.cluster (host devices)
+  StepReport run_cluster_step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to);
+  void join_cluster(const DeviceSpec& spec);
+  void watch_cluster();  // bumps this rank's heartbeat; ends the job when another rank has stopped making progress
   // runtime.cpp
   void make_communicator();
   void make_scheduler();
@@ -185,6 +189,21 @@ struct Runtime::Impl {
   std::unique_ptr<Optimizer> shared_optimizer;
   std::vector<std::size_t> ids;              // each device's index at creation (stable across exclusions)
   std::vector<std::unique_ptr<Device>> lost;  // excluded devices, kept until the runtime goes
+  // A multi-process run (options.cluster): each rank's device count and this rank's first device's global index; each
+  // rank's measured samples/s over the last steps (the same on every rank: gathered with the reduction); the steps
+  // run across the ranks (every rank counts the same, failed ones too: the share words' tag); and, for the watch, the
+  // last heartbeat seen of each rank and when it was first seen.
+  std::shared_ptr<Cluster> cluster;
+  std::vector<std::size_t> rank_devices;
+  std::size_t first_device = 0;
+  std::vector<std::vector<double>> rank_speed_history;
+  std::uint64_t cluster_steps = 0;
+  std::uint64_t heartbeat = 0;
+  struct PeerSeen {
+    std::uint64_t beat = 0;
+    Clock::time_point since{};
+  };
+  std::vector<PeerSeen> peers_seen;
   std::unique_ptr<Scheduler> sched;  // last: its workers stop before the devices and replicas go
 };
 

@@ -14,6 +14,7 @@ StepReport accumulate(std::span<const StepReport> steps) {
     sum.step_s += s.step_s, sum.chunks_s += s.chunks_s, sum.reduce_s += s.reduce_s, sum.optimizer_s += s.optimizer_s;
     sum.samples += s.samples, sum.chunks += s.chunks, sum.steals += s.steals, sum.bytes_moved += s.bytes_moved;
     sum.loss += s.loss * static_cast<double>(s.samples);
+    sum.ranks = std::max(sum.ranks, s.ranks), sum.remote_chunks += s.remote_chunks, sum.remote_steals += s.remote_steals;
     if (sum.devices.size() < s.devices.size()) sum.devices.resize(s.devices.size());
     for (std::size_t d = 0; d < s.devices.size(); ++d) {
       DeviceReport& a = sum.devices[d];
@@ -37,6 +38,11 @@ std::string format_dashboard(const StepReport& r, const std::string& title) {
                 static_cast<unsigned long long>(r.step), r.step_s, static_cast<unsigned long long>(r.samples),
                 static_cast<unsigned long long>(r.chunks), static_cast<unsigned long long>(r.steals));
   out += line;
+  if (r.ranks > 1) {
+    std::snprintf(line, sizeof line, "| ranks: %zu, %llu chunks ran on another rank (%llu remote steals)\n", r.ranks,
+                  static_cast<unsigned long long>(r.remote_chunks), static_cast<unsigned long long>(r.remote_steals));
+    out += line;
+  }
   std::snprintf(line, sizeof line, "| time: chunks %.3f s, allreduce %.3f s, optimizer %.3f s, other %.3f s\n", r.chunks_s, r.reduce_s,
                 r.optimizer_s, std::max(0.0, r.step_s - r.chunks_s - r.reduce_s - r.optimizer_s));
   out += line;

@@ -56,6 +56,13 @@ void validate(const RuntimeOptions& o) {
   check("sim.allreduce_bytes", o.sim.allreduce_bytes, 0, 1e12);
   check("sim.busbw", o.sim.busbw, 1, 1e15);
   check("sim.launch_lead", o.sim.launch_lead, 0, 1, " s");
+  if (o.cluster) {
+    if (o.policy == SchedulePolicy::kCentral) throw ConfigError("policy = central with a cluster: across ranks the policy is steal or static");
+    if (o.on_device_failure == OnDeviceFailure::kExclude) {
+      throw ConfigError("on_device_failure = exclude with a cluster: across ranks a lost device fails the step on every rank (fail)");
+    }
+    if (o.placement == PlacementPolicy::kGiven) throw ConfigError("placement = given with a cluster: across ranks shares follow measured speeds");
+  }
 }
 
 }  // namespace stealbatch

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <stealbatch/error.hpp>
+#include <stealbatch/runtime/cluster.hpp>
 #include <stealbatch/runtime/communicator.hpp>
 #include <stealbatch/runtime/device.hpp>
 #include <stealbatch/runtime/device_spec.hpp>
@@ -110,6 +111,13 @@ struct RuntimeOptions {
   // returns happens to the chunk. Empty: no faults.
   std::function<Fault(std::size_t device, std::uint64_t step, ChunkId chunk)> inject_fault{};
   std::uint64_t seed = 0x5eedba7c;                 // victim order
+  // A multi-process run (stealbatch::mpi::MpiCluster): every rank makes its own Runtime with its own devices and
+  // calls step() with the same batch, in the same order. Chunk ids are global; each rank's share follows its
+  // devices' measured speed; a rank whose devices run dry takes chunks from another rank's share with one-sided
+  // atomics; the gradient is reduced within the rank, then across ranks, and divided by the global batch, so every
+  // rank's parameters stay the same. slowdown may then give one factor per device of the whole job (rank order).
+  // CPU and simulated devices. Empty: this process alone.
+  std::shared_ptr<Cluster> cluster{};
 };
 
 // Checks every option against its range (and the ones that depend on each other) before anything is built; throws

@@ -44,6 +44,11 @@ struct StepReport {
   std::vector<std::string> excluded_devices;
   std::uint64_t rerun_chunks = 0;
   bool placed_by_cost = false;  // placed by learnt batch-position costs (RuntimeOptions::cost_by_position)
+  // Across ranks (RuntimeOptions::cluster): every rank's devices, named "r1/cpu0", are in `devices`; chunks that ran on
+  // another rank than the one they were placed on, and the steals that moved them.
+  std::size_t ranks = 1;
+  std::uint64_t remote_chunks = 0;
+  std::uint64_t remote_steals = 0;
 };
 
 // Sums step reports into one (an epoch): times and counts add, utilization is recomputed from the sums.

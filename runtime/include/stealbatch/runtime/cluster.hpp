@@ -1,0 +1,68 @@
+// The processes of a multi-process run as the runtime sees them: ranks, a small window of 64-bit words per rank that
+// every rank can read and compare-and-swap without the owner taking part, and the collectives of a step.
+// stealbatch::mpi::MpiCluster (stealbatch/mpi/mpi_cluster.hpp) is the MPI one; the runtime itself never calls MPI.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+
+namespace stealbatch {
+
+class Cluster {
+ public:
+  // The words of each rank's window: its remaining share of the step (detail::ShareWord), a heartbeat its runtime
+  // bumps while it is in a step, and where it is (the chunk its longest-running device is in; 0 when none).
+  enum Word : std::size_t { kShare = 0, kHeartbeat = 1, kWhere = 2, kWords = 3 };
+
+  virtual ~Cluster() = default;
+  virtual int rank() const noexcept = 0;
+  virtual int size() const noexcept = 0;
+  // Whether `rank` runs on this rank's node (thieves try those victims first).
+  virtual bool same_node(int rank) const noexcept = 0;
+
+  // One-sided, atomic, complete when they return; callable from any thread of this rank, concurrently.
+  virtual std::uint64_t read(int rank, Word word) = 0;
+  // Writes `desired` if the word holds `expected`; returns what it held.
+  virtual std::uint64_t compare_and_swap(int rank, Word word, std::uint64_t expected, std::uint64_t desired) = 0;
+  virtual void write(int rank, Word word, std::uint64_t value) = 0;
+
+  // Collectives: every rank calls them from one thread, in the same order. The sum is in place and the same on
+  // every rank. `waiting` runs every millisecond or so while this rank waits for the others (the runtime watches
+  // the other ranks' heartbeats there); it may call abort().
+  virtual void allreduce_sum(std::span<float> data, const std::function<void()>& waiting) = 0;
+  virtual void allreduce_sum(std::span<double> data) = 0;
+  virtual void broadcast(std::span<char> data, int root) = 0;
+  // Ends the whole job at once, every rank (MPI_Abort), after printing `why` on this rank's standard error.
+  [[noreturn]] virtual void abort(const std::string& why) noexcept = 0;
+};
+
+namespace detail {
+
+// A rank's remaining share of a step, packed into one word so that one compare-and-swap moves chunks out of it:
+// the step's tag (1 to 65535, from its count; 0 in a fresh word) and the chunk ids [front, back) not yet taken. The owner takes from the
+// front, thieves from the back.
+struct ShareWord {
+  static constexpr std::uint32_t kMaxChunk = (1u << 24) - 1;  // chunk ids per step: [0, kMaxChunk)
+  std::uint16_t tag = 0;
+  std::uint32_t front = 0, back = 0;
+
+  std::uint64_t pack() const noexcept {
+    return (std::uint64_t{tag} << 48) | (std::uint64_t{front & kMaxChunk} << 24) | std::uint64_t{back & kMaxChunk};
+  }
+  static ShareWord unpack(std::uint64_t w) noexcept {
+    return {static_cast<std::uint16_t>(w >> 48), static_cast<std::uint32_t>((w >> 24) & kMaxChunk), static_cast<std::uint32_t>(w & kMaxChunk)};
+  }
+  std::uint32_t left() const noexcept { return back > front ? back - front : 0; }
+};
+
+// How many of a victim's `left` chunks a thief takes: the part that makes both finish together at their speeds
+// (samples/s, either may be 0 when unknown: then as if equal), rounded to nearest, so that a slow thief leaves the
+// last chunks of a fast victim alone and a fast one takes most of a slow one's. 0: not worth stealing.
+std::uint32_t steal_amount(std::uint32_t left, double thief_speed, double victim_speed) noexcept;
+
+}  // namespace detail
+
+}  // namespace stealbatch

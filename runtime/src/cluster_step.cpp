@@ -1,0 +1,388 @@
+// A step across the ranks of a multi-process run: the global chunk table, each rank's share in its window, chunks
+// claimed from the own share and stolen from other ranks' with one compare-and-swap each, the reduction within the
+// rank and then across ranks, and the watch that ends the job when a rank stops making progress.
+//
+// The protocol. Every rank builds the same chunk table from the same inputs (the batch size and the rank speeds
+// gathered with the last reduction), so chunk ids are global and every rank knows every rank's initial share. A
+// rank's remaining share is one word in its window (detail::ShareWord: the step's tag and the chunk ids [front,
+// back) not yet taken). The owner's devices claim a few chunks at a time from the front, thieves take a part from the
+// back, each with one compare-and-swap: a chunk leaves the word in exactly one successful CAS, so it is run exactly
+// once. The owner writes its share at the step's start; a thief that finds last step's tag there writes it itself
+// (from the same table) in the same CAS as its steal, and the owner's own CAS then sees the tag and goes on. Last
+// step's words can be no older: no rank leaves a step's reduction before every rank has entered it, and every rank's
+// RMA of that step completed before it entered. No chunk is created during a step and words only shrink, so a rank
+// that finds its own share empty and every other one empty or not worth stealing from (detail::steal_amount) leaves
+// the chunk phase for good. The reduction carries, beside the gradient, every rank's speed, failure flag, chunk run
+// counts and device tallies, so every rank checks exactly-once over the whole job and learns the same speeds.
+#include "runtime_impl.hpp"
+
+#include <stealbatch/runtime/detail/speed_shares.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <stdexcept>
+#include <thread>
+
+namespace stealbatch {
+
+namespace detail {
+
+std::uint32_t steal_amount(std::uint32_t left, double thief_speed, double victim_speed) noexcept {
+  if (left == 0) return 0;
+  if (!(thief_speed > 0) || !(victim_speed > 0) || !std::isfinite(thief_speed) || !std::isfinite(victim_speed)) thief_speed = victim_speed = 1;
+  const double part = static_cast<double>(left) * thief_speed / (thief_speed + victim_speed);
+  return static_cast<std::uint32_t>(std::min<double>(left, std::floor(part + 0.5)));
+}
+
+}  // namespace detail
+
+namespace {
+
+// Tallies per device that travel with the reduction: busy seconds, chunks run, chunks stolen, samples, chunk size,
+constexpr std::size_t kDeviceFields = 6;  // and whether it is simulated (its name)
+// The sizes of the chunk phase when a step's chunk size is left to the runtime (chunk_size = 0) across ranks: the
+// fastest rank's chunks hold batch / (kChunksPerDevice x devices) samples, within [kMinAuto, kMaxAuto].
+constexpr std::size_t kChunksPerDevice = 4, kMinAuto = 16, kMaxAuto = 512;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+// The reduction's buffer: the gradient, then every rank's speed and failure flag, every chunk's run count, every
+// device's tallies and every rank's loss sum; each rank writes its own entries and leaves the others 0, so the sum
+// is a gather.
+struct Tally {
+  std::size_t count, ranks, chunks, devices;
+  std::vector<float> buf;
+  Tally(std::size_t c, std::size_t r, std::size_t k, std::size_t d) : count(c), ranks(r), chunks(k), devices(d), buf(c + 3 * r + k + kDeviceFields * d, 0.0f) {}
+  float* grad() { return buf.data(); }
+  float* speed() { return buf.data() + count; }
+  float* failed() { return speed() + ranks; }
+  float* loss() { return failed() + ranks; }
+  float* runs() { return loss() + ranks; }
+  float* device(std::size_t d) { return runs() + chunks + kDeviceFields * d; }
+};
+
+}  // namespace
+
+void Runtime::Impl::join_cluster(const DeviceSpec& spec) {
+  const int ranks = cluster->size(), me = cluster->rank();
+  if (ranks < 1 || me < 0 || me >= ranks) throw ConfigError("cluster: rank " + std::to_string(me) + " of " + std::to_string(ranks));
+  if (spec.kind != DeviceKind::kCpu && spec.kind != DeviceKind::kSim) {
+    throw ConfigError("devices = '" + spec.text + "' with a cluster: across ranks the runtime drives CPU and simulated devices (cpu:K, sim:...)");
+  }
+  // A fresh share word (tag 0, which no step uses) before the collective below: no rank's first step can then mistake
+  // what an earlier runtime on this cluster left for its own step's share.
+  cluster->write(me, Cluster::kShare, 0);
+  std::vector<double> counts(static_cast<std::size_t>(ranks), 0.0);
+  counts[static_cast<std::size_t>(me)] = static_cast<double>(spec.count);
+  cluster->allreduce_sum(counts);
+  rank_devices.clear();
+  for (double c : counts) rank_devices.push_back(static_cast<std::size_t>(c));
+  first_device = std::accumulate(rank_devices.begin(), rank_devices.begin() + me, std::size_t{0});
+  const std::size_t total = std::accumulate(rank_devices.begin(), rank_devices.end(), std::size_t{0});
+  if (!options.slowdown.empty() && options.slowdown.size() == total && total != spec.count) {
+    // One factor per device of the whole job, in rank order: keep this rank's.
+    options.slowdown = std::vector<double>(options.slowdown.begin() + static_cast<std::ptrdiff_t>(first_device),
+                                           options.slowdown.begin() + static_cast<std::ptrdiff_t>(first_device + spec.count));
+  }
+  if (options.threads_per_device == 0 && spec.kind == DeviceKind::kCpu) {
+    // The node's cores shared among the devices of every rank on it.
+    std::size_t on_node = 0;
+    for (int r = 0; r < ranks; ++r) on_node += cluster->same_node(r) ? rank_devices[static_cast<std::size_t>(r)] : 0;
+    options.threads_per_device = std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / std::max<std::size_t>(1, on_node)));
+  }
+  rank_speed_history.assign(static_cast<std::size_t>(ranks), {});
+  peers_seen.assign(static_cast<std::size_t>(ranks), {});
+}
+
+void Runtime::Impl::watch_cluster() {
+  const int me = cluster->rank();
+  cluster->write(me, Cluster::kHeartbeat, ++heartbeat);
+  // Where this rank is: the chunk its longest-running device is in (for the others' message if it stops).
+  std::int64_t oldest = 0;
+  std::uint64_t where = 0;
+  for (std::size_t d = 0; d < replicas.size(); ++d) {
+    const std::int64_t started = replicas[d]->chunk_started_ns.load(std::memory_order_relaxed);
+    if (started != 0 && (oldest == 0 || started < oldest)) {
+      oldest = started;
+      where = (std::uint64_t{1} << 63) | (std::uint64_t{d} << 32) | replicas[d]->current_chunk.load(std::memory_order_relaxed);
+    }
+  }
+  cluster->write(me, Cluster::kWhere, where);
+  const auto now = Clock::now();
+  for (int r = 0; r < cluster->size(); ++r) {
+    if (r == me) continue;
+    PeerSeen& seen = peers_seen[static_cast<std::size_t>(r)];
+    const std::uint64_t beat = cluster->read(r, Cluster::kHeartbeat);
+    if (beat != seen.beat || seen.since == Clock::time_point{}) {
+      seen = {beat, now};
+      continue;
+    }
+    const double quiet = seconds(now - seen.since);
+    if (quiet <= options.stall_timeout) continue;
+    const std::uint64_t at = cluster->read(r, Cluster::kWhere);
+    char msg[512];
+    if (at >> 63) {
+      std::snprintf(msg, sizeof msg,
+                    "stealbatch: rank %d made no progress for %.0f ms in step %llu, last seen in chunk %u on its device %u (stall_timeout = %g s): "
+                    "ending the job",
+                    r, quiet * 1e3, static_cast<unsigned long long>(cluster_steps), static_cast<unsigned>(at & 0xffffffffu),
+                    static_cast<unsigned>((at >> 32) & 0x7fffffffu), options.stall_timeout);
+    } else {
+      std::snprintf(msg, sizeof msg,
+                    "stealbatch: rank %d made no progress for %.0f ms in step %llu, in no chunk (stuck, or not calling step() with the others; "
+                    "stall_timeout = %g s): ending the job",
+                    r, quiet * 1e3, static_cast<unsigned long long>(cluster_steps), options.stall_timeout);
+    }
+    cluster->abort(msg);
+  }
+}
+
+StepReport Runtime::Impl::run_cluster_step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to) {
+  const auto t_start = Clock::now();
+  const std::size_t batch = samples.size(), n = devices.size(), ranks = static_cast<std::size_t>(cluster->size());
+  const int me = cluster->rank();
+  const std::uint16_t tag = static_cast<std::uint16_t>(cluster_steps++ % 65535 + 1);  // 1 to 65535: never a fresh word's 0
+  for (auto& seen : peers_seen) seen.since = {};  // each step's watch starts afresh
+
+  // The rank speeds (the same on every rank), the shares in proportion, each cut into chunks sized by its rank's speed.
+  std::vector<double> speed(ranks, 0.0);
+  bool known = true;
+  for (std::size_t r = 0; r < ranks; ++r) speed[r] = median(rank_speed_history[r]), known = known && speed[r] > 0;
+  if (!known || options.policy != SchedulePolicy::kSteal) speed.assign(ranks, 1.0);
+  const std::size_t total_devices = std::accumulate(rank_devices.begin(), rank_devices.end(), std::size_t{0});
+  const std::size_t full = options.chunk_size > 0 ? options.chunk_size
+                                                  : std::clamp(batch / (kChunksPerDevice * total_devices), kMinAuto, kMaxAuto);
+  const double fastest = *std::max_element(speed.begin(), speed.end());
+  const std::vector<ChunkRange> sample_share = place_proportional(batch, speed);
+  ChunkTable t;
+  std::vector<ChunkRange> share(ranks);  // each rank's chunk ids
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const std::size_t size = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(static_cast<double>(full) * speed[r] / fastest)));
+    share[r].begin = static_cast<ChunkId>(t.spans.size());
+    for (std::size_t s = sample_share[r].begin; s < sample_share[r].end; s += size) {
+      t.spans.push_back({static_cast<std::uint32_t>(s), static_cast<std::uint32_t>(std::min(size, sample_share[r].end - s))});
+    }
+    share[r].end = static_cast<ChunkId>(t.spans.size());
+    if (r == static_cast<std::size_t>(me)) t.own_size.assign(n, size);
+  }
+  const std::size_t chunks = t.size();
+  if (chunks >= detail::ShareWord::kMaxChunk) {
+    throw ConfigError("batch = " + std::to_string(batch) + " makes " + std::to_string(chunks) + " chunks across ranks; at most " +
+                      std::to_string(detail::ShareWord::kMaxChunk - 1) + " (raise chunk_size)");
+  }
+  t.home.assign(chunks, 0);
+  t.ran_on.assign(chunks, 0);
+  t.runs.assign(chunks, 0);
+  t.own_cost.assign(n, 1.0);
+  t.share_len.assign(n, 0);
+  const auto word_of = [&](std::size_t r) {
+    return detail::ShareWord{tag, static_cast<std::uint32_t>(share[r].begin), static_cast<std::uint32_t>(share[r].end)};
+  };
+  // Publish the own share, unless a thief already did (with its steal taken out).
+  for (std::uint64_t old = cluster->read(me, Cluster::kShare); detail::ShareWord::unpack(old).tag != tag;) {
+    const std::uint64_t seen = cluster->compare_and_swap(me, Cluster::kShare, old, word_of(static_cast<std::size_t>(me)).pack());
+    if (seen == old) break;
+    old = seen;  // a thief wrote it first, with this step's tag: the loop ends
+  }
+
+  // Victims: the other ranks of this node first, then the rest, each list starting after this rank.
+  std::vector<int> victims;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (std::size_t i = 1; i < ranks; ++i) {
+      const int v = static_cast<int>((static_cast<std::size_t>(me) + i) % ranks);
+      if (cluster->same_node(v) == (pass == 0)) victims.push_back(v);
+    }
+  }
+  std::uint64_t remote_chunks = 0, remote_steals = 0;
+  const std::uint32_t claim = static_cast<std::uint32_t>(n);  // one chunk for each device per claim
+  auto source = [&](std::size_t w, std::span<ChunkId> out) -> std::size_t {
+    const auto hand_out = [&](std::uint32_t begin, std::uint32_t k) {
+      for (std::uint32_t i = 0; i < k; ++i) out[i] = begin + i, t.home[begin + i] = static_cast<std::uint32_t>(w);
+      return std::size_t{k};
+    };
+    for (std::uint64_t old = cluster->read(me, Cluster::kShare);;) {
+      const detail::ShareWord s = detail::ShareWord::unpack(old);
+      if (s.left() == 0) break;
+      const std::uint32_t k = std::min<std::uint32_t>({claim, s.left(), static_cast<std::uint32_t>(out.size())});
+      const std::uint64_t seen = cluster->compare_and_swap(me, Cluster::kShare, old, detail::ShareWord{tag, s.front + k, s.back}.pack());
+      if (seen == old) return hand_out(s.front, k);
+      old = seen;
+    }
+    if (options.policy != SchedulePolicy::kSteal) return 0;
+    for (const int v : victims) {
+      for (std::uint64_t old = cluster->read(v, Cluster::kShare);;) {
+        detail::ShareWord s = detail::ShareWord::unpack(old);
+        if (s.tag != tag) s = word_of(static_cast<std::size_t>(v));  // its owner has not written this step's share yet
+        const std::uint32_t k = std::min<std::uint32_t>(
+            detail::steal_amount(s.left(), speed[static_cast<std::size_t>(me)], speed[static_cast<std::size_t>(v)]), static_cast<std::uint32_t>(out.size()));
+        if (k == 0) break;  // empty, or better left to its owner: so it stays, since shares only shrink
+        const std::uint64_t seen = cluster->compare_and_swap(v, Cluster::kShare, old, detail::ShareWord{tag, s.front, s.back - k}.pack());
+        if (seen == old) {
+          remote_chunks += k, ++remote_steals;
+          return hand_out(s.back - k, k);
+        }
+        old = seen;
+      }
+    }
+    return 0;
+  };
+
+  // The chunk phase.
+  if (grads_dirty) sched->broadcast([&](std::size_t d) { devices[d]->zero_grad(); });
+  for (auto& r : replicas) r->reset_step();
+  grads_dirty = true;
+  StepPlan plan;
+  std::size_t largest = 0;
+  for (const ChunkSpan& c : t.spans) largest = std::max<std::size_t>(largest, c.size);
+  for (auto& d : devices) d->reset_cancel(), d->begin_step(steps + 1, t_start), d->reserve(largest);
+  comm->begin_step();
+  ChunkPhase phase;
+  phase.start = t_start;
+  std::exception_ptr failure;
+  std::string failure_text;
+  try {
+    phase.stats = sched->run_sourced(source, [&](std::size_t w, ChunkId c) { run_one(w, c, samples, fn, t, plan); });
+  } catch (const std::exception& e) {
+    failure = std::current_exception();
+    failure_text = e.what();
+  } catch (...) {
+    failure = std::current_exception();
+    failure_text = "a non-standard exception";
+  }
+  if (failure) {
+    // Leave nothing of the own share for the others to run: the step fails on every rank anyway.
+    for (std::uint64_t old = cluster->read(me, Cluster::kShare);;) {
+      const detail::ShareWord s = detail::ShareWord::unpack(old);
+      if (s.tag == tag && s.left() == 0) break;
+      const std::uint64_t seen = cluster->compare_and_swap(me, Cluster::kShare, old, detail::ShareWord{tag, 0, 0}.pack());
+      if (seen == old) break;
+      old = seen;
+    }
+    phase.stats.workers.resize(n);
+  }
+  phase.end = Clock::now();
+
+  // Within the rank: every device's slice of the sum into the reduction's buffer.
+  const std::size_t count = layout.size();
+  Tally tally(count, ranks, chunks, total_devices);
+  std::vector<float*> bufs(n);
+  for (std::size_t d = 0; d < n; ++d) bufs[d] = devices[d]->grad().data();
+  const StepStats local = sched->broadcast([&](std::size_t d) {
+    Device& dev = *devices[d];
+    Replica& r = *replicas[d];
+    const WatchStamp stamp(r, kReductionPhase, epoch);
+    dev.finish_chunks();
+    r.loss += dev.take_device_loss();
+    dev.set_sample_count(r.samples);
+    InProcessCommunicator::sum_slice(d, bufs, count);
+    const auto [b, e] = InProcessCommunicator::slice(d, n, count);
+    std::copy(bufs[0] + b, bufs[0] + e, tally.grad() + b);
+  });
+  double busy = 0, rank_samples = 0, loss = 0;
+  for (std::size_t d = 0; d < n; ++d) {
+    const WorkerCounters& wc = phase.stats.workers[d];
+    float* f = tally.device(first_device + d);
+    f[0] = static_cast<float>(seconds(wc.busy)), f[1] = static_cast<float>(wc.chunks_run), f[2] = static_cast<float>(wc.chunks_stolen);
+    f[3] = static_cast<float>(replicas[d]->samples), f[4] = static_cast<float>(t.own_size[d]), f[5] = kind == DeviceKind::kSim ? 1.0f : 0.0f;
+    busy = std::max(busy, seconds(wc.busy)), rank_samples += static_cast<double>(replicas[d]->samples), loss += replicas[d]->loss;
+  }
+  // This rank's samples/s: what its devices ran over the time the busiest was busy (0 when it ran nothing).
+  tally.speed()[me] = busy > 0 ? static_cast<float>(rank_samples / busy) : 0.0f;
+  tally.failed()[me] = failure ? 1.0f : 0.0f;
+  tally.loss()[me] = static_cast<float>(loss);
+  for (std::size_t c = 0; c < chunks; ++c) tally.runs()[c] = static_cast<float>(t.runs[c]);
+  // Across ranks; while waiting, the watch.
+  cluster->allreduce_sum(tally.buf, [this] { watch_cluster(); });
+  const auto reduced_at = Clock::now();
+
+  // A failure anywhere fails the step everywhere, with the first failed rank's message.
+  for (std::size_t r = 0; r < ranks; ++r) {
+    if (tally.failed()[r] == 0.0f) continue;
+    std::vector<char> text(1024, '\0');
+    if (r == static_cast<std::size_t>(me)) std::strncpy(text.data(), failure_text.c_str(), text.size() - 1);
+    cluster->broadcast(text, static_cast<int>(r));
+    if (failure) std::rethrow_exception(failure);
+    throw Error("step " + std::to_string(steps + 1) + " failed on rank " + std::to_string(r) + ": " + text.data() +
+                "; nothing was applied on any rank");
+  }
+  for (std::size_t c = 0; c < chunks; ++c) {
+    if (tally.runs()[c] != 1.0f) {
+      throw std::logic_error("runtime: chunk " + std::to_string(c) + " ran " + std::to_string(tally.runs()[c]) + " times across the ranks in step " +
+                             std::to_string(steps + 1) + ": exactly-once violated");
+    }
+  }
+  for (std::size_t r = 0; r < ranks; ++r) {
+    auto& h = rank_speed_history[r];
+    if (tally.speed()[r] > 0) {
+      if (h.size() >= options.throughput_window) h.erase(h.begin());
+      h.push_back(tally.speed()[r]);
+    }
+  }
+
+  // The update (or the mean) from the job's sum, slice by slice on this rank's devices.
+  const float scale = 1.0f / static_cast<float>(batch);
+  const bool update = reduce_to == Reduce::kUpdate;
+  if (update && lr_pending) shared_optimizer->set_lr(options.optimizer.lr), lr_pending = false;
+  const std::span<const float> sum(tally.grad(), count);
+  const StepStats applied = sched->broadcast([&](std::size_t d) {
+    const WatchStamp stamp(*replicas[d], kReductionPhase, epoch);
+    const auto u0 = Clock::now();
+    const auto [b, e] = InProcessCommunicator::slice(d, n, count);
+    if (update) {
+      shared_optimizer->update_into(shared_params[shared_live], shared_params[1 - shared_live], sum, scale, b, e);
+    } else {
+      for (std::size_t i = b; i < e; ++i) mean_next[i] = sum[i] * scale;
+    }
+    for (float* g : bufs) std::fill(g + b, g + e, 0.0f);
+    replicas[d]->update = Clock::now() - u0;
+  });
+
+  // The report: every rank's devices, from the tallies.
+  StepReport rep;
+  rep.step = ++steps;
+  rep.ranks = ranks;
+  rep.chunks_s = seconds(phase.end - phase.start);
+  rep.reduce_s = seconds(reduced_at - phase.end);
+  rep.samples = batch;
+  rep.chunks = chunks;
+  rep.remote_chunks = remote_chunks, rep.remote_steals = remote_steals;
+  double total_loss = 0;
+  for (std::size_t r = 0; r < ranks; ++r) total_loss += tally.loss()[r];
+  rep.loss = total_loss / static_cast<double>(batch);
+  std::vector<double> remote(ranks, 0.0);
+  remote[static_cast<std::size_t>(me)] = static_cast<double>(remote_chunks);
+  for (std::size_t r = 0, g = 0; r < ranks; ++r) {
+    for (std::size_t d = 0; d < rank_devices[r]; ++d, ++g) {
+      const float* f = tally.device(g);
+      DeviceReport dr;
+      dr.name = "r" + std::to_string(r) + "/" + (f[5] != 0.0f ? "sim" : "cpu") + std::to_string(d);
+      dr.compute_s = dr.busy_s = f[0];
+      if (r == static_cast<std::size_t>(me)) dr.busy_s += seconds(local.workers[d].busy) + seconds(applied.workers[d].busy);
+      dr.chunks_run = static_cast<std::uint64_t>(f[1]), dr.chunks_stolen = static_cast<std::uint64_t>(f[2]);
+      dr.samples = static_cast<std::uint64_t>(f[3]), dr.chunk_samples = static_cast<std::size_t>(f[4]);
+      dr.barrier_wait_s = std::max(0.0, rep.chunks_s - dr.compute_s);
+      rep.devices.push_back(std::move(dr));
+    }
+  }
+  for (const DeviceReport& d : rep.devices) rep.steals += d.chunks_stolen;
+  // This rank's devices' own speeds, for throughput_estimates().
+  for (std::size_t d = 0; d < n; ++d) {
+    const double s = seconds(phase.stats.workers[d].busy);
+    if (s > 0 && replicas[d]->samples > 0) {
+      auto& h = speed_history[d];
+      if (h.size() >= options.throughput_window) h.erase(h.begin());
+      h.push_back(static_cast<double>(replicas[d]->samples) / s);
+    }
+  }
+  rep.reduce_s = seconds(Clock::now() - phase.end);  // step() takes the update's part out of it
+  return rep;
+}
+
+}  // namespace stealbatch
