@@ -1,0 +1,57 @@
+// The MPI cluster: ranks from a communicator, each rank's window of share words for one-sided steals, and the step's
+// collectives, over Open MPI (or any MPI-3 library).
+#pragma once
+
+#include <stealbatch/runtime/cluster.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace stealbatch::mpi {
+
+// Initialises MPI (MPI_THREAD_MULTIPLE: a rank's devices steal from their own threads) unless the program already
+// has, and finalises it when the last MpiCluster made this way goes. Throws Error when MPI cannot start, or when the
+// library gives less than MPI_THREAD_MULTIPLE.
+//
+//   auto cluster = stealbatch::mpi::MpiCluster::world();          // every process of mpirun -np N
+//   stealbatch::Runtime rt({.devices = "cpu:1", .cluster = cluster});
+//
+// The window is made with MPI_Win_allocate and locked once (MPI_Win_lock_all); reads, writes and compare-and-swaps
+// are MPI_Fetch_and_op / MPI_Compare_and_swap followed by MPI_Win_flush, so each is complete when it returns. A steal
+// must complete while every thread of the victim is inside a long chunk and calls no MPI: with Open MPI that holds
+// for the shared-memory component (osc sm) between ranks of one node, not for the default selection (see the
+// README's launch section). So world() names the component list itself when the launch did not (OMPI_MCA_osc unset:
+// "sm,ucx", shared memory within a node), before MPI starts.
+class MpiCluster final : public Cluster {
+ public:
+  // A cluster over a duplicate of MPI_COMM_WORLD.
+  static std::shared_ptr<MpiCluster> world();
+  // Whether this process was started by an MPI launcher (mpirun sets OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK).
+  static bool launched_by_mpirun() noexcept;
+  // This process's rank among the ranks of its node (OMPI_COMM_WORLD_LOCAL_RANK; 0 when not launched by mpirun).
+  static int local_rank() noexcept;
+
+  ~MpiCluster() override;
+  MpiCluster(const MpiCluster&) = delete;
+  MpiCluster& operator=(const MpiCluster&) = delete;
+
+  int rank() const noexcept override;
+  int size() const noexcept override;
+  bool same_node(int rank) const noexcept override;
+  std::uint64_t read(int rank, Word word) override;
+  std::uint64_t compare_and_swap(int rank, Word word, std::uint64_t expected, std::uint64_t desired) override;
+  void write(int rank, Word word, std::uint64_t value) override;
+  void allreduce_sum(std::span<float> data, const std::function<void()>& waiting) override;
+  void allreduce_sum(std::span<double> data) override;
+  void broadcast(std::span<char> data, int root) override;
+  [[noreturn]] void abort(const std::string& why) noexcept override;
+  void barrier();
+
+ private:
+  struct State;
+  explicit MpiCluster(std::unique_ptr<State> s);
+  std::unique_ptr<State> m;
+};
+
+}  // namespace stealbatch::mpi

@@ -1,0 +1,237 @@
+// MpiCluster: MPI start-up, the window of share words, and the collectives with a watch while waiting.
+#include <stealbatch/error.hpp>
+#include <stealbatch/mpi/mpi_cluster.hpp>
+
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace stealbatch::mpi {
+
+namespace {
+
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw Error(std::string("MPI: ") + what + " failed: " + std::string(text, static_cast<std::size_t>(len)));
+}
+
+// MPI started by this library, and how many clusters use it.
+std::mutex g_init_lock;
+int g_users = 0;
+bool g_we_initialised = false;
+
+}  // namespace
+
+struct MpiCluster::State {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Win win = MPI_WIN_NULL;
+  std::uint64_t* base = nullptr;
+  int rank = 0, size = 1;
+  std::vector<char> same_node;
+  // Every MPI call of this cluster is made under this lock: the library runs MPI_THREAD_MULTIPLE, but one-sided
+  // components have had thread-safety defects, and these calls are short (a window atomic, a test of a collective).
+  std::mutex lock;
+  // The progress agent: where the one-sided component progresses a passive target only when the target enters MPI
+  // (osc ucx, between nodes), a thread enters MPI every kProgressPeriod so that a thief's atomic completes while this
+  // rank's devices compute. Not needed within a node (osc sm).
+  std::thread progress;
+  std::atomic<bool> stop{false};
+};
+
+namespace {
+
+constexpr auto kProgressPeriod = std::chrono::microseconds(20);
+
+bool wants_progress_agent(const std::vector<char>& same_node) {
+  if (const char* v = std::getenv("STEALBATCH_MPI_PROGRESS")) return std::strcmp(v, "0") != 0;
+  for (char c : same_node) {
+    if (c == 0) return true;  // ranks on other nodes: the window is not shared memory
+  }
+  return false;
+}
+
+}  // namespace
+
+bool MpiCluster::launched_by_mpirun() noexcept {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+}
+
+int MpiCluster::local_rank() noexcept {
+  const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  if (v == nullptr) v = std::getenv("MPI_LOCALRANKID");
+  return v != nullptr ? std::atoi(v) : 0;
+}
+
+std::shared_ptr<MpiCluster> MpiCluster::world() {
+  {
+    const std::lock_guard g(g_init_lock);
+    int initialised = 0;
+    MPI_Initialized(&initialised);
+    if (!initialised) {
+      // Passive-target progress: a thief's compare-and-swap must complete while the victim computes. Open MPI's shared
+      // memory component gives that within a node; its default selection does not (see the design document).
+      setenv("OMPI_MCA_osc", "sm,ucx", /*overwrite=*/0);
+      int provided = 0;
+      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+      g_we_initialised = true;
+      if (provided < MPI_THREAD_MULTIPLE) {
+        throw Error("MPI: the library gives thread level " + std::to_string(provided) + ", below MPI_THREAD_MULTIPLE, which the runtime needs");
+      }
+    }
+    ++g_users;
+  }
+  auto s = std::make_unique<State>();
+  check(MPI_Comm_dup(MPI_COMM_WORLD, &s->comm), "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(s->comm, &s->rank);
+  MPI_Comm_size(s->comm, &s->size);
+  // Which ranks share this node: a shared-memory split, then each rank's node id gathered.
+  MPI_Comm node = MPI_COMM_NULL;
+  check(MPI_Comm_split_type(s->comm, MPI_COMM_TYPE_SHARED, s->rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  int node_leader = s->rank;
+  check(MPI_Bcast(&node_leader, 1, MPI_INT, 0, node), "MPI_Bcast");
+  MPI_Comm_free(&node);
+  std::vector<int> leaders(static_cast<std::size_t>(s->size));
+  check(MPI_Allgather(&node_leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, s->comm), "MPI_Allgather");
+  for (int l : leaders) s->same_node.push_back(l == node_leader ? 1 : 0);
+  // The window: kWords words per rank, zero (tag 0 matches no step), locked once for the cluster's life.
+  void* mem = nullptr;
+  check(MPI_Win_allocate(static_cast<MPI_Aint>(kWords * sizeof(std::uint64_t)), sizeof(std::uint64_t), MPI_INFO_NULL, s->comm, &mem, &s->win),
+        "MPI_Win_allocate");
+  s->base = static_cast<std::uint64_t*>(mem);
+  check(MPI_Win_lock_all(MPI_MODE_NOCHECK, s->win), "MPI_Win_lock_all");
+  for (std::size_t w = 0; w < kWords; ++w) {
+    const std::uint64_t zero = 0;
+    std::uint64_t old = 0;
+    check(MPI_Fetch_and_op(&zero, &old, MPI_UINT64_T, s->rank, static_cast<MPI_Aint>(w), MPI_REPLACE, s->win), "MPI_Fetch_and_op");
+  }
+  check(MPI_Win_flush(s->rank, s->win), "MPI_Win_flush");
+  check(MPI_Barrier(s->comm), "MPI_Barrier");
+  if (wants_progress_agent(s->same_node)) {
+    State* st = s.get();
+    st->progress = std::thread([st] {
+      while (!st->stop.load(std::memory_order_relaxed)) {
+        {
+          const std::lock_guard g(st->lock);
+          int flag = 0;
+          MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, st->comm, &flag, MPI_STATUS_IGNORE);  // enters the progress engine
+        }
+        std::this_thread::sleep_for(kProgressPeriod);
+      }
+    });
+  }
+  return std::shared_ptr<MpiCluster>(new MpiCluster(std::move(s)));
+}
+
+MpiCluster::MpiCluster(std::unique_ptr<State> s) : m(std::move(s)) {}
+
+MpiCluster::~MpiCluster() {
+  if (m->progress.joinable()) {
+    m->stop.store(true, std::memory_order_relaxed);
+    m->progress.join();
+  }
+  if (m->win != MPI_WIN_NULL) {
+    MPI_Barrier(m->comm);  // no rank frees the window while another may still be inside a steal
+    MPI_Win_unlock_all(m->win);
+    MPI_Win_free(&m->win);
+  }
+  if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
+  const std::lock_guard g(g_init_lock);
+  if (--g_users == 0 && g_we_initialised) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+    g_we_initialised = false;
+  }
+}
+
+int MpiCluster::rank() const noexcept { return m->rank; }
+int MpiCluster::size() const noexcept { return m->size; }
+bool MpiCluster::same_node(int rank) const noexcept { return rank >= 0 && rank < m->size && m->same_node[static_cast<std::size_t>(rank)] != 0; }
+
+std::uint64_t MpiCluster::read(int rank, Word word) {
+  const std::lock_guard g(m->lock);
+  std::uint64_t out = 0, none = 0;
+  check(MPI_Fetch_and_op(&none, &out, MPI_UINT64_T, rank, static_cast<MPI_Aint>(word), MPI_NO_OP, m->win), "MPI_Fetch_and_op");
+  check(MPI_Win_flush(rank, m->win), "MPI_Win_flush");
+  return out;
+}
+
+std::uint64_t MpiCluster::compare_and_swap(int rank, Word word, std::uint64_t expected, std::uint64_t desired) {
+  const std::lock_guard g(m->lock);
+  std::uint64_t old = 0;
+  check(MPI_Compare_and_swap(&desired, &expected, &old, MPI_UINT64_T, rank, static_cast<MPI_Aint>(word), m->win), "MPI_Compare_and_swap");
+  check(MPI_Win_flush(rank, m->win), "MPI_Win_flush");
+  return old;
+}
+
+void MpiCluster::write(int rank, Word word, std::uint64_t value) {
+  const std::lock_guard g(m->lock);
+  std::uint64_t old = 0;
+  check(MPI_Fetch_and_op(&value, &old, MPI_UINT64_T, rank, static_cast<MPI_Aint>(word), MPI_REPLACE, m->win), "MPI_Fetch_and_op");
+  check(MPI_Win_flush(rank, m->win), "MPI_Win_flush");
+}
+
+void MpiCluster::allreduce_sum(std::span<float> data, const std::function<void()>& waiting) {
+  MPI_Request req = MPI_REQUEST_NULL;
+  {
+    const std::lock_guard g(m->lock);
+    check(MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_FLOAT, MPI_SUM, m->comm, &req), "MPI_Iallreduce");
+  }
+  // Test often at first (a balanced step's ranks arrive together), then yield the core, then sleep between tests, so
+  // a rank that waits long leaves the cores to the ranks still computing; the watch runs every 10 ms.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto next_watch = t0 + std::chrono::milliseconds(10);
+  for (int done = 0;;) {
+    {
+      const std::lock_guard g(m->lock);
+      check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    }
+    if (done) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - t0 > std::chrono::milliseconds(5)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    } else if (now - t0 > std::chrono::microseconds(200)) {
+      std::this_thread::yield();
+    }
+    if (waiting && now >= next_watch) {
+      waiting();
+      next_watch = now + std::chrono::milliseconds(10);
+    }
+  }
+}
+
+void MpiCluster::allreduce_sum(std::span<double> data) {
+  const std::lock_guard g(m->lock);
+  check(MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_DOUBLE, MPI_SUM, m->comm), "MPI_Allreduce");
+}
+
+void MpiCluster::broadcast(std::span<char> data, int root) {
+  const std::lock_guard g(m->lock);
+  check(MPI_Bcast(data.data(), static_cast<int>(data.size()), MPI_CHAR, root, m->comm), "MPI_Bcast");
+}
+
+void MpiCluster::barrier() {
+  const std::lock_guard g(m->lock);
+  check(MPI_Barrier(m->comm), "MPI_Barrier");
+}
+
+void MpiCluster::abort(const std::string& why) noexcept {
+  std::fprintf(stderr, "%s\n", why.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 3);
+  std::_Exit(3);
+}
+
+}  // namespace stealbatch::mpi
