@@ -1,0 +1,326 @@
+// Runs across MPI ranks (mpirun -np R test_mpi_cluster CASE): exactly-once over many steps with random slowdowns, the
+// gradient against one process's, bit-identical parameters, a chunk that throws on one rank, a remote steal while
+// the victim computes, and the failures that must end the job (a stall, a hung rank, a dead rank). Each rank checks
+// what it sees; the exit status is non-zero on any rank's failure (mpirun passes it on).
+#include <stealbatch/mpi/mpi_cluster.hpp>
+#include <stealbatch/runtime/runtime.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+using namespace stealbatch;
+
+namespace {
+
+int g_failures = 0;
+std::shared_ptr<mpi::MpiCluster> g_cluster;
+
+#define EXPECT(cond)                                                                                          \
+  do {                                                                                                        \
+    if (!(cond)) {                                                                                            \
+      std::fprintf(stderr, "rank %d: %s:%d: EXPECT(%s) failed\n", g_cluster->rank(), __FILE__, __LINE__, #cond); \
+      ++g_failures;                                                                                           \
+    }                                                                                                         \
+  } while (0)
+
+// A linear least-squares model on made-up data: sample s has features x_j = sin(s * (j + 1) * 0.37) and target
+// y = cos(s * 0.11). A chunk adds (w.x - y) x for each of its samples: the gradient of half the squared error.
+constexpr std::size_t kDim = 16;
+float feature(std::uint32_t s, std::size_t j) { return std::sin(static_cast<float>(s) * static_cast<float>(j + 1) * 0.37f); }
+float target(std::uint32_t s) { return std::cos(static_cast<float>(s) * 0.11f); }
+
+void linear_chunk(ChunkContext& ctx) {
+  double loss = 0;
+  for (std::uint32_t s : ctx.samples) {
+    float pred = ctx.params[kDim];  // bias
+    for (std::size_t j = 0; j < kDim; ++j) pred += ctx.params[j] * feature(s, j);
+    const float err = pred - target(s);
+    for (std::size_t j = 0; j < kDim; ++j) ctx.grad[j] += err * feature(s, j);
+    ctx.grad[kDim] += err;
+    loss += 0.5 * err * err;
+  }
+  *ctx.loss_sum += loss;
+}
+
+ParameterLayout layout() {
+  ParameterLayout l;
+  l.add("w", kDim);
+  l.add("b", 1);
+  return l;
+}
+
+std::vector<float> initial() {
+  std::vector<float> v(kDim + 1);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.01f * static_cast<float>(i);
+  return v;
+}
+
+std::vector<std::uint32_t> batch_of(std::size_t n, std::uint64_t step) {
+  std::vector<std::uint32_t> b(n);
+  for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<std::uint32_t>((i * 2654435761u + step * 97) % 100000);
+  return b;
+}
+
+std::uint64_t hash_floats(std::span<const float> v) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (float f : v) {
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, &f, 4);
+    h = (h ^ bits) * 1099511628211ull;
+  }
+  return h;
+}
+
+// Every chunk of every step runs exactly once across the ranks: the runtime checks it in each step (it throws on a
+// violation), and this test counts again from the chunk function, per sample, over 10^4 steps whose devices change
+// speed at random.
+void exactly_once() {
+  const int me = g_cluster->rank();
+  RuntimeOptions o;
+  o.devices = "sim:1,1";
+  o.cluster = g_cluster;
+  o.chunk_size = 4;
+  o.sim.sample_seconds = 2e-6;
+  o.sim.speed_factor = [me](std::size_t d, std::uint64_t step, double) {
+    const std::uint64_t h = (step * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(me) * 31 + d) * 0xbf58476d1ce4e5b9ull;
+    return 0.1 + static_cast<double>((h >> 40) % 1000) / 200.0;  // 0.1 to 5.1
+  };
+  o.stall_timeout = 60;
+  Runtime rt(o);
+  rt.register_parameters(layout(), initial());
+  const std::size_t steps = std::getenv("SB_MPI_STEPS") ? std::strtoull(std::getenv("SB_MPI_STEPS"), nullptr, 10) : 10000;
+  std::uint64_t remote = 0, wrong = 0;
+  std::vector<double> seen;
+  for (std::size_t s = 0; s < steps; ++s) {
+    const std::size_t n = 64 + (s * 37) % 200;
+    const std::vector<std::uint32_t> b = batch_of(n, s);
+    std::vector<std::atomic<int>> count(n);
+    const StepReport r = rt.compute_gradient(b, [&](ChunkContext& ctx) {
+      const std::size_t first = static_cast<std::size_t>(ctx.samples.data() - b.data());
+      for (std::size_t i = 0; i < ctx.samples.size(); ++i) count[first + i].fetch_add(1, std::memory_order_relaxed);
+      linear_chunk(ctx);
+    });
+    remote += r.remote_chunks;
+    seen.assign(n, 0.0);
+    for (std::size_t i = 0; i < n; ++i) seen[i] = count[i].load();
+    g_cluster->allreduce_sum(seen);
+    for (double c : seen) wrong += c != 1.0;
+  }
+  std::vector<double> total{static_cast<double>(remote)};
+  g_cluster->allreduce_sum(total);
+  if (me == 0) std::printf("exactly-once: %zu steps, %.0f chunks ran on another rank, %llu samples not run exactly once\n", steps, total[0], static_cast<unsigned long long>(wrong));
+  EXPECT(wrong == 0);
+  EXPECT(total[0] > 0);  // the ranks did steal from each other
+}
+
+// The full-batch gradient with R ranks equals one process's (each rank computes that one itself).
+void gradient() {
+  RuntimeOptions o;
+  o.devices = "cpu:2";
+  o.threads_per_device = 1;
+  o.cluster = g_cluster;
+  o.chunk_size = 8;
+  Runtime rt(o);
+  rt.register_parameters(layout(), initial());
+  RuntimeOptions solo;
+  solo.devices = "cpu:1";
+  solo.threads_per_device = 1;
+  solo.chunk_size = 8;
+  Runtime one(solo);
+  one.register_parameters(layout(), initial());
+  for (std::uint64_t s = 0; s < 5; ++s) {
+    const std::vector<std::uint32_t> b = batch_of(1000 + s * 13, s);
+    rt.compute_gradient(b, linear_chunk);
+    one.compute_gradient(b, linear_chunk);
+    double worst = 0;
+    for (std::size_t i = 0; i < kDim + 1; ++i) {
+      const double a = rt.gradient()[i], e = one.gradient()[i];
+      worst = std::max(worst, std::abs(a - e) / std::max(1e-6, std::abs(e)));
+    }
+    if (g_cluster->rank() == 0) std::printf("gradient: step %llu, worst relative error %.3g\n", static_cast<unsigned long long>(s), worst);
+    EXPECT(worst <= 1e-5);
+  }
+}
+
+// After 50 Adam steps every rank's parameters are bit-identical, and equal to one process's within float rounding.
+void identical_parameters() {
+  RuntimeOptions o;
+  o.devices = g_cluster->rank() % 2 == 0 ? "sim:1,0.5" : "sim:2";
+  o.cluster = g_cluster;
+  o.chunk_size = 8;
+  o.sim.sample_seconds = 5e-6;
+  o.optimizer.kind = OptimizerKind::kAdam;
+  o.optimizer.lr = 0.01f;
+  Runtime rt(o);
+  rt.register_parameters(layout(), initial());
+  for (std::uint64_t s = 0; s < 50; ++s) rt.step(batch_of(512, s), linear_chunk);
+  const std::vector<float> p(rt.parameters().begin(), rt.parameters().end());
+  const std::uint64_t h = hash_floats(p);
+  std::vector<double> mine(static_cast<std::size_t>(g_cluster->size()), 0.0);
+  mine[static_cast<std::size_t>(g_cluster->rank())] = static_cast<double>(h >> 12);  // exact in a double
+  g_cluster->allreduce_sum(mine);
+  for (double v : mine) EXPECT(v == mine[0]);
+  if (g_cluster->rank() == 0) std::printf("identical parameters: hash %016llx on every rank\n", static_cast<unsigned long long>(h));
+}
+
+// A chunk that throws on rank 1 fails that step on every rank, with a message that names rank 1 and its device;
+// nothing is applied, and the next step runs on every rank.
+void chunk_throws() {
+  const int me = g_cluster->rank();
+  RuntimeOptions o;
+  o.devices = "sim:1";
+  o.cluster = g_cluster;
+  o.chunk_size = 8;
+  o.sim.sample_seconds = 1e-5;
+  auto thrown = std::make_shared<std::atomic<bool>>(false);
+  o.inject_fault = [me, thrown](std::size_t, std::uint64_t step, ChunkId) {
+    return me == 1 && step == 3 && !thrown->exchange(true) ? Fault::kThrow : Fault::kNone;
+  };
+  Runtime rt(o);
+  rt.register_parameters(layout(), initial());
+  for (std::uint64_t s = 0; s < 2; ++s) rt.step(batch_of(256, s), linear_chunk);
+  const std::vector<float> before(rt.parameters().begin(), rt.parameters().end());
+  std::string what;
+  try {
+    rt.step(batch_of(256, 2), linear_chunk);
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  std::printf("rank %d: the failed step said: %s\n", me, what.c_str());
+  EXPECT(!what.empty());
+  if (me != 1) EXPECT(what.find("rank 1") != std::string::npos);
+  EXPECT(what.find("sim0") != std::string::npos);
+  const std::vector<float> after(rt.parameters().begin(), rt.parameters().end());
+  EXPECT(before == after);
+  const StepReport r = rt.step(batch_of(256, 3), linear_chunk);
+  EXPECT(r.step == 3);
+}
+
+// The victim's devices are inside 200 ms chunks and call no MPI; the thief still takes chunks from the victim's share
+// within milliseconds of running out (passive-target progress), so the step lasts about one victim chunk, not the
+// victim's whole share.
+void remote_steal_while_victim_computes() {
+  const int me = g_cluster->rank();
+  RuntimeOptions o;
+  o.devices = "sim:1";
+  o.cluster = g_cluster;
+  o.chunk_size = 10;
+  o.sim.sample_seconds = 0.02;  // a 10-sample chunk: 200 ms on rank 0
+  o.sim.speed_factor = [me](std::size_t, std::uint64_t, double) { return me == 0 ? 1.0 : 1000.0; };
+  Runtime rt(o);
+  rt.register_parameters(layout(), initial());
+  using Clock = std::chrono::steady_clock;
+  std::vector<Clock::time_point> starts;
+  std::vector<bool> remote;
+  const std::size_t batch = 160;  // 8 chunks per rank in the first step (speeds not yet known: equal shares)
+  const std::vector<std::uint32_t> b = batch_of(batch, 0);
+  const auto t0 = Clock::now();
+  const StepReport r = rt.compute_gradient(b, [&](ChunkContext& ctx) {
+    starts.push_back(Clock::now());
+    remote.push_back(static_cast<std::size_t>(ctx.samples.data() - b.data()) < batch / 2);
+    linear_chunk(ctx);
+  });
+  const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (me == 1) {
+    // The gap between running out of own chunks and starting the first one taken from rank 0.
+    double gap_ms = -1;
+    for (std::size_t i = 1; i < starts.size(); ++i) {
+      if (remote[i] && !remote[i - 1]) gap_ms = std::chrono::duration<double, std::milli>(starts[i] - starts[i - 1]).count();
+    }
+    std::printf("remote steal: step %.3f s, %llu chunks taken from rank 0, first remote chunk %.2f ms after the last own one started\n", step_s,
+                static_cast<unsigned long long>(r.remote_chunks), gap_ms);
+    EXPECT(r.remote_chunks >= 5);
+    EXPECT(gap_ms >= 0 && gap_ms < 50);
+  }
+  EXPECT(step_s < 0.8);  // rank 0 alone would take 8 x 200 ms
+}
+
+// These end the job: the launcher's exit status and the message are checked by expect_abort.sh.
+void stall() {
+  RuntimeOptions o;
+  o.devices = "sim:1";
+  o.cluster = g_cluster;
+  o.chunk_size = 8;
+  o.sim.sample_seconds = 1e-5;
+  o.stall_timeout = 1.0;
+  const int me = g_cluster->rank();
+  o.inject_fault = [me](std::size_t, std::uint64_t step, ChunkId) { return me == 1 && step == 2 ? Fault::kStall : Fault::kNone; };
+  Runtime rt(o);
+  rt.register_parameters(layout(), initial());
+  for (std::uint64_t s = 0; s < 5; ++s) rt.step(batch_of(256, s), linear_chunk);
+  std::printf("rank %d: the stalled step did not end the job\n", me);
+  ++g_failures;
+}
+
+void hang_or_die(bool die) {
+  RuntimeOptions o;
+  o.devices = "cpu:1";
+  o.threads_per_device = 1;
+  o.cluster = g_cluster;
+  o.chunk_size = 8;
+  o.stall_timeout = 1.0;
+  const int me = g_cluster->rank();
+  Runtime rt(o);
+  rt.register_parameters(layout(), initial());
+  std::atomic<bool> done{false};
+  for (std::uint64_t s = 0; s < 5; ++s) {
+    rt.step(batch_of(256, s), [&](ChunkContext& ctx) {
+      if (me == 1 && s == 2 && !done.exchange(true)) {
+        if (die) std::_Exit(9);
+        // Inside the chunk long enough for the rank's watch to publish where it is, then the whole process stops:
+        // its own watchdog cannot report.
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        std::raise(SIGSTOP);
+      }
+      linear_chunk(ctx);
+    });
+  }
+  std::printf("rank %d: the %s rank did not end the job\n", me, die ? "dead" : "hung");
+  ++g_failures;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|throw|remote-steal|stall|hang|die\n", argv[0]);
+    return 2;
+  }
+  const std::string which = argv[1];
+  const std::map<std::string, std::function<void()>> cases = {
+      {"exactly-once", exactly_once}, {"gradient", gradient},         {"identical", identical_parameters},
+      {"throw", chunk_throws},       {"remote-steal", remote_steal_while_victim_computes}, {"stall", stall},
+      {"hang", [] { hang_or_die(false); }}, {"die", [] { hang_or_die(true); }}};
+  const auto it = cases.find(which);
+  if (it == cases.end()) {
+    std::fprintf(stderr, "unknown case '%s'\n", which.c_str());
+    return 2;
+  }
+  int failed = 0;
+  {
+    g_cluster = mpi::MpiCluster::world();
+    try {
+      it->second();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d: %s threw: %s\n", g_cluster->rank(), which.c_str(), e.what());
+      ++g_failures;
+    }
+    std::vector<double> f{static_cast<double>(g_failures)};
+    g_cluster->allreduce_sum(f);
+    failed = static_cast<int>(f[0]);
+    if (g_cluster->rank() == 0) std::printf("%s: %s (%d failures over %d ranks)\n", which.c_str(), failed == 0 ? "PASSED" : "FAILED", failed, g_cluster->size());
+    g_cluster.reset();
+  }
+  return failed == 0 ? 0 : 1;
+}
