@@ -13,6 +13,10 @@ and the row's is the median over runs:
   cnn cpu:2            cnn --devices cpu:2                 vs torch_ref.py cpu --model cnn --threads 2
   mlp cpu:4 slowed     mlp --devices cpu:4 --slowdown S    vs torch_ref.py ddp --procs 4 --slowdown S (gloo)
   mlp cpu:4            mlp --devices cpu:4                 vs torch_ref.py ddp --procs 4
+  mpi slowed           mpirun -np 4 mlp --devices cpu:1 --slowdown S   vs torch_ref.py ddp --procs 4 --slowdown S
+  mpi                  mpirun -np 4 mlp --devices cpu:1                vs torch_ref.py ddp --procs 4
+
+The last two (--rows mpi-slowed,mpi) run ours as 4 MPI processes, one CPU device each, as DDP runs.
 
 With --accuracy it also trains mlp and cnn for their default epochs once and reports the test accuracy.
 """
@@ -38,9 +42,12 @@ def run(cmd, out_json):
         return json.load(f)
 
 
-def ours(build, example, args, tmp):
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "4"]
+
+
+def ours(build, example, args, tmp, launcher=()):
     path = os.path.join(tmp, "ours.json")
-    j = run([os.path.join(build, "examples", example), *args, "--json", path], path)
+    j = run([*launcher, os.path.join(build, "examples", example), *args, "--json", path], path)
     r = j["runs"][-1]
     e = r["epoch_seconds"]
     timed = e[1:] if len(e) > 1 else e
@@ -62,7 +69,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--mlp-epochs", type=int, default=3)
     ap.add_argument("--cnn-epochs", type=int, default=2)
-    ap.add_argument("--rows", default="mlp,cnn,slowed,ddp", help="which rows: mlp, cnn, slowed, ddp")
+    ap.add_argument("--rows", default="mlp,cnn,slowed,ddp", help="which rows: mlp, cnn, slowed, ddp, mpi-slowed, mpi")
     ap.add_argument("--accuracy", action="store_true", help="also train mlp and cnn for their default epochs once")
     ap.add_argument("--json", help="write the table as JSON")
     a = ap.parse_args()
@@ -73,6 +80,10 @@ def main():
         "slowed": (f"mlp cpu:4, slowdown {SLOW}, vs DDP", ("mlp", ["--devices", "cpu:4", "--slowdown", SLOW, "--epochs", me]),
                    ["ddp", "--model", "mlp", "--procs", "4", "--slowdown", SLOW, "--epochs", me], 3.0),
         "ddp": ("mlp cpu:4 vs DDP", ("mlp", ["--devices", "cpu:4", "--epochs", me]), ["ddp", "--model", "mlp", "--procs", "4", "--epochs", me], 1.0),
+        "mpi-slowed": (f"mlp 4 ranks x cpu:1, slowdown {SLOW}, vs DDP", ("mlp", ["--devices", "cpu:1", "--slowdown", SLOW, "--epochs", me], MPIRUN),
+                       ["ddp", "--model", "mlp", "--procs", "4", "--slowdown", SLOW, "--epochs", me], 3.0),
+        "mpi": ("mlp 4 ranks x cpu:1 vs DDP", ("mlp", ["--devices", "cpu:1", "--epochs", me], MPIRUN),
+                ["ddp", "--model", "mlp", "--procs", "4", "--epochs", me], 1.0),
     }
     version = subprocess.run([a.torch_python, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True).stdout.strip()
     print(f"# compare_torch: stealbatch {commit()} against PyTorch {version}, {os.cpu_count()} cores, {cpu_model()}")
@@ -80,11 +91,12 @@ def main():
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for key in a.rows.split(","):
-            name, (example, args), targs, bar = rows[key]
+            name, ours_cmd, targs, bar = rows[key]
+            example, args, launcher = (*ours_cmd, ())[:3]
             mine, peer = [], []
             last = None
             for _ in range(a.runs):
-                last = ours(a.build, example, args, tmp)
+                last = ours(a.build, example, args, tmp, launcher)
                 mine.append(last["samples_per_s"])
                 peer.append(theirs(a.torch_python, targs, tmp)["samples_per_s"])
             m, p = statistics.median(mine), statistics.median(peer)

@@ -4,6 +4,9 @@
 #include <stealbatch/models/layers.hpp>
 
 #include <stealbatch/error.hpp>
+#ifdef STEALBATCH_HAS_MPI
+#include <stealbatch/mpi/mpi_cluster.hpp>
+#endif
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -24,6 +27,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Under mpirun: the job's ranks (every rank trains; rank 0 alone prints). Null in a process of its own.
+std::shared_ptr<Cluster> g_cluster;
+bool quiet_rank() { return g_cluster && g_cluster->rank() != 0; }
+
 // The progress line: epoch, samples, samples/s, ETA, loss. On a terminal it is redrawn in place; into a file or a pipe
 // it is one plain line at each epoch's end (and every 10 s of a long epoch).
 bool to_terminal() {
@@ -33,6 +40,7 @@ bool to_terminal() {
 
 void progress(const std::string& tag, std::size_t epoch, std::size_t epochs, std::size_t done, std::size_t total, double elapsed,
               double loss) {
+  if (quiet_rank()) return;
   const double rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0;
   const double eta = rate > 0 ? static_cast<double>(total - done) / rate : 0;
   const bool tty = to_terminal();
@@ -54,7 +62,10 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
   ro.endgame = f.endgame == "on" ? EndGame::kOn : EndGame::kOff;
   ro.chunk_sizing = f.chunk_sizing == "speed" ? ChunkSizing::kBySpeed : ChunkSizing::kFixed;
   const DeviceSpec spec = parse_device_spec(f.devices);
-  ro.slowdown = parse_slowdown_list(f.slowdown, spec.count);
+  ro.cluster = g_cluster;
+  // Across ranks the factors may name every device of the job, in rank order (the runtime keeps this rank's).
+  ro.slowdown = g_cluster ? (f.slowdown.empty() ? std::vector<double>{} : parse_number_list(f.slowdown, "slowdown"))
+                          : parse_slowdown_list(f.slowdown, spec.count);
   const bool gpu = spec.kind == DeviceKind::kCuda || spec.kind == DeviceKind::kVgpu;
   ro.gpu_wait = f.gpu_wait == "block" ? GpuWait::kBlock : GpuWait::kSpin;
   if (spec.kind == DeviceKind::kVgpu && std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") == nullptr) {
@@ -101,7 +112,7 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
       }
     }
     res.epoch_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    if (to_terminal()) std::fprintf(stderr, "\n");
+    if (to_terminal() && !quiet_rank()) std::fprintf(stderr, "\n");
   }
   res.total = stealbatch::accumulate(all);
   res.steals = res.total.steals;
@@ -215,18 +226,31 @@ void report(const TrainerFlags& f, const std::vector<RunResult>& runs) {
 }
 
 int run_reporting_errors(const char* program, const std::function<void()>& body) {
+  // A failure on one rank ends the whole job at once (the others would wait for it in the next reduction).
+  const auto fail = [program](const char* what, const char* text, int rc) {
+    char line[2048];
+    std::snprintf(line, sizeof line, "%s%s: %s%s", g_cluster ? ("rank " + std::to_string(g_cluster->rank()) + ": ").c_str() : "", program, what, text);
+    if (g_cluster && g_cluster->size() > 1) g_cluster->abort(line);
+    std::fprintf(stderr, "%s\n", line);
+    g_cluster.reset();
+    return rc;
+  };
   try {
+#ifdef STEALBATCH_HAS_MPI
+    if (mpi::MpiCluster::launched_by_mpirun()) {
+      g_cluster = mpi::MpiCluster::world();
+      if (g_cluster->rank() != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) throw Error("cannot silence rank's output");
+    }
+#endif
     body();
   } catch (const ConfigError& e) {
-    std::fprintf(stderr, "%s: bad configuration: %s\n", program, e.what());
-    return 2;
+    return fail("bad configuration: ", e.what(), 2);
   } catch (const DataError& e) {
-    std::fprintf(stderr, "%s: bad data: %s\n", program, e.what());
-    return 3;
+    return fail("bad data: ", e.what(), 3);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s\n", program, e.what());
-    return 1;
+    return fail("", e.what(), 1);
   }
+  g_cluster.reset();
   return 0;
 }
 
