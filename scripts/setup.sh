@@ -6,6 +6,7 @@ packages=(
   build-essential cmake ninja-build pkg-config python3
   libtbb-dev libboost-dev doctest-dev
   libdnnl-dev zlib1g-dev libcli11-dev nlohmann-json3-dev libfmt-dev
+  openmpi-bin libopenmpi-dev
   dataset-fashion-mnist
   clang libclang-rt-14-dev xz-utils
 )

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full test suite: install what is missing, then build and run every test in three configurations:
-#   build/          Release, CUDA compiled and linked (GPU tests report "skipped" without a GPU)
-#   build-tsan/     ThreadSanitizer over the scheduler and runtime tests
+#   build/          Release, CUDA compiled and linked (GPU tests report "skipped" without a GPU), MPI tests through mpirun
+#   build-tsan/     ThreadSanitizer over the scheduler and runtime tests (MPI off: Open MPI is not built with it)
 #   build-asan/     AddressSanitizer + UndefinedBehaviorSanitizer over the unit tests (not the install test)
 #   build-fuzz/     the dataset reader's libFuzzer target, 30 s over the seed corpus
 # Exits non-zero on the first failing configuration.
@@ -32,10 +32,10 @@ run_suite() {  # name, build dir, ctest args..., -- cmake args...
 run_suite "release" build -- -DCMAKE_BUILD_TYPE=Release || status=1
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
   run_suite "tsan" build-tsan -L "scheduler|runtime" -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=thread \
-  -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
+  -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_MPI=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
 ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1" \
   run_suite "asan+ubsan" build-asan -LE package -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=address,undefined \
-  -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
+  -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_MPI=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
 
 # The dataset reader's libFuzzer target (clang, ASan+UBSan) over the seed corpus for 30 seconds: any crash,
 # sanitizer report or exception other than DataError fails the run.
