@@ -144,32 +144,45 @@ void Runtime::Impl::watch_cluster() {
   }
 }
 
-StepReport Runtime::Impl::run_cluster_step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to) {
-  const auto t_start = Clock::now();
-  const std::size_t batch = samples.size(), n = devices.size(), ranks = static_cast<std::size_t>(cluster->size());
-  const int me = cluster->rank();
-  const std::uint16_t tag = static_cast<std::uint16_t>(cluster_steps++ % 65535 + 1);  // 1 to 65535: never a fresh word's 0
-  for (auto& seen : peers_seen) seen.since = {};  // each step's watch starts afresh
+namespace {
 
-  // The rank speeds (the same on every rank), the shares in proportion, each cut into chunks sized by its rank's speed.
-  std::vector<double> speed(ranks, 0.0);
-  bool known = true;
-  for (std::size_t r = 0; r < ranks; ++r) speed[r] = median(rank_speed_history[r]), known = known && speed[r] > 0;
-  if (!known || options.policy != SchedulePolicy::kSteal) speed.assign(ranks, 1.0);
-  const std::size_t total_devices = std::accumulate(rank_devices.begin(), rank_devices.end(), std::size_t{0});
-  const std::size_t full = options.chunk_size > 0 ? options.chunk_size
-                                                  : std::clamp(batch / (kChunksPerDevice * total_devices), kMinAuto, kMaxAuto);
-  const double fastest = *std::max_element(speed.begin(), speed.end());
-  const std::vector<ChunkRange> sample_share = place_proportional(batch, speed);
+// One step as every rank sees it: its tag, the rank speeds, the chunk table and each rank's share of it, this rank's
+// victims in order, and what this rank took from the others.
+struct ClusterPlan {
+  std::uint16_t tag = 0;
+  std::vector<double> speed;
+  std::vector<ChunkRange> share;  // each rank's chunk ids
   ChunkTable t;
-  std::vector<ChunkRange> share(ranks);  // each rank's chunk ids
+  std::vector<int> victims;       // the other ranks of this node first, then the rest, each list starting after this rank
+  std::uint64_t remote_chunks = 0, remote_steals = 0;
+  detail::ShareWord word_of(std::size_t r) const {
+    return {tag, static_cast<std::uint32_t>(share[r].begin), static_cast<std::uint32_t>(share[r].end)};
+  }
+};
+
+// The rank speeds (the same on every rank), the shares in proportion, each cut into chunks sized by its rank's speed.
+ClusterPlan plan_cluster_step(Runtime::Impl& m, std::size_t batch) {
+  const std::size_t ranks = static_cast<std::size_t>(m.cluster->size()), n = m.devices.size();
+  const int me = m.cluster->rank();
+  ClusterPlan p;
+  p.tag = static_cast<std::uint16_t>(m.cluster_steps++ % 65535 + 1);  // 1 to 65535: never a fresh word's 0
+  p.speed.assign(ranks, 0.0);
+  bool known = true;
+  for (std::size_t r = 0; r < ranks; ++r) p.speed[r] = median(m.rank_speed_history[r]), known = known && p.speed[r] > 0;
+  if (!known || m.options.policy != SchedulePolicy::kSteal) p.speed.assign(ranks, 1.0);
+  const std::size_t total_devices = std::accumulate(m.rank_devices.begin(), m.rank_devices.end(), std::size_t{0});
+  const std::size_t full = m.options.chunk_size > 0 ? m.options.chunk_size : std::clamp(batch / (kChunksPerDevice * total_devices), kMinAuto, kMaxAuto);
+  const double fastest = *std::max_element(p.speed.begin(), p.speed.end());
+  const std::vector<ChunkRange> samples = place_proportional(batch, p.speed);
+  ChunkTable& t = p.t;
+  p.share.resize(ranks);
   for (std::size_t r = 0; r < ranks; ++r) {
-    const std::size_t size = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(static_cast<double>(full) * speed[r] / fastest)));
-    share[r].begin = static_cast<ChunkId>(t.spans.size());
-    for (std::size_t s = sample_share[r].begin; s < sample_share[r].end; s += size) {
-      t.spans.push_back({static_cast<std::uint32_t>(s), static_cast<std::uint32_t>(std::min(size, sample_share[r].end - s))});
+    const std::size_t size = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(static_cast<double>(full) * p.speed[r] / fastest)));
+    p.share[r].begin = static_cast<ChunkId>(t.spans.size());
+    for (std::size_t s = samples[r].begin; s < samples[r].end; s += size) {
+      t.spans.push_back({static_cast<std::uint32_t>(s), static_cast<std::uint32_t>(std::min(size, samples[r].end - s))});
     }
-    share[r].end = static_cast<ChunkId>(t.spans.size());
+    p.share[r].end = static_cast<ChunkId>(t.spans.size());
     if (r == static_cast<std::size_t>(me)) t.own_size.assign(n, size);
   }
   const std::size_t chunks = t.size();
@@ -177,107 +190,87 @@ StepReport Runtime::Impl::run_cluster_step(std::span<const std::uint32_t> sample
     throw ConfigError("batch = " + std::to_string(batch) + " makes " + std::to_string(chunks) + " chunks across ranks; at most " +
                       std::to_string(detail::ShareWord::kMaxChunk - 1) + " (raise chunk_size)");
   }
-  t.home.assign(chunks, 0);
-  t.ran_on.assign(chunks, 0);
-  t.runs.assign(chunks, 0);
-  t.own_cost.assign(n, 1.0);
-  t.share_len.assign(n, 0);
-  const auto word_of = [&](std::size_t r) {
-    return detail::ShareWord{tag, static_cast<std::uint32_t>(share[r].begin), static_cast<std::uint32_t>(share[r].end)};
-  };
-  // Publish the own share, unless a thief already did (with its steal taken out).
-  for (std::uint64_t old = cluster->read(me, Cluster::kShare); detail::ShareWord::unpack(old).tag != tag;) {
-    const std::uint64_t seen = cluster->compare_and_swap(me, Cluster::kShare, old, word_of(static_cast<std::size_t>(me)).pack());
-    if (seen == old) break;
-    old = seen;  // a thief wrote it first, with this step's tag: the loop ends
-  }
-
-  // Victims: the other ranks of this node first, then the rest, each list starting after this rank.
-  std::vector<int> victims;
+  t.home.assign(chunks, 0), t.ran_on.assign(chunks, 0), t.runs.assign(chunks, 0), t.own_cost.assign(n, 1.0), t.share_len.assign(n, 0);
   for (int pass = 0; pass < 2; ++pass) {
     for (std::size_t i = 1; i < ranks; ++i) {
       const int v = static_cast<int>((static_cast<std::size_t>(me) + i) % ranks);
-      if (cluster->same_node(v) == (pass == 0)) victims.push_back(v);
+      if (m.cluster->same_node(v) == (pass == 0)) p.victims.push_back(v);
     }
   }
-  std::uint64_t remote_chunks = 0, remote_steals = 0;
-  const std::uint32_t claim = static_cast<std::uint32_t>(n);  // one chunk for each device per claim
-  auto source = [&](std::size_t w, std::span<ChunkId> out) -> std::size_t {
-    const auto hand_out = [&](std::uint32_t begin, std::uint32_t k) {
-      for (std::uint32_t i = 0; i < k; ++i) out[i] = begin + i, t.home[begin + i] = static_cast<std::uint32_t>(w);
-      return std::size_t{k};
-    };
-    for (std::uint64_t old = cluster->read(me, Cluster::kShare);;) {
-      const detail::ShareWord s = detail::ShareWord::unpack(old);
-      if (s.left() == 0) break;
-      const std::uint32_t k = std::min<std::uint32_t>({claim, s.left(), static_cast<std::uint32_t>(out.size())});
-      const std::uint64_t seen = cluster->compare_and_swap(me, Cluster::kShare, old, detail::ShareWord{tag, s.front + k, s.back}.pack());
-      if (seen == old) return hand_out(s.front, k);
-      old = seen;
-    }
-    if (options.policy != SchedulePolicy::kSteal) return 0;
-    for (const int v : victims) {
-      for (std::uint64_t old = cluster->read(v, Cluster::kShare);;) {
-        detail::ShareWord s = detail::ShareWord::unpack(old);
-        if (s.tag != tag) s = word_of(static_cast<std::size_t>(v));  // its owner has not written this step's share yet
-        const std::uint32_t k = std::min<std::uint32_t>(
-            detail::steal_amount(s.left(), speed[static_cast<std::size_t>(me)], speed[static_cast<std::size_t>(v)]), static_cast<std::uint32_t>(out.size()));
-        if (k == 0) break;  // empty, or better left to its owner: so it stays, since shares only shrink
-        const std::uint64_t seen = cluster->compare_and_swap(v, Cluster::kShare, old, detail::ShareWord{tag, s.front, s.back - k}.pack());
-        if (seen == old) {
-          remote_chunks += k, ++remote_steals;
-          return hand_out(s.back - k, k);
-        }
-        old = seen;
-      }
-    }
-    return 0;
+  return p;
+}
+
+// Writes the own share, unless a thief already did (with its steal taken out).
+void publish_share(Cluster& c, const ClusterPlan& p) {
+  const int me = c.rank();
+  for (std::uint64_t old = c.read(me, Cluster::kShare); detail::ShareWord::unpack(old).tag != p.tag;) {
+    const std::uint64_t seen = c.compare_and_swap(me, Cluster::kShare, old, p.word_of(static_cast<std::size_t>(me)).pack());
+    if (seen == old) break;
+    old = seen;  // a thief wrote it first, with this step's tag: the loop ends
+  }
+}
+
+// The scheduler's chunk source: one chunk per local device from the own share's front, else part of a victim's back.
+std::size_t take_chunks(Runtime::Impl& m, ClusterPlan& p, std::size_t w, std::span<ChunkId> out) {
+  Cluster& c = *m.cluster;
+  const int me = c.rank();
+  const auto hand_out = [&](std::uint32_t begin, std::uint32_t k) {
+    for (std::uint32_t i = 0; i < k; ++i) out[i] = begin + i, p.t.home[begin + i] = static_cast<std::uint32_t>(w);
+    return std::size_t{k};
   };
-
-  // The chunk phase.
-  if (grads_dirty) sched->broadcast([&](std::size_t d) { devices[d]->zero_grad(); });
-  for (auto& r : replicas) r->reset_step();
-  grads_dirty = true;
-  StepPlan plan;
-  std::size_t largest = 0;
-  for (const ChunkSpan& c : t.spans) largest = std::max<std::size_t>(largest, c.size);
-  for (auto& d : devices) d->reset_cancel(), d->begin_step(steps + 1, t_start), d->reserve(largest);
-  comm->begin_step();
-  ChunkPhase phase;
-  phase.start = t_start;
-  std::exception_ptr failure;
-  std::string failure_text;
-  try {
-    phase.stats = sched->run_sourced(source, [&](std::size_t w, ChunkId c) { run_one(w, c, samples, fn, t, plan); });
-  } catch (const std::exception& e) {
-    failure = std::current_exception();
-    failure_text = e.what();
-  } catch (...) {
-    failure = std::current_exception();
-    failure_text = "a non-standard exception";
+  const auto room = static_cast<std::uint32_t>(out.size());
+  for (std::uint64_t old = c.read(me, Cluster::kShare);;) {
+    const detail::ShareWord s = detail::ShareWord::unpack(old);
+    if (s.left() == 0) break;
+    const std::uint32_t k = std::min<std::uint32_t>({static_cast<std::uint32_t>(m.devices.size()), s.left(), room});
+    const std::uint64_t seen = c.compare_and_swap(me, Cluster::kShare, old, detail::ShareWord{p.tag, s.front + k, s.back}.pack());
+    if (seen == old) return hand_out(s.front, k);
+    old = seen;
   }
-  if (failure) {
-    // Leave nothing of the own share for the others to run: the step fails on every rank anyway.
-    for (std::uint64_t old = cluster->read(me, Cluster::kShare);;) {
-      const detail::ShareWord s = detail::ShareWord::unpack(old);
-      if (s.tag == tag && s.left() == 0) break;
-      const std::uint64_t seen = cluster->compare_and_swap(me, Cluster::kShare, old, detail::ShareWord{tag, 0, 0}.pack());
-      if (seen == old) break;
+  if (m.options.policy != SchedulePolicy::kSteal) return 0;
+  for (const int v : p.victims) {
+    for (std::uint64_t old = c.read(v, Cluster::kShare);;) {
+      detail::ShareWord s = detail::ShareWord::unpack(old);
+      if (s.tag != p.tag) s = p.word_of(static_cast<std::size_t>(v));  // its owner has not written this step's share yet
+      const std::uint32_t k =
+          std::min(detail::steal_amount(s.left(), p.speed[static_cast<std::size_t>(me)], p.speed[static_cast<std::size_t>(v)]), room);
+      if (k == 0) break;  // empty, or better left to its owner: so it stays, since shares only shrink
+      const std::uint64_t seen = c.compare_and_swap(v, Cluster::kShare, old, detail::ShareWord{p.tag, s.front, s.back - k}.pack());
+      if (seen == old) {
+        p.remote_chunks += k, ++p.remote_steals;
+        return hand_out(s.back - k, k);
+      }
       old = seen;
     }
-    phase.stats.workers.resize(n);
   }
-  phase.end = Clock::now();
+  return 0;
+}
 
-  // Within the rank: every device's slice of the sum into the reduction's buffer.
-  const std::size_t count = layout.size();
-  Tally tally(count, ranks, chunks, total_devices);
+// After a failure: leaves nothing of the own share for the others to run (the step fails on every rank anyway).
+void give_up_share(Cluster& c, std::uint16_t tag) {
+  const int me = c.rank();
+  for (std::uint64_t old = c.read(me, Cluster::kShare);;) {
+    const detail::ShareWord s = detail::ShareWord::unpack(old);
+    if (s.tag == tag && s.left() == 0) return;
+    const std::uint64_t seen = c.compare_and_swap(me, Cluster::kShare, old, detail::ShareWord{tag, 0, 0}.pack());
+    if (seen == old) return;
+    old = seen;
+  }
+}
+
+// Within the rank, every device's slice of the sum into the reduction's buffer with this rank's tallies; then across
+// ranks, with the watch while waiting. `local` gets the devices' part of it.
+Tally reduce_across(Runtime::Impl& m, const ClusterPlan& p, const ChunkPhase& phase, bool failed, StepStats& local) {
+  const std::size_t n = m.devices.size(), count = m.layout.size(), ranks = static_cast<std::size_t>(m.cluster->size());
+  const std::size_t total_devices = std::accumulate(m.rank_devices.begin(), m.rank_devices.end(), std::size_t{0});
+  const int me = m.cluster->rank();
+  Tally tally(count, ranks, p.t.size(), total_devices);
   std::vector<float*> bufs(n);
-  for (std::size_t d = 0; d < n; ++d) bufs[d] = devices[d]->grad().data();
-  const StepStats local = sched->broadcast([&](std::size_t d) {
-    Device& dev = *devices[d];
-    Replica& r = *replicas[d];
-    const WatchStamp stamp(r, kReductionPhase, epoch);
+  for (std::size_t d = 0; d < n; ++d) bufs[d] = m.devices[d]->grad().data();
+  local = m.sched->broadcast([&](std::size_t d) {
+    Device& dev = *m.devices[d];
+    Replica& r = *m.replicas[d];
+    const WatchStamp stamp(r, kReductionPhase, m.epoch);
     dev.finish_chunks();
     r.loss += dev.take_device_loss();
     dev.set_sample_count(r.samples);
@@ -285,81 +278,89 @@ StepReport Runtime::Impl::run_cluster_step(std::span<const std::uint32_t> sample
     const auto [b, e] = InProcessCommunicator::slice(d, n, count);
     std::copy(bufs[0] + b, bufs[0] + e, tally.grad() + b);
   });
-  double busy = 0, rank_samples = 0, loss = 0;
+  double busy = 0, samples = 0, loss = 0;
   for (std::size_t d = 0; d < n; ++d) {
     const WorkerCounters& wc = phase.stats.workers[d];
-    float* f = tally.device(first_device + d);
+    float* f = tally.device(m.first_device + d);
     f[0] = static_cast<float>(seconds(wc.busy)), f[1] = static_cast<float>(wc.chunks_run), f[2] = static_cast<float>(wc.chunks_stolen);
-    f[3] = static_cast<float>(replicas[d]->samples), f[4] = static_cast<float>(t.own_size[d]), f[5] = kind == DeviceKind::kSim ? 1.0f : 0.0f;
-    busy = std::max(busy, seconds(wc.busy)), rank_samples += static_cast<double>(replicas[d]->samples), loss += replicas[d]->loss;
+    f[3] = static_cast<float>(m.replicas[d]->samples), f[4] = static_cast<float>(p.t.own_size[d]), f[5] = m.kind == DeviceKind::kSim ? 1.0f : 0.0f;
+    busy = std::max(busy, seconds(wc.busy)), samples += static_cast<double>(m.replicas[d]->samples), loss += m.replicas[d]->loss;
   }
   // This rank's samples/s: what its devices ran over the time the busiest was busy (0 when it ran nothing).
-  tally.speed()[me] = busy > 0 ? static_cast<float>(rank_samples / busy) : 0.0f;
-  tally.failed()[me] = failure ? 1.0f : 0.0f;
+  tally.speed()[me] = busy > 0 ? static_cast<float>(samples / busy) : 0.0f;
+  tally.failed()[me] = failed ? 1.0f : 0.0f;
   tally.loss()[me] = static_cast<float>(loss);
-  for (std::size_t c = 0; c < chunks; ++c) tally.runs()[c] = static_cast<float>(t.runs[c]);
-  // Across ranks; while waiting, the watch.
-  cluster->allreduce_sum(tally.buf, [this] { watch_cluster(); });
-  const auto reduced_at = Clock::now();
+  for (std::size_t c = 0; c < p.t.size(); ++c) tally.runs()[c] = static_cast<float>(p.t.runs[c]);
+  m.cluster->allreduce_sum(tally.buf, [&m] { m.watch_cluster(); });
+  return tally;
+}
 
-  // A failure anywhere fails the step everywhere, with the first failed rank's message.
+// What every rank concludes from the sum: a failure anywhere fails the step everywhere (with the first failed rank's
+// message); every chunk ran exactly once across the ranks; the ranks' speeds for the next steps.
+void agree(Runtime::Impl& m, Tally& tally, const std::exception_ptr& failure, const std::string& failure_text) {
+  const std::size_t ranks = static_cast<std::size_t>(m.cluster->size());
+  const int me = m.cluster->rank();
   for (std::size_t r = 0; r < ranks; ++r) {
     if (tally.failed()[r] == 0.0f) continue;
     std::vector<char> text(1024, '\0');
     if (r == static_cast<std::size_t>(me)) std::strncpy(text.data(), failure_text.c_str(), text.size() - 1);
-    cluster->broadcast(text, static_cast<int>(r));
+    m.cluster->broadcast(text, static_cast<int>(r));
     if (failure) std::rethrow_exception(failure);
-    throw Error("step " + std::to_string(steps + 1) + " failed on rank " + std::to_string(r) + ": " + text.data() +
+    throw Error("step " + std::to_string(m.steps + 1) + " failed on rank " + std::to_string(r) + ": " + text.data() +
                 "; nothing was applied on any rank");
   }
-  for (std::size_t c = 0; c < chunks; ++c) {
+  for (std::size_t c = 0; c < tally.chunks; ++c) {
     if (tally.runs()[c] != 1.0f) {
       throw std::logic_error("runtime: chunk " + std::to_string(c) + " ran " + std::to_string(tally.runs()[c]) + " times across the ranks in step " +
-                             std::to_string(steps + 1) + ": exactly-once violated");
+                             std::to_string(m.steps + 1) + ": exactly-once violated");
     }
   }
   for (std::size_t r = 0; r < ranks; ++r) {
-    auto& h = rank_speed_history[r];
-    if (tally.speed()[r] > 0) {
-      if (h.size() >= options.throughput_window) h.erase(h.begin());
-      h.push_back(tally.speed()[r]);
-    }
+    auto& h = m.rank_speed_history[r];
+    if (tally.speed()[r] <= 0) continue;
+    if (h.size() >= m.options.throughput_window) h.erase(h.begin());
+    h.push_back(tally.speed()[r]);
   }
+}
 
-  // The update (or the mean) from the job's sum, slice by slice on this rank's devices.
+// The update (or the mean) from the job's sum divided by the global batch, slice by slice on this rank's devices.
+StepStats update_from(Runtime::Impl& m, Tally& tally, std::size_t batch, Reduce reduce_to) {
+  const std::size_t n = m.devices.size(), count = m.layout.size();
   const float scale = 1.0f / static_cast<float>(batch);
   const bool update = reduce_to == Reduce::kUpdate;
-  if (update && lr_pending) shared_optimizer->set_lr(options.optimizer.lr), lr_pending = false;
+  if (update && m.lr_pending) m.shared_optimizer->set_lr(m.options.optimizer.lr), m.lr_pending = false;
   const std::span<const float> sum(tally.grad(), count);
-  const StepStats applied = sched->broadcast([&](std::size_t d) {
-    const WatchStamp stamp(*replicas[d], kReductionPhase, epoch);
+  return m.sched->broadcast([&](std::size_t d) {
+    const WatchStamp stamp(*m.replicas[d], kReductionPhase, m.epoch);
     const auto u0 = Clock::now();
     const auto [b, e] = InProcessCommunicator::slice(d, n, count);
     if (update) {
-      shared_optimizer->update_into(shared_params[shared_live], shared_params[1 - shared_live], sum, scale, b, e);
+      m.shared_optimizer->update_into(m.shared_params[m.shared_live], m.shared_params[1 - m.shared_live], sum, scale, b, e);
     } else {
-      for (std::size_t i = b; i < e; ++i) mean_next[i] = sum[i] * scale;
+      for (std::size_t i = b; i < e; ++i) m.mean_next[i] = sum[i] * scale;
     }
-    for (float* g : bufs) std::fill(g + b, g + e, 0.0f);
-    replicas[d]->update = Clock::now() - u0;
+    for (std::size_t k = 0; k < n; ++k) std::fill(m.devices[k]->grad().data() + b, m.devices[k]->grad().data() + e, 0.0f);
+    m.replicas[d]->update = Clock::now() - u0;
   });
+}
 
-  // The report: every rank's devices, from the tallies.
+// The report: every rank's devices, from the tallies; this rank's devices' speeds for throughput_estimates().
+StepReport cluster_report(Runtime::Impl& m, const ClusterPlan& p, Tally& tally, const ChunkPhase& phase, const StepStats& local,
+                          const StepStats& applied, std::size_t batch) {
+  const std::size_t ranks = static_cast<std::size_t>(m.cluster->size());
+  const int me = m.cluster->rank();
   StepReport rep;
-  rep.step = ++steps;
+  rep.step = ++m.steps;
   rep.ranks = ranks;
   rep.chunks_s = seconds(phase.end - phase.start);
-  rep.reduce_s = seconds(reduced_at - phase.end);
   rep.samples = batch;
-  rep.chunks = chunks;
-  rep.remote_chunks = remote_chunks, rep.remote_steals = remote_steals;
-  double total_loss = 0;
-  for (std::size_t r = 0; r < ranks; ++r) total_loss += tally.loss()[r];
-  rep.loss = total_loss / static_cast<double>(batch);
-  std::vector<double> remote(ranks, 0.0);
-  remote[static_cast<std::size_t>(me)] = static_cast<double>(remote_chunks);
+  rep.chunks = p.t.size();
+  rep.remote_chunks = p.remote_chunks, rep.remote_steals = p.remote_steals;
+  double loss = 0;
+  for (std::size_t r = 0; r < ranks; ++r) loss += tally.loss()[r];
+  rep.loss = loss / static_cast<double>(batch);
   for (std::size_t r = 0, g = 0; r < ranks; ++r) {
-    for (std::size_t d = 0; d < rank_devices[r]; ++d, ++g) {
+    for (std::size_t d = 0; d < m.rank_devices[r]; ++d, ++g) {
       const float* f = tally.device(g);
       DeviceReport dr;
       dr.name = "r" + std::to_string(r) + "/" + (f[5] != 0.0f ? "sim" : "cpu") + std::to_string(d);
@@ -368,21 +369,57 @@ StepReport Runtime::Impl::run_cluster_step(std::span<const std::uint32_t> sample
       dr.chunks_run = static_cast<std::uint64_t>(f[1]), dr.chunks_stolen = static_cast<std::uint64_t>(f[2]);
       dr.samples = static_cast<std::uint64_t>(f[3]), dr.chunk_samples = static_cast<std::size_t>(f[4]);
       dr.barrier_wait_s = std::max(0.0, rep.chunks_s - dr.compute_s);
+      rep.steals += dr.chunks_stolen;
       rep.devices.push_back(std::move(dr));
     }
   }
-  for (const DeviceReport& d : rep.devices) rep.steals += d.chunks_stolen;
-  // This rank's devices' own speeds, for throughput_estimates().
-  for (std::size_t d = 0; d < n; ++d) {
+  for (std::size_t d = 0; d < m.devices.size(); ++d) {
     const double s = seconds(phase.stats.workers[d].busy);
-    if (s > 0 && replicas[d]->samples > 0) {
-      auto& h = speed_history[d];
-      if (h.size() >= options.throughput_window) h.erase(h.begin());
-      h.push_back(static_cast<double>(replicas[d]->samples) / s);
-    }
+    if (s <= 0 || m.replicas[d]->samples == 0) continue;
+    auto& h = m.speed_history[d];
+    if (h.size() >= m.options.throughput_window) h.erase(h.begin());
+    h.push_back(static_cast<double>(m.replicas[d]->samples) / s);
   }
   rep.reduce_s = seconds(Clock::now() - phase.end);  // step() takes the update's part out of it
   return rep;
+}
+
+}  // namespace
+
+StepReport Runtime::Impl::run_cluster_step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to) {
+  const auto t_start = Clock::now();
+  for (auto& seen : peers_seen) seen.since = {};  // each step's watch starts afresh
+  ClusterPlan p = plan_cluster_step(*this, samples.size());
+  publish_share(*cluster, p);
+
+  if (grads_dirty) sched->broadcast([&](std::size_t d) { devices[d]->zero_grad(); });
+  for (auto& r : replicas) r->reset_step();
+  grads_dirty = true;
+  std::size_t largest = 0;
+  for (const ChunkSpan& c : p.t.spans) largest = std::max<std::size_t>(largest, c.size);
+  for (auto& d : devices) d->reset_cancel(), d->begin_step(steps + 1, t_start), d->reserve(largest);
+  comm->begin_step();
+  const StepPlan plan;  // nothing measured steers a chunk here: the source does
+  ChunkPhase phase;
+  phase.start = t_start;
+  std::exception_ptr failure;
+  std::string failure_text;
+  try {
+    phase.stats = sched->run_sourced([&](std::size_t w, std::span<ChunkId> out) { return take_chunks(*this, p, w, out); },
+                                     [&](std::size_t w, ChunkId c) { run_one(w, c, samples, fn, p.t, plan); });
+  } catch (const std::exception& e) {
+    failure = std::current_exception(), failure_text = e.what();
+  } catch (...) {
+    failure = std::current_exception(), failure_text = "a non-standard exception";
+  }
+  if (failure) give_up_share(*cluster, p.tag), phase.stats.workers.resize(devices.size());
+  phase.end = Clock::now();
+
+  StepStats local;
+  Tally tally = reduce_across(*this, p, phase, failure != nullptr, local);
+  agree(*this, tally, failure, failure_text);
+  const StepStats applied = update_from(*this, tally, samples.size(), reduce_to);
+  return cluster_report(*this, p, tally, phase, local, applied, samples.size());
 }
 
 }  // namespace stealbatch

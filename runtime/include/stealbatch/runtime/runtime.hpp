@@ -198,8 +198,9 @@ class Runtime {
   // the chunk sizes it has run so far.
   std::vector<std::pair<std::size_t, double>> chunk_curve(std::size_t device) const;
 
+  struct Impl;  // runtime/src/runtime_impl.hpp: opaque outside the library (named here so its phases can be free functions)
+
  private:
-  struct Impl;  // runtime/src/runtime_impl.hpp
   std::unique_ptr<Impl> m;
 };
 
