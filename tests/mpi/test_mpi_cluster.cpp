@@ -183,6 +183,7 @@ void chunk_throws() {
   o.cluster = g_cluster;
   o.chunk_size = 8;
   o.sim.sample_seconds = 1e-5;
+  o.policy = SchedulePolicy::kStatic;  // rank 1 runs its own share, so the fault fires there whatever the timing
   auto thrown = std::make_shared<std::atomic<bool>>(false);
   o.inject_fault = [me, thrown](std::size_t, std::uint64_t step, ChunkId) {
     return me == 1 && step == 3 && !thrown->exchange(true) ? Fault::kThrow : Fault::kNone;
@@ -246,7 +247,9 @@ void remote_steal_while_victim_computes() {
   EXPECT(step_s < 0.8);  // rank 0 alone would take 8 x 200 ms
 }
 
-// These end the job: the launcher's exit status and the message are checked by expect_abort.sh.
+// These end the job: the launcher's exit status and the message are checked by expect_abort.sh. The fault tests run
+// the static policy across ranks, so that the faulty rank runs chunks of its own in the faulty step whatever the
+// timing (under stealing, the others may take its whole share).
 void stall() {
   RuntimeOptions o;
   o.devices = "sim:1";
@@ -254,6 +257,7 @@ void stall() {
   o.chunk_size = 8;
   o.sim.sample_seconds = 1e-5;
   o.stall_timeout = 1.0;
+  o.policy = SchedulePolicy::kStatic;  // as in chunk_throws
   const int me = g_cluster->rank();
   o.inject_fault = [me](std::size_t, std::uint64_t step, ChunkId) { return me == 1 && step == 2 ? Fault::kStall : Fault::kNone; };
   Runtime rt(o);
@@ -270,6 +274,7 @@ void hang_or_die(bool die) {
   o.cluster = g_cluster;
   o.chunk_size = 8;
   o.stall_timeout = 1.0;
+  o.policy = SchedulePolicy::kStatic;  // as in chunk_throws
   const int me = g_cluster->rank();
   Runtime rt(o);
   rt.register_parameters(layout(), initial());
