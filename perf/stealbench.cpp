@@ -4,6 +4,9 @@
 #include <stealbatch/runtime/detail/timer_slack.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 #include <stealbatch/runtime/version.hpp>
+#ifdef STEALBATCH_HAS_MPI
+#include <stealbatch/mpi/mpi_cluster.hpp>
+#endif
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -105,6 +108,8 @@ struct Row {
   double overhead_ms = -1;         // --overhead: the same steps with every simulated cost removed (median)
   double ideal_speedup = 0;        // the static split's ideal step / the ideal step (medians): the most stealing can gain
   double step_ms_per_step = 0;     // the median over single steps (the same as step_ms except for slowdown)
+  double remote = 0;               // across ranks: chunks per step that ran on another rank than placed (median)
+  double leave_us = -1;            // across ranks: a rank's last call for work, which found none (median, mean over ranks)
   std::size_t by_cost = 0;         // timed steps the runtime placed by learnt position costs
 };
 
@@ -161,6 +166,12 @@ int main(int argc, char** argv) {
                  "a device takes its next chunk when its queued work ends within this many us (0: as soon as fewer than --in-flight are queued)")
       ->check(CLI::Range(0.0, 1e6))->capture_default_str();
   app.add_option("--json", json_path, "write the rows as JSON to this file");
+  std::size_t per_rank = 0;
+  app.add_option("--devices-per-rank", per_rank,
+                 "under mpirun: each rank drives this many of the simulated devices (--devices is then ranks x this), and chunks "
+                 "are stolen across ranks; policies static and steal-adaptive; compute only (no simulated transfers or AllReduce: "
+                 "the real MPI reduction is in the step)")
+      ->check(CLI::Range(0, 64))->capture_default_str();
   bool overhead = false;
   std::string trace_dir;
   app.add_flag("--overhead", overhead,
@@ -168,6 +179,27 @@ int main(int argc, char** argv) {
                "runtime's own time, reported as overhead(ms) and a percentage of the step");
   app.add_option("--trace-dir", trace_dir, "write a Chrome trace of each row's steps to DIR/trace_SCENARIO_POLICY_N.json");
   CLI11_PARSE(app, argc, argv);
+
+  std::shared_ptr<Cluster> cluster;
+  int rank = 0, ranks = 1;
+  if (per_rank > 0) {
+#ifdef STEALBATCH_HAS_MPI
+    cluster = mpi::MpiCluster::world();
+    rank = cluster->rank(), ranks = cluster->size();
+    devices = per_rank * static_cast<std::size_t>(ranks);
+    bytes_per_sample = 0, allreduce_mb = 0, overhead = false, trace_dir.clear();
+    if (rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) return 2;
+#else
+    std::fprintf(stderr, "stealbench: --devices-per-rank needs a build with MPI (STEALBATCH_MPI)\n");
+    return 2;
+#endif
+  }
+  const bool quiet = rank != 0;
+  // Across ranks: what every rank saw, summed (each rank puts its own in its slot, or adds its part).
+  auto sum_over_ranks = [&](std::vector<double> v) {
+    if (cluster) cluster->allreduce_sum(v);
+    return v;
+  };
 
   auto split = [](const std::string& s) {
     std::vector<std::string> out;
@@ -180,7 +212,7 @@ int main(int argc, char** argv) {
                                       ? std::vector<std::string>{"seed-slow", "seed-skew", "hetero", "varcost", "slowdown", "scale"}
                                       : split(scenarios_arg);
   const std::vector<std::string> all_policies{"static", "oracle", "lbbsp", "central", "steal", "steal-adaptive"};
-  std::vector<std::string> pols = policies_arg == "all" ? all_policies : split(policies_arg);
+  std::vector<std::string> pols = policies_arg == "all" ? (cluster ? std::vector<std::string>{"static", "steal-adaptive"} : all_policies) : split(policies_arg);
   // static first, whatever the order asked: every other row's speedup is against it.
   std::stable_sort(pols.begin(), pols.end(), [&](const std::string& a, const std::string& b) {
     return std::find(all_policies.begin(), all_policies.end(), a) < std::find(all_policies.begin(), all_policies.end(), b);
@@ -201,14 +233,21 @@ int main(int argc, char** argv) {
   std::printf("# speedup = static step / this step, same scenario and devices; steals per step; util = busy / step (min and max over devices)\n#\n");
   if (overhead) std::printf("# overhead = the same steps with every simulated cost at zero (median): the runtime's own time, and its share of step\n");
   std::printf("# ideal-x = the static split's ideal step / the ideal step: the largest speedup over static there is\n");
+  if (cluster) {
+    std::printf("# across %d ranks x %zu devices (mpirun): remote = chunks per step run on another rank than placed; leave(us) = a rank's last\n"
+                "#   call for work, which read every other rank's share and found none (median over steps, mean over ranks)\n", ranks, per_rank);
+  }
   std::printf("# bycost = timed steps the runtime placed by learnt batch-position costs (RuntimeOptions::cost_by_position)\n");
-  std::printf("%-10s %-15s %5s %10s %10s %6s %8s %8s %8s %9s %6s %6s %7s %6s%s\n", "# scenario", "policy", "devs", "step(ms)", "ideal(ms)", "eff",
-              "speedup", "ideal-x", "steals", "moved(MB)", "umin", "umax", "#wrong", "bycost", overhead ? " overhead(ms)  share" : "");
+  std::printf("%-10s %-15s %5s %10s %10s %6s %8s %8s %8s %9s %6s %6s %7s %6s%s%s\n", "# scenario", "policy", "devs", "step(ms)", "ideal(ms)", "eff",
+              "speedup", "ideal-x", "steals", "moved(MB)", "umin", "umax", "#wrong", "bycost", overhead ? " overhead(ms)  share" : "",
+              cluster ? "  remote leave(us)" : "");
 
   std::vector<Row> rows;
   try {
     for (const std::string& sname : scen) {
-      const std::vector<std::size_t> counts = sname == "scale" ? std::vector<std::size_t>{4, 8, 16, 32, 64} : std::vector<std::size_t>{devices};
+      // Across ranks the device count is the job's (ranks x --devices-per-rank): scale then runs that one count.
+      const std::vector<std::size_t> counts =
+          sname == "scale" && !cluster ? std::vector<std::size_t>{4, 8, 16, 32, 64} : std::vector<std::size_t>{devices};
       for (std::size_t n : counts) {
         // scale keeps the samples per device of --devices (weak scaling, as a data-parallel run grows its batch).
         const std::size_t step_batch = sname == "scale" ? std::max<std::size_t>(1, batch * n / devices) : batch;
@@ -253,12 +292,19 @@ int main(int argc, char** argv) {
         for (const std::string& pname : pols) {
           PolicySetup ps = make_policy(pname, sc);
           std::string spec = "sim:";
-          for (std::size_t i = 0; i < n; ++i) spec += (i ? "," : "") + std::to_string(sc.speeds[i]);
+          // Across ranks, rank r drives devices [r x per_rank, (r + 1) x per_rank) of the scenario.
+          const std::size_t d0 = cluster ? static_cast<std::size_t>(rank) * per_rank : 0, d1 = cluster ? d0 + per_rank : n;
+          for (std::size_t i = d0; i < d1; ++i) spec += (i > d0 ? "," : "") + std::to_string(sc.speeds[i]);
           ps.options.devices = spec;
+          ps.options.cluster = cluster;
+          if (cluster && sc.speed_factor) {
+            auto global = sc.speed_factor;  // the scenario indexes the job's devices
+            ps.options.sim.speed_factor = [global, d0](std::size_t d, std::uint64_t step, double t) { return global(d0 + d, step, t); };
+          }
           ps.options.chunk_size = chunk;
           ps.options.sim.sample_seconds = sample_seconds;
           ps.options.sim.sample_cost = sc.cost;
-          ps.options.sim.speed_factor = sc.speed_factor;
+          if (!cluster) ps.options.sim.speed_factor = sc.speed_factor;
           ps.options.sim.bytes_per_sample = bytes_per_sample;
           ps.options.sim.link_bw = link_gbps * 1e9;
           ps.options.sim.link_latency = latency_us * 1e-6;
@@ -277,7 +323,7 @@ int main(int argc, char** argv) {
           std::vector<std::uint32_t> samples(step_batch);
           std::vector<std::atomic<std::uint32_t>> seen(step_batch);
           const double speed_sum = std::accumulate(sc.speeds.begin(), sc.speeds.end(), 0.0);
-          std::vector<double> step_s, ideal_s, ideal_static_s, umin, umax, steals, moved;
+          std::vector<double> step_s, ideal_s, ideal_static_s, umin, umax, steals, moved, remote, leave;
           std::vector<std::vector<double>> util(n);
           std::uint64_t wrong = 0;
           std::size_t by_cost = 0;  // timed steps placed by position costs
@@ -291,7 +337,15 @@ int main(int argc, char** argv) {
               for (std::uint32_t s : ctx.samples) seen[s - first].fetch_add(1, std::memory_order_relaxed);
               ctx.grad[0] += static_cast<float>(ctx.samples.size());
             });
-            for (auto& c : seen) wrong += c.load(std::memory_order_relaxed) != 1;
+            {
+              std::vector<double> runs(step_batch + 2);
+              for (std::size_t k = 0; k < step_batch; ++k) runs[k] = seen[k].load(std::memory_order_relaxed);
+              runs[step_batch] = static_cast<double>(r.remote_chunks);
+              runs[step_batch + 1] = r.leave_s;
+              runs = sum_over_ranks(std::move(runs));
+              for (std::size_t k = 0; k < step_batch; ++k) wrong += runs[k] != 1.0;
+              if (i >= warmup) remote.push_back(runs[step_batch]), leave.push_back(runs[step_batch + 1] / ranks * 1e6);
+            }
             if (i < warmup) continue;
             double speeds_now = speed_sum;  // a step change lowers device 0's speed from its step on
             if (!step_change.empty() && i + 1 > static_cast<std::size_t>(step_change[0]) + warmup) {
@@ -321,9 +375,9 @@ int main(int argc, char** argv) {
             for (const DeviceReport& d : r.devices) lo = std::min(lo, d.utilization), hi = std::max(hi, d.utilization);
             for (std::size_t d = 0; d < r.devices.size() && d < n; ++d) util[d].push_back(r.devices[d].utilization);
             umin.push_back(lo), umax.push_back(hi);
-            std::fprintf(stderr, "\r%s %s n=%zu: step %zu/%zu   ", sname.c_str(), pname.c_str(), n, i + 1 - warmup, steps);
+            if (!quiet) std::fprintf(stderr, "\r%s %s n=%zu: step %zu/%zu   ", sname.c_str(), pname.c_str(), n, i + 1 - warmup, steps);
           }
-          std::fprintf(stderr, "\r%60s\r", "");
+          if (!quiet) std::fprintf(stderr, "\r%60s\r", "");
           Row row;
           row.scenario = sname, row.policy = pname, row.devices = n, row.chunk = chunk, row.steps = steps;
           row.step_ms_per_step = median(step_s) * 1e3;
@@ -351,6 +405,7 @@ int main(int argc, char** argv) {
           row.util_max = median(umax);
           row.wrong = wrong;
           row.by_cost = by_cost;
+          if (cluster) row.remote = median(remote), row.leave_us = median(leave);
           for (auto& u : util) row.util.push_back(median(u));
           if (overhead) {
             // The same runtime, policy, chunking and placement machinery with every simulated cost at zero: the
@@ -376,6 +431,7 @@ int main(int argc, char** argv) {
                       row.util_max, static_cast<unsigned long long>(row.wrong));
           std::printf(" %6zu", row.by_cost);
           if (overhead) std::printf(" %9.3f %6.2f%%", row.overhead_ms, 100.0 * row.overhead_ms / row.step_ms);
+          if (cluster) std::printf(" %7.1f %9.1f", row.remote, row.leave_us);
           std::printf("\n");
           std::fflush(stdout);
         }
@@ -388,14 +444,15 @@ int main(int argc, char** argv) {
   std::uint64_t wrong = 0;
   for (const Row& r : rows) wrong += r.wrong;
   std::printf("#\n# summary: %zu rows, #wrong total %llu\n", rows.size(), static_cast<unsigned long long>(wrong));
-  if (!json_path.empty()) {
+  if (!json_path.empty() && !quiet) {
     nlohmann::json j = nlohmann::json::array();
     for (const Row& r : rows) {
       j.push_back({{"scenario", r.scenario}, {"policy", r.policy}, {"devices", r.devices}, {"chunk", r.chunk}, {"steps", r.steps},
                    {"step_ms_median", r.step_ms}, {"ideal_ms", r.ideal_ms}, {"efficiency", r.efficiency}, {"speedup_vs_static", r.speedup},
                    {"steals_per_step", r.steals}, {"bytes_moved_per_step", r.moved_mb * 1e6}, {"util_min", r.util_min}, {"util_max", r.util_max}, {"wrong", r.wrong},
                    {"util", r.util}, {"ideal_speedup", r.ideal_speedup}, {"step_ms_median_per_step", r.step_ms_per_step},
-                   {"steps_placed_by_cost", r.by_cost}, {"statistic", r.scenario == "slowdown" ? "median over 3-step periods" : "median over steps"}});
+                   {"steps_placed_by_cost", r.by_cost}, {"statistic", r.scenario == "slowdown" ? "median over 3-step periods" : "median over steps"},
+                   {"ranks", ranks}, {"devices_per_rank", per_rank}, {"remote_chunks_per_step", r.remote}, {"leave_us", r.leave_us}});
       if (r.overhead_ms >= 0) j.back()["overhead_ms"] = r.overhead_ms, j.back()["overhead_pct"] = 100.0 * r.overhead_ms / r.step_ms;
     }
     std::ofstream(json_path) << j.dump(2) << "\n";

@@ -155,6 +155,7 @@ struct ClusterPlan {
   ChunkTable t;
   std::vector<int> victims;       // the other ranks of this node first, then the rest, each list starting after this rank
   std::uint64_t remote_chunks = 0, remote_steals = 0;
+  double leave_s = 0;  // the call for work that found none
   detail::ShareWord word_of(std::size_t r) const {
     return {tag, static_cast<std::uint32_t>(share[r].begin), static_cast<std::uint32_t>(share[r].end)};
   }
@@ -212,6 +213,7 @@ void publish_share(Cluster& c, const ClusterPlan& p) {
 
 // The scheduler's chunk source: one chunk per local device from the own share's front, else part of a victim's back.
 std::size_t take_chunks(Runtime::Impl& m, ClusterPlan& p, std::size_t w, std::span<ChunkId> out) {
+  const auto t0 = Clock::now();
   Cluster& c = *m.cluster;
   const int me = c.rank();
   const auto hand_out = [&](std::uint32_t begin, std::uint32_t k) {
@@ -243,6 +245,7 @@ std::size_t take_chunks(Runtime::Impl& m, ClusterPlan& p, std::size_t w, std::sp
       old = seen;
     }
   }
+  p.leave_s = seconds(Clock::now() - t0);
   return 0;
 }
 
@@ -355,7 +358,7 @@ StepReport cluster_report(Runtime::Impl& m, const ClusterPlan& p, Tally& tally, 
   rep.chunks_s = seconds(phase.end - phase.start);
   rep.samples = batch;
   rep.chunks = p.t.size();
-  rep.remote_chunks = p.remote_chunks, rep.remote_steals = p.remote_steals;
+  rep.remote_chunks = p.remote_chunks, rep.remote_steals = p.remote_steals, rep.leave_s = p.leave_s;
   double loss = 0;
   for (std::size_t r = 0; r < ranks; ++r) loss += tally.loss()[r];
   rep.loss = loss / static_cast<double>(batch);

@@ -49,6 +49,7 @@ struct StepReport {
   std::size_t ranks = 1;
   std::uint64_t remote_chunks = 0;
   std::uint64_t remote_steals = 0;
+  double leave_s = 0;  // this rank's last call for work, which read the other ranks' shares and found none to take
 };
 
 // Sums step reports into one (an epoch): times and counts add, utilization is recomputed from the sums.
