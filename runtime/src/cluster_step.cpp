@@ -46,6 +46,8 @@ constexpr std::size_t kDeviceFields = 6;  // and whether it is simulated (its na
 // The sizes of the chunk phase when a step's chunk size is left to the runtime (chunk_size = 0) across ranks: the
 // fastest rank's chunks hold batch / (kChunksPerDevice x devices) samples, within [kMinAuto, kMaxAuto].
 constexpr std::size_t kChunksPerDevice = 4, kMinAuto = 16, kMaxAuto = 512;
+// A share's end is cut finer over this many chunks' worth of samples (as one process cuts a device's share).
+constexpr std::size_t kTailChunks = 6;
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -180,8 +182,20 @@ ClusterPlan plan_cluster_step(Runtime::Impl& m, std::size_t batch) {
   for (std::size_t r = 0; r < ranks; ++r) {
     const std::size_t size = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(static_cast<double>(full) * p.speed[r] / fastest)));
     p.share[r].begin = static_cast<ChunkId>(t.spans.size());
-    for (std::size_t s = samples[r].begin; s < samples[r].end; s += size) {
-      t.spans.push_back({static_cast<std::uint32_t>(s), static_cast<std::uint32_t>(std::min(size, samples[r].end - s))});
+    // Whole chunks, then the share's last kTailChunks chunks' worth cut finer: each a sixth of what is left, down to a
+    // quarter chunk. The owner claims from the front and thieves from the back, so whatever runs last in the step, on
+    // a slow device of the rank or on a thief, is small.
+    const std::size_t len = samples[r].end - samples[r].begin, tail = std::min(len, kTailChunks * size), quarter = std::max<std::size_t>(1, size / 4);
+    std::size_t s = samples[r].begin;
+    while (s + tail < samples[r].end) {
+      const std::size_t piece = std::min(size, samples[r].end - tail - s);
+      t.spans.push_back({static_cast<std::uint32_t>(s), static_cast<std::uint32_t>(piece)});
+      s += piece;
+    }
+    while (s < samples[r].end) {
+      const std::size_t left = samples[r].end - s, piece = std::min(left, std::max(quarter, (left + kTailChunks - 1) / kTailChunks));
+      t.spans.push_back({static_cast<std::uint32_t>(s), static_cast<std::uint32_t>(piece)});
+      s += piece;
     }
     p.share[r].end = static_cast<ChunkId>(t.spans.size());
     if (r == static_cast<std::size_t>(me)) t.own_size.assign(n, size);
