@@ -13,6 +13,9 @@
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 #include <stealbatch/runtime/version.hpp>
+#ifdef STEALBATCH_HAS_MPI
+#include <stealbatch/mpi/mpi_cluster.hpp>
+#endif
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -97,14 +100,40 @@ int main(int argc, char** argv) {
   app.add_option("--fault-rate", fault_rate, "the share of steps with an injected fault")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   std::string only;
   app.add_option("--faults", only, "only these kinds: throw,stall,device_loss (default all)");
+  bool across = false;
+  app.add_flag("--across-ranks", across,
+               "under mpirun: every rank runs the same steps on its own devices and chunks move between ranks; faults throw and "
+               "device_loss (a stall ends the job across ranks, by design); every rank checks every sample once across the job");
   CLI11_PARSE(app, argc, argv);
+  std::shared_ptr<Cluster> cluster;
+  if (across) {
+#ifdef STEALBATCH_HAS_MPI
+    cluster = mpi::MpiCluster::world();
+    if (cluster->rank() != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) return 2;
+    if (only.empty()) only = "throw,device_loss";
+    if (only.find("stall") != std::string::npos) {
+      std::fprintf(stderr, "soak: --across-ranks takes throw and device_loss faults (a stall ends the job across ranks)\n");
+      return 2;
+    }
+#else
+    std::fprintf(stderr, "soak: --across-ranks needs a build with MPI (STEALBATCH_MPI)\n");
+    return 2;
+#endif
+  }
+  const int rank = cluster ? cluster->rank() : 0, ranks = cluster ? cluster->size() : 1;
+  // Sums over the ranks (each rank adds its part): what the job saw.
+  auto over_ranks = [&](std::vector<double> v) {
+    if (cluster) cluster->allreduce_sum(v);
+    return v;
+  };
   std::vector<Fault> kinds;
   for (Fault f : {Fault::kThrow, Fault::kStall, Fault::kDeviceLoss}) {
     if (only.empty() || only.find(kind_name(f)) != std::string::npos) kinds.push_back(f);
   }
   if (kinds.empty()) kinds.push_back(Fault::kThrow);
 
-  std::mt19937_64 rng(seed);
+  // Every rank draws the same steps (the batch, the policy, the fault's rank) from rng, and its own devices from its own.
+  std::mt19937_64 rng(seed), own_rng(seed * 1000003 + static_cast<std::uint64_t>(rank));
   // A random classification set and a linear softmax model: smooth, so the runtime's gradient (summed chunk by
   // chunk) and the sequential one (one pass over the batch) differ by rounding alone. A ReLU network would not
   // do: a pre-activation within rounding of 0 goes either way depending on the GEMM's blocking, which depends on
@@ -120,8 +149,9 @@ int main(int argc, char** argv) {
   const MlpModel model({features, 10});
 
   const bool tty = isatty(fileno(stderr)) != 0;
-  std::printf("# soak, stealbatch %s: %.0f s, seed %llu, stall_timeout %.3f s, fault rate %.2f, faults %s; sim and cpu devices\n", kVersionString, seconds,
-              static_cast<unsigned long long>(seed), timeout, fault_rate, only.empty() ? "throw,stall,device_loss" : only.c_str());
+  std::printf("# soak, stealbatch %s: %.0f s, seed %llu, stall_timeout %.3f s, fault rate %.2f, faults %s; sim and cpu devices%s\n", kVersionString,
+              seconds, static_cast<unsigned long long>(seed), timeout, fault_rate, only.empty() ? "throw,stall,device_loss" : only.c_str(),
+              cluster ? (", across " + std::to_string(ranks) + " ranks").c_str() : "");
   std::printf("# each step: every chunk counted exactly once on a surviving device, the gradient against the sequential one (1e-5), every\n"
               "# injected fault surfaced as the promised error or recovered from; a step not back within 30 s is a hang\n");
   std::fflush(stdout);
@@ -131,7 +161,7 @@ int main(int argc, char** argv) {
   std::mutex out_mutex;
   auto write_json = [&] {
     const std::lock_guard lock(out_mutex);
-    if (json_path.empty()) return;
+    if (json_path.empty() || rank != 0) return;
     std::ofstream(json_path) << t.to_json().dump(2) << "\n";
   };
   // The hang detector: a step that has not returned after 30 s (150 timeouts) is a hang; there is nothing to do
@@ -151,37 +181,42 @@ int main(int argc, char** argv) {
 
   const auto t_end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   auto last_print = Clock::now();
-  while (Clock::now() < t_end) {
+  // Whether to run another step: rank 0's clock decides for every rank, so that all run the same steps.
+  auto keep_going = [&] { return over_ranks({rank == 0 && Clock::now() < t_end ? 1.0 : 0.0})[0] > 0; };
+  while (keep_going()) {
     // One runtime: random devices, policy and failure policy; a few dozen steps.
     RuntimeOptions o;
-    const bool sim = rng() % 2 == 0;
-    const std::size_t n = 2 + rng() % 4;
+    std::mt19937_64& dev_rng = cluster ? own_rng : rng;
+    const bool sim = dev_rng() % 2 == 0;
+    const std::size_t n = (cluster ? 1 : 2) + dev_rng() % (cluster ? 3 : 4);
     if (sim) {
       o.devices = "sim:";
-      for (std::size_t d = 0; d < n; ++d) o.devices += (d ? "," : "") + std::to_string(0.2 + 0.8 * static_cast<double>(rng() % 100) / 100.0);
+      for (std::size_t d = 0; d < n; ++d) o.devices += (d ? "," : "") + std::to_string(0.2 + 0.8 * static_cast<double>(dev_rng() % 100) / 100.0);
       o.sim.sample_seconds = 5e-6;
     } else {
       o.devices = "cpu:" + std::to_string(n);
       o.threads_per_device = 1;
       o.slowdown.resize(n);
-      for (double& f : o.slowdown) f = 1.0 + static_cast<double>(rng() % 300) / 100.0;
+      for (double& f : o.slowdown) f = 1.0 + static_cast<double>(dev_rng() % 300) / 100.0;
     }
     o.policy = rng() % 3 == 0 ? SchedulePolicy::kStatic : SchedulePolicy::kSteal;
     o.chunk_size = 1 + rng() % 16;
     o.on_device_failure = rng() % 2 == 0 ? OnDeviceFailure::kExclude : OnDeviceFailure::kFail;
+    if (cluster) o.on_device_failure = OnDeviceFailure::kFail, o.cluster = cluster;  // across ranks a loss fails the step
     o.stall_timeout = timeout;
     o.seed = rng();
     // This step's fault: kind, device, and the how-manieth chunk of that device it hits (it may never come).
     struct Plan {
       Fault kind = Fault::kNone;
+      int rank = 0;  // across ranks: the rank whose device it hits
       std::size_t device = 0;
       int at = 0;
       std::atomic<int> seen{0};
       std::atomic<bool> fired{false};
       std::atomic<std::int64_t> fired_ns{0};
     } plan;
-    o.inject_fault = [&plan](std::size_t device, std::uint64_t, ChunkId) {
-      if (plan.kind == Fault::kNone || device != plan.device || plan.seen.fetch_add(1) != plan.at) return Fault::kNone;
+    o.inject_fault = [&plan, rank](std::size_t device, std::uint64_t, ChunkId) {
+      if (plan.kind == Fault::kNone || rank != plan.rank || device != plan.device || plan.seen.fetch_add(1) != plan.at) return Fault::kNone;
       plan.fired_ns.store(Clock::now().time_since_epoch().count());
       plan.fired.store(true);
       return plan.kind;
@@ -205,7 +240,7 @@ int main(int argc, char** argv) {
       span_of[ctx.chunk] = {at, ctx.samples.size()};
     };
     const std::size_t steps = 10 + rng() % 30;
-    for (std::size_t s = 0; s < steps && Clock::now() < t_end; ++s) {
+    for (std::size_t s = 0; s < steps && (s == 0 || keep_going()); ++s) {
       const std::size_t batch = 32 + rng() % 480;
       std::vector<std::uint32_t> idx(batch);
       for (auto& i : idx) i = static_cast<std::uint32_t>(rng() % count);
@@ -215,9 +250,10 @@ int main(int argc, char** argv) {
       plan.kind = Fault::kNone;
       plan.seen = 0;
       plan.fired = false;
-      if (std::uniform_real_distribution<double>(0, 1)(rng) < fault_rate && rt.device_count() > 1) {
+      if (std::uniform_real_distribution<double>(0, 1)(rng) < fault_rate && (cluster || rt.device_count() > 1)) {
         plan.kind = kinds[rng() % kinds.size()];
-        plan.device = rng() % n;  // an index at creation; an excluded one never runs, and the fault never fires
+        plan.rank = static_cast<int>(rng() % static_cast<std::uint64_t>(ranks));
+        plan.device = static_cast<std::size_t>(rng() % 4) % n;  // an index at creation; an excluded one never runs, and the fault never fires
         plan.at = static_cast<int>(rng() % 3);
       }
       const std::vector<float> before(rt.parameters(0).begin(), rt.parameters(0).end());
@@ -247,18 +283,33 @@ int main(int argc, char** argv) {
           error_kind = "chunk";
         }
       } catch (const std::exception& e) {
-        error_kind = std::string("unexpected: ") + e.what();
+        const std::string what = e.what();
+        // Across ranks, a fault on another rank fails this rank's step with that rank's message.
+        error_kind = cluster && what.find("failed on rank " + std::to_string(plan.rank) + ":") != std::string::npos ? "remote"
+                                                                                                                    : "unexpected: " + what;
       }
       const std::int64_t now = Clock::now().time_since_epoch().count();
       step_started.store(0);
       ++t.steps;
       const bool fired = plan.fired.load();
       if (fired) ++t.faults_injected, ++t.by_kind[kind_name(plan.kind)];
-      if (error_kind.rfind("unexpected", 0) == 0 || (!error_kind.empty() && !fired)) {
+      const bool fired_anywhere = cluster ? over_ranks({fired ? 1.0 : 0.0})[0] > 0 : fired;
+      if (error_kind.rfind("unexpected", 0) == 0 || (!error_kind.empty() && !fired_anywhere) || (error_kind == "remote" && fired)) {
         ++t.unexpected;
-        std::fprintf(stderr, "\nsoak: step %llu: %s (fault fired: %d)\n", static_cast<unsigned long long>(t.steps),
+        std::fprintf(stderr, "\nsoak: rank %d, step %llu: %s (fault fired: %d)\n", rank, static_cast<unsigned long long>(t.steps),
                      error_kind.empty() ? "?" : error_kind.c_str(), fired);
+        if (cluster) cluster->abort("soak: ending the job on an unexpected outcome");
         break;
+      }
+      if (cluster && fired_anywhere && !fired) {
+        // Another rank's fault: this rank's step must have failed with its message; a loss ends every rank's runtime.
+        if (error_kind != "remote") {
+          ++t.unaccounted;
+          std::fprintf(stderr, "\nsoak: rank %d, step %llu: rank %d's fault ended here as '%s'\n", rank, static_cast<unsigned long long>(t.steps),
+                       plan.rank, error_kind.c_str());
+        }
+        if (plan.kind == Fault::kDeviceLoss) break;
+        continue;
       }
       if (fired) {
         // What the policy promises for this fault.
@@ -286,17 +337,23 @@ int main(int argc, char** argv) {
       // Exactly once: every chunk counted on exactly one device that survived the step.
       std::vector<std::string> alive;
       for (std::size_t d = 0; d < rt.device_count(); ++d) alive.push_back(rt.device(d).name());
-      std::vector<int> covered(batch, 0);  // per position in the batch: the chunks that held it and counted
+      // Across ranks each rank counts what its devices ran, and the sums must be 1 (chunk by chunk, then sample by
+      // sample); rank 0 keeps the job's tally.
+      std::vector<double> chunk_runs(rep.chunks, 0.0), covered(batch, 0.0);
       for (std::size_t c = 0; c < rep.chunks; ++c) {
         const auto& runs = ran[c];
         std::size_t on_alive = 0;
         for (const auto& who : runs) on_alive += std::find(alive.begin(), alive.end(), who) != alive.end();
-        if (on_alive == 0) ++t.lost_chunks;
-        if (on_alive > 1) ++t.duplicated_chunks;
-        for (std::size_t i = 0; i < span_of[c].second; ++i) covered[span_of[c].first + i] += static_cast<int>(on_alive);
+        chunk_runs[c] = static_cast<double>(on_alive);
+        for (std::size_t i = 0; i < span_of[c].second; ++i) covered[span_of[c].first + i] += static_cast<double>(on_alive);
       }
-      // And sample by sample: every position of the batch in exactly one chunk that counted.
-      for (int c : covered) t.lost_samples += c == 0, t.duplicated_samples += c > 1;
+      chunk_runs = over_ranks(std::move(chunk_runs));
+      covered = over_ranks(std::move(covered));
+      if (rank == 0) {
+        for (double c : chunk_runs) t.lost_chunks += c == 0, t.duplicated_chunks += c > 1;
+        // And sample by sample: every position of the batch in exactly one chunk that counted.
+        for (double c : covered) t.lost_samples += c == 0, t.duplicated_samples += c > 1;
+      }
       if (const double err = max_relative_error(rt.gradient(), ref); err > 1e-5) {
         ++t.gradient_mismatches;
         std::fprintf(stderr, "\nsoak: step %llu: gradient relative error %.3g on %s (%s, chunk %zu, batch %zu, fault %s%s)\n",
@@ -304,7 +361,7 @@ int main(int argc, char** argv) {
                      o.chunk_size, batch, fired ? kind_name(plan.kind) : "none", rep.excluded_devices.empty() ? "" : ", a device excluded");
       }
       // On a terminal the progress line is redrawn every 2 s; into a log, a plain line every 10 s.
-      if (Clock::now() - last_print > std::chrono::seconds(tty ? 2 : 10)) {
+      if (rank == 0 && Clock::now() - last_print > std::chrono::seconds(tty ? 2 : 10)) {
         last_print = Clock::now();
         std::fprintf(stderr, "%s[soak] %6llu steps  %4llu faults (%llu surfaced, %llu recovered)  lost %llu  dup %llu  mismatch %llu  max fault->error %.0f ms%s",
                      tty ? "\r" : "", static_cast<unsigned long long>(t.steps), static_cast<unsigned long long>(t.faults_injected),
@@ -316,6 +373,17 @@ int main(int argc, char** argv) {
   }
   done = true;
   monitor.join();
+  if (cluster) {
+    // The job's tally: every rank's faults and mismatches added; the steps and runtimes are the same on every rank.
+    std::vector<double> v{static_cast<double>(t.faults_injected), static_cast<double>(t.faults_surfaced), static_cast<double>(t.faults_recovered),
+                          static_cast<double>(t.gradient_mismatches), static_cast<double>(t.unexpected),        static_cast<double>(t.unaccounted),
+                          static_cast<double>(t.lost_chunks),      static_cast<double>(t.duplicated_chunks), static_cast<double>(t.lost_samples),
+                          static_cast<double>(t.duplicated_samples)};
+    v = over_ranks(std::move(v));
+    std::uint64_t* fields[] = {&t.faults_injected, &t.faults_surfaced, &t.faults_recovered, &t.gradient_mismatches, &t.unexpected,
+                               &t.unaccounted,     &t.lost_chunks,     &t.duplicated_chunks, &t.lost_samples,       &t.duplicated_samples};
+    for (std::size_t i = 0; i < std::size(fields); ++i) *fields[i] = static_cast<std::uint64_t>(v[i]);
+  }
   if (tty) std::fprintf(stderr, "\n");
   write_json();
   // The stall watchdog's target is timeout + 50 ms, reported here; the bound it must keep is looser, since a step's
@@ -347,6 +415,7 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(t.steps), static_cast<unsigned long long>(t.runtimes), static_cast<unsigned long long>(t.faults_injected),
               static_cast<unsigned long long>(t.faults_surfaced), static_cast<unsigned long long>(t.faults_recovered), timeout * 1e3 + 50);
   const bool ok = t.ok() && wrong == 0;
+  if (cluster) std::printf("# across %d ranks: every sample counted once over the job's devices, faults counted on the rank they hit\n", ranks);
   std::printf("# summary: %zu checks, #wrong total %zu: %s\n", std::size(rows), wrong, ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }
