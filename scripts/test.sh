@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The full test suite: install what is missing, then build and run every test in three configurations:
+# The full test suite: install what is missing, then build and run every test in these configurations:
 #   build/          Release, CUDA compiled and linked (GPU tests report "skipped" without a GPU), MPI tests through mpirun
 #   build-tsan/     ThreadSanitizer over the scheduler and runtime tests (MPI off: Open MPI is not built with it)
+#   build-tsan-mpi/ ThreadSanitizer over the runtime across 2 MPI ranks (test_mpi_cluster's cases; Open MPI's own
+#                   internals suppressed, tests/tsan-mpi.supp)
 #   build-asan/     AddressSanitizer + UndefinedBehaviorSanitizer over the unit tests (not the install test)
 #   build-fuzz/     the dataset reader's libFuzzer target, 30 s over the seed corpus
 # Exits non-zero on the first failing configuration.
@@ -33,6 +35,30 @@ run_suite "release" build -- -DCMAKE_BUILD_TYPE=Release || status=1
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
   run_suite "tsan" build-tsan -L "scheduler|runtime" -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=thread \
   -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_MPI=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
+# The cross-rank runtime under ThreadSanitizer: its threads (devices claiming and stealing chunks through the window,
+# the watch) on 2 ranks. Open MPI is not built with TSan: its internals are suppressed (tests/tsan-mpi.supp), and
+# its UCX memory hooks, which crash under TSan at thread exit, are kept out (ob1, vader, osc sm).
+run_tsan_mpi() {
+  command -v mpirun >/dev/null || { echo "=== tsan-mpi: no mpirun, skipped"; return 0; }
+  echo "=== tsan-mpi: configure and build (build-tsan-mpi)"
+  local start=$SECONDS supp
+  mkdir -p build-tsan-mpi
+  cmake -S . -B build-tsan-mpi -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=thread -DSTEALBATCH_CUDA=OFF \
+    -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF -DSTEALBATCH_MPI=ON >build-tsan-mpi/configure.log 2>&1 || { cat build-tsan-mpi/configure.log; return 1; }
+  cmake --build build-tsan-mpi --target test_mpi_cluster --parallel "$jobs" || return 1
+  supp=build-tsan-mpi/tsan-all.supp
+  cat tests/tsan.supp tests/tsan-mpi.supp >"$supp"
+  for c in exactly-once gradient identical throw remote-steal; do
+    echo "=== tsan-mpi: $c on 2 ranks"
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/$supp" SB_MPI_STEPS=1000 UCX_MEM_MMAP_HOOK_MODE=none \
+      timeout 600 mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader --mca osc sm \
+      -x TSAN_OPTIONS -x SB_MPI_STEPS -x UCX_MEM_MMAP_HOOK_MODE -np 2 build-tsan-mpi/tests/mpi/test_mpi_cluster "$c" \
+      >build-tsan-mpi/$c.log 2>&1 || { tail -60 build-tsan-mpi/$c.log; return 1; }
+    grep -a "PASSED" build-tsan-mpi/$c.log || { tail -60 build-tsan-mpi/$c.log; return 1; }
+  done
+  echo "=== tsan-mpi: done in $((SECONDS - start)) s"
+}
+run_tsan_mpi || status=1
 ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1" \
   run_suite "asan+ubsan" build-asan -LE package -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=address,undefined \
   -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_MPI=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
