@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -101,6 +102,19 @@ void Runtime::Impl::join_cluster(const DeviceSpec& spec) {
   }
   rank_speed_history.assign(static_cast<std::size_t>(ranks), {});
   peers_seen.assign(static_cast<std::size_t>(ranks), {});
+  // The clocks: each of a few rounds ends a collective on every rank at about the same moment; there every rank reads
+  // its time since its own epoch, and the median difference from rank 0's is the offset (within the collective's
+  // exit skew, microseconds on a node). The trace puts every rank on rank 0's timeline with it.
+  std::vector<double> offsets;
+  for (int round = 0; round < 5; ++round) {
+    std::vector<double> at(static_cast<std::size_t>(ranks), 0.0);
+    cluster->allreduce_sum(at);  // a rendezvous
+    at.assign(static_cast<std::size_t>(ranks), 0.0);
+    at[static_cast<std::size_t>(me)] = static_cast<double>((Clock::now() - epoch).count());
+    cluster->allreduce_sum(at);
+    offsets.push_back(at[0] - at[static_cast<std::size_t>(me)]);
+  }
+  clock_offset_ns = static_cast<std::int64_t>(median(offsets));
 }
 
 void Runtime::Impl::watch_cluster() {
@@ -288,7 +302,9 @@ Tally reduce_across(Runtime::Impl& m, const ClusterPlan& p, const ChunkPhase& ph
     Device& dev = *m.devices[d];
     Replica& r = *m.replicas[d];
     const WatchStamp stamp(r, kReductionPhase, m.epoch);
-    dev.finish_chunks();
+    const auto f0 = Clock::now();
+    dev.finish_chunks();  // chunks still in flight (a simulated device)
+    r.finish = Clock::now() - f0;
     r.loss += dev.take_device_loss();
     dev.set_sample_count(r.samples);
     InProcessCommunicator::sum_slice(d, bufs, count);
@@ -298,12 +314,16 @@ Tally reduce_across(Runtime::Impl& m, const ClusterPlan& p, const ChunkPhase& ph
   double busy = 0, samples = 0, loss = 0;
   for (std::size_t d = 0; d < n; ++d) {
     const WorkerCounters& wc = phase.stats.workers[d];
+    // The device's time for its chunks: its own figure where it keeps one (chunks in flight), else its worker's busy
+    // time plus the wait for what was still in flight (as in one process's report).
+    const std::optional<double> own = m.devices[d]->step_device_seconds();
+    const double compute = own ? *own : seconds(wc.busy) + seconds(m.replicas[d]->finish);
     float* f = tally.device(m.first_device + d);
-    f[0] = static_cast<float>(seconds(wc.busy)), f[1] = static_cast<float>(wc.chunks_run), f[2] = static_cast<float>(wc.chunks_stolen);
+    f[0] = static_cast<float>(compute), f[1] = static_cast<float>(wc.chunks_run), f[2] = static_cast<float>(wc.chunks_stolen);
     f[3] = static_cast<float>(m.replicas[d]->samples), f[4] = static_cast<float>(p.t.own_size[d]), f[5] = m.kind == DeviceKind::kSim ? 1.0f : 0.0f;
-    busy = std::max(busy, seconds(wc.busy)), samples += static_cast<double>(m.replicas[d]->samples), loss += m.replicas[d]->loss;
+    busy = std::max(busy, compute), samples += static_cast<double>(m.replicas[d]->samples), loss += m.replicas[d]->loss;
   }
-  // This rank's samples/s: what its devices ran over the time the busiest was busy (0 when it ran nothing).
+  // This rank's samples/s: what its devices ran over the time the busiest computed (0 when it ran nothing).
   tally.speed()[me] = busy > 0 ? static_cast<float>(samples / busy) : 0.0f;
   tally.failed()[me] = failed ? 1.0f : 0.0f;
   tally.loss()[me] = static_cast<float>(loss);
@@ -391,14 +411,45 @@ StepReport cluster_report(Runtime::Impl& m, const ClusterPlan& p, Tally& tally, 
     }
   }
   for (std::size_t d = 0; d < m.devices.size(); ++d) {
-    const double s = seconds(phase.stats.workers[d].busy);
+    const double s = tally.device(m.first_device + d)[0];  // its compute time this step
     if (s <= 0 || m.replicas[d]->samples == 0) continue;
     auto& h = m.speed_history[d];
     if (h.size() >= m.options.throughput_window) h.erase(h.begin());
     h.push_back(static_cast<double>(m.replicas[d]->samples) / s);
   }
-  rep.reduce_s = seconds(Clock::now() - phase.end);  // step() takes the update's part out of it
+  const auto end = Clock::now();
+  rep.reduce_s = seconds(end - phase.end);  // step() takes the update's part out of it
+  if (m.trace) {
+    const auto host = static_cast<std::uint32_t>(m.ids.size() + m.lost.size());
+    m.trace->add({host, 0, (phase.end - m.epoch).count(), (end - m.epoch).count(), TraceKind::kAllReduce});
+  }
   return rep;
+}
+
+// The end game within the rank, as in one process: with its devices' speeds measured, a device takes one of the
+// rank's last chunks only while the others would not finish everything left sooner, and a device whose chunks now
+// take far longer than its speed says (slowed down mid-step) is weighed at what they take now (run_one()).
+StepPlan local_end_game(Runtime::Impl& m, ClusterPlan& p) {
+  StepPlan plan;
+  const std::size_t n = m.devices.size();
+  plan.speeds = m.throughput_estimates();
+  bool known = plan.speeds.size() == n && n > 1;
+  for (double v : plan.speeds) known = known && std::isfinite(v) && v > 0;
+  if (!known || m.options.endgame != EndGame::kOn || m.options.policy != SchedulePolicy::kSteal) {
+    m.sched->set_chunk_costs({});
+    return plan;
+  }
+  const double size = static_cast<double>(p.t.own_size[0]);  // this rank's full chunk
+  std::vector<double> cost(n);
+  for (std::size_t d = 0; d < n; ++d) cost[d] = size / plan.speeds[d];
+  m.sched->set_chunk_costs(cost, cost);
+  plan.known = true;
+  plan.rate = plan.speeds;
+  plan.watch_speed = true;
+  p.t.chunk_cost.resize(p.t.size());
+  for (std::size_t c = 0; c < p.t.size(); ++c) p.t.chunk_cost[c] = static_cast<double>(p.t.spans[c].size);
+  p.t.stolen_ratio.assign(p.t.size(), 0.0f);
+  return plan;
 }
 
 }  // namespace
@@ -416,14 +467,23 @@ StepReport Runtime::Impl::run_cluster_step(std::span<const std::uint32_t> sample
   for (const ChunkSpan& c : p.t.spans) largest = std::max<std::size_t>(largest, c.size);
   for (auto& d : devices) d->reset_cancel(), d->begin_step(steps + 1, t_start), d->reserve(largest);
   comm->begin_step();
-  const StepPlan plan;  // nothing measured steers a chunk here: the source does
+  StepPlan plan = local_end_game(*this, p);
+  // What the own share still holds, for the end game within the rank (an estimate: a failed read takes more).
+  const std::function<std::uint64_t()> pending = [this, &p]() noexcept -> std::uint64_t {
+    try {
+      const detail::ShareWord s = detail::ShareWord::unpack(cluster->read(cluster->rank(), Cluster::kShare));
+      return s.tag == p.tag ? s.left() : 0;
+    } catch (...) {
+      return std::uint64_t{1} << 32;
+    }
+  };
   ChunkPhase phase;
   phase.start = t_start;
   std::exception_ptr failure;
   std::string failure_text;
   try {
     phase.stats = sched->run_sourced([&](std::size_t w, std::span<ChunkId> out) { return take_chunks(*this, p, w, out); },
-                                     [&](std::size_t w, ChunkId c) { run_one(w, c, samples, fn, p.t, plan); });
+                                     [&](std::size_t w, ChunkId c) { run_one(w, c, samples, fn, p.t, plan); }, pending);
   } catch (const std::exception& e) {
     failure = std::current_exception(), failure_text = e.what();
   } catch (...) {

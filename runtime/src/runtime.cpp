@@ -68,7 +68,15 @@ Runtime::Impl::Impl(RuntimeOptions o) : options(std::move(o)), epoch(Clock::now(
   if (!options.trace_path.empty()) {
     std::vector<std::string> names;
     for (const auto& d : devices) names.push_back(d->name());
-    trace = std::make_unique<TraceWriter>(options.trace_path, std::move(names));
+    if (cluster) {
+      // One file a rank, PATH.rank<N>.json, on rank 0's timeline (perf/merge_traces.py joins them).
+      std::string path = options.trace_path;
+      const std::string ext = ".json";
+      if (path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0) path.resize(path.size() - ext.size());
+      trace = std::make_unique<TraceWriter>(path + ".rank" + std::to_string(cluster->rank()) + ext, std::move(names), cluster->rank(), clock_offset_ns);
+    } else {
+      trace = std::make_unique<TraceWriter>(options.trace_path, std::move(names));
+    }
   }
   make_scheduler();
 }

@@ -199,6 +199,7 @@ struct Runtime::Impl {
   std::vector<std::vector<double>> rank_speed_history;
   std::uint64_t cluster_steps = 0;
   std::uint64_t heartbeat = 0;
+  std::int64_t clock_offset_ns = 0;  // add to this rank's times (since its epoch) to put them on rank 0's timeline
   struct PeerSeen {
     std::uint64_t beat = 0;
     Clock::time_point since{};

@@ -60,19 +60,27 @@ std::string format_dashboard(const StepReport& r, const std::string& title) {
   return out;
 }
 
-TraceWriter::TraceWriter(const std::string& path, std::vector<std::string> device_names)
-    : m_out(path), m_names(std::move(device_names)), m_worker_dropped(m_names.size(), 0) {
+TraceWriter::TraceWriter(const std::string& path, std::vector<std::string> device_names) : TraceWriter(path, std::move(device_names), -1, 0) {}
+
+TraceWriter::TraceWriter(const std::string& path, std::vector<std::string> device_names, int pid, std::int64_t offset_ns)
+    : m_out(path), m_names(std::move(device_names)), m_worker_dropped(m_names.size(), 0), m_pid(std::max(pid, 0)), m_offset_ns(offset_ns) {
   if (!m_out) throw ConfigError("trace_path = '" + path + "': cannot open it for writing");
   for (std::size_t i = 0; i < m_names.size(); ++i) {
     m_queues.push_back(std::make_unique<boost::lockfree::spsc_queue<TraceEvent>>(1 << 16));
   }
   m_out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  if (pid >= 0) {
+    // A rank's file: its process row, and the offset that put its clock on rank 0's.
+    m_out << R"({"name":"process_name","ph":"M","pid":)" << m_pid << R"(,"args":{"name":"rank )" << m_pid << R"("}},)" << "\n"
+          << R"({"name":"clock_offset","ph":"M","pid":)" << m_pid << R"(,"args":{"offset_ns":)" << m_offset_ns << "}},\n";
+  }
   for (std::size_t i = 0; i < m_names.size(); ++i) {
-    m_out << (i ? ",\n" : "") << R"({"name":"thread_name","ph":"M","pid":0,"tid":)" << i << R"(,"args":{"name":")" << m_names[i] << "\"}}";
+    m_out << (i ? ",\n" : "") << R"({"name":"thread_name","ph":"M","pid":)" << m_pid << R"(,"tid":)" << i << R"(,"args":{"name":")" << m_names[i]
+          << "\"}}";
     m_first = false;
   }
   // The caller's spans (reduction, optimizer) go on a row of their own, after the devices.
-  m_out << (m_first ? "" : ",\n") << R"({"name":"thread_name","ph":"M","pid":0,"tid":)" << m_names.size() << R"(,"args":{"name":"host"}})";
+  m_out << (m_first ? "" : ",\n") << R"({"name":"thread_name","ph":"M","pid":)" << m_pid << R"(,"tid":)" << m_names.size() << R"(,"args":{"name":"host"}})";
   m_first = false;
 }
 
@@ -100,7 +108,7 @@ void TraceWriter::write(const TraceEvent& e) {
   const char* kind = kNames[std::min<std::uint32_t>(static_cast<std::uint32_t>(e.kind), 3)];
   m_out << (m_first ? "" : ",\n") << "{\"name\":\"" << kind;
   if (e.kind == TraceKind::kChunk) m_out << ' ' << e.chunk;
-  m_out << "\",\"cat\":\"" << kind << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << e.device << ",\"ts\":" << static_cast<double>(e.begin_ns) / 1e3
+  m_out << "\",\"cat\":\"" << kind << "\",\"ph\":\"X\",\"pid\":" << m_pid << ",\"tid\":" << e.device << ",\"ts\":" << static_cast<double>(e.begin_ns + m_offset_ns) / 1e3
         << ",\"dur\":" << static_cast<double>(e.end_ns - e.begin_ns) / 1e3 << "}";
   m_first = false;
 }

@@ -130,7 +130,7 @@ StepStats Scheduler::run(std::span<const std::vector<ChunkId>> placement, ChunkF
   return launch(total, fn);
 }
 
-StepStats Scheduler::run_sourced(ChunkSource source, ChunkFn fn) {
+StepStats Scheduler::run_sourced(ChunkSource source, ChunkFn fn, const std::function<std::uint64_t()>& pending) {
   if (m_central) throw ConfigError("scheduler: run_sourced() needs the steal or static policy, not central");
   for (auto& w : m_workers) {
     w->deque.reclaim();  // quiescent, as in place_scratch()
@@ -141,10 +141,12 @@ StepStats Scheduler::run_sourced(ChunkSource source, ChunkFn fn) {
   m_sourced.store(0, std::memory_order_relaxed);
   m_refilling.store(false, std::memory_order_relaxed);
   m_source_open.store(true, std::memory_order_relaxed);
+  m_pending = pending ? &pending : nullptr;
   struct Reset {
     const ChunkSource*& p;
-    ~Reset() { p = nullptr; }
-  } reset{m_source};
+    const std::function<std::uint64_t()>*& q;
+    ~Reset() { p = nullptr, q = nullptr; }
+  } reset{m_source, m_pending};
   return launch(1, fn);  // one count: the source's token
 }
 
@@ -209,12 +211,14 @@ void Scheduler::set_chunk_costs(std::vector<double> own, std::vector<double> sto
 }
 
 bool Scheduler::worth_taking(std::size_t w, Source from) noexcept {
-  // A sourced step has no end game here: its source decides what is worth taking.
-  if (!m_endgame.active() || m_options.schedule != SchedulePolicy::kSteal || m_source != nullptr) return true;
+  // A sourced step without a count of what its source still holds has no end game: the source decides.
+  if (!m_endgame.active() || m_options.schedule != SchedulePolicy::kSteal || (m_source != nullptr && m_pending == nullptr)) return true;
   Worker& me = *m_workers[w];
   const double placed = from == Source::kOwn ? m_endgame.own_cost(w) : m_endgame.stolen_cost(w);
-  // Relaxed: an estimate; the chunks still running elsewhere are counted as left, which only makes this take more.
-  const auto left = static_cast<double>(m_remaining.load(std::memory_order_relaxed));
+  // Relaxed: an estimate; the chunks still running elsewhere are counted as left, which only makes this take more. A
+  // sourced step's count holds a token while its source is open; what the source still holds is added.
+  double left = static_cast<double>(m_remaining.load(std::memory_order_relaxed));
+  if (m_source != nullptr) left += static_cast<double>((*m_pending)()) - (m_source_open.load(std::memory_order_relaxed) ? 1.0 : 0.0);
   const bool worth = m_endgame.worth(w, placed * me.live_factor + me.live_ahead, left);
   if (!m_endgame.fastest(w)) return worth;
   // One of the fastest as placed. These always take, so the step always ends; one that has slowed down in this

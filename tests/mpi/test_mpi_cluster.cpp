@@ -5,6 +5,8 @@
 #include <stealbatch/mpi/mpi_cluster.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -12,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <string>
@@ -247,6 +250,56 @@ void remote_steal_while_victim_computes() {
   EXPECT(step_s < 0.8);  // rank 0 alone would take 8 x 200 ms
 }
 
+// Each rank writes its own trace, on rank 0's timeline: rank 1 makes its runtime 300 ms after rank 0, and its chunk
+// spans still start with rank 0's, since the offset measured at start-up moves them (and is in its file).
+void trace_across_ranks() {
+  const int me = g_cluster->rank();
+  std::vector<char> dir(256, '\0');
+  if (me == 0) {
+    char tmpl[] = "/tmp/sb_trace_XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+    std::strncpy(dir.data(), tmpl, dir.size() - 1);
+  }
+  g_cluster->broadcast(dir, 0);
+  const std::string base = std::string(dir.data()) + "/trace.json";
+  if (me == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  {
+    RuntimeOptions o;
+    o.devices = "sim:1,1";
+    o.cluster = g_cluster;
+    o.chunk_size = 8;
+    o.policy = SchedulePolicy::kStatic;  // every rank runs chunks of its own
+    o.sim.sample_seconds = 1e-4;
+    o.trace_path = base;
+    Runtime rt(o);
+    rt.register_parameters(layout(), initial());
+    for (std::uint64_t s = 0; s < 3; ++s) rt.step(batch_of(256, s), linear_chunk);
+  }
+  std::vector<double> sync{0};
+  g_cluster->allreduce_sum(sync);  // every rank's trace is closed
+  if (me != 0) return;
+  double first[2] = {0, 0}, offset[2] = {0, 0};
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(std::string(dir.data()) + "/trace.rank" + std::to_string(r) + ".json");
+    const nlohmann::json j = nlohmann::json::parse(in);
+    bool named = false;
+    first[r] = 1e300;
+    for (const auto& e : j["traceEvents"]) {
+      EXPECT(e["pid"] == r);
+      if (e["name"] == "process_name") named = e["args"]["name"] == "rank " + std::to_string(r);
+      if (e["name"] == "clock_offset") offset[r] = e["args"]["offset_ns"].get<double>() / 1e6;
+      if (e["ph"] == "X" && e["cat"] == "chunk") first[r] = std::min(first[r], e["ts"].get<double>() / 1e3);
+    }
+    EXPECT(named);
+    EXPECT(first[r] < 1e300);
+  }
+  std::printf("trace: rank 1's clock offset %.1f ms; first chunk at %.1f ms on rank 0, %.1f ms on rank 1 (rank 0's timeline)\n", offset[1], first[0],
+              first[1]);
+  EXPECT(offset[0] == 0.0);
+  EXPECT(offset[1] > 250 && offset[1] < 5000);
+  EXPECT(std::abs(first[1] - first[0]) < 100);
+}
+
 // These end the job: the launcher's exit status and the message are checked by expect_abort.sh. The fault tests run
 // the static policy across ranks, so that the faulty rank runs chunks of its own in the faulty step whatever the
 // timing (under stealing, the others may take its whole share).
@@ -299,14 +352,14 @@ void hang_or_die(bool die) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|throw|remote-steal|stall|hang|die\n", argv[0]);
+    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|throw|remote-steal|trace|stall|hang|die\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
   const std::map<std::string, std::function<void()>> cases = {
       {"exactly-once", exactly_once}, {"gradient", gradient},         {"identical", identical_parameters},
       {"throw", chunk_throws},       {"remote-steal", remote_steal_while_victim_computes}, {"stall", stall},
-      {"hang", [] { hang_or_die(false); }}, {"die", [] { hang_or_die(true); }}};
+      {"hang", [] { hang_or_die(false); }}, {"die", [] { hang_or_die(true); }}, {"trace", trace_across_ranks}};
   const auto it = cases.find(which);
   if (it == cases.end()) {
     std::fprintf(stderr, "unknown case '%s'\n", which.c_str());

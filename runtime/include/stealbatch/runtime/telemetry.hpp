@@ -77,6 +77,10 @@ struct TraceEvent {
 class TraceWriter {
  public:
   TraceWriter(const std::string& path, std::vector<std::string> device_names);  // throws Error if it cannot write
+  // One rank's trace of a multi-process run: its events on process row `pid` ("rank N"), shifted by offset_ns onto
+  // rank 0's timeline (the offset measured at start-up, written in the trace's metadata). perf/merge_traces.py puts
+  // every rank's file into one trace.
+  TraceWriter(const std::string& path, std::vector<std::string> device_names, int pid, std::int64_t offset_ns);
   ~TraceWriter();
   TraceWriter(const TraceWriter&) = delete;
   TraceWriter& operator=(const TraceWriter&) = delete;
@@ -94,6 +98,8 @@ class TraceWriter {
   std::vector<std::unique_ptr<boost::lockfree::spsc_queue<TraceEvent>>> m_queues;
   std::vector<std::uint64_t> m_worker_dropped;  // written by each worker only
   std::uint64_t m_dropped = 0;
+  int m_pid = 0;
+  std::int64_t m_offset_ns = 0;
   bool m_first = true;
   bool m_closed = false;
 };

@@ -125,10 +125,13 @@ class Scheduler {
   StepStats run(std::span<const std::vector<ChunkId>> placement, ChunkFn fn);
   // Chunks from a source instead of a placement: every deque starts empty and workers ask `source` for chunks
   // whenever they find none to pop or steal; what one worker gets goes onto its own deque, where the others may
-  // steal it. Returns when the source is exhausted and every chunk it gave has run, exactly once. The end game
-  // (set_chunk_costs) does not apply: the source decides what is worth taking. kCentral is not supported.
-  //   sched.run_sourced([&](std::size_t w, std::span<ChunkId> out) { return claim_block(out); }, run_chunk);
-  StepStats run_sourced(ChunkSource source, ChunkFn fn);
+  // steal it. Returns when the source is exhausted and every chunk it gave has run, exactly once. kCentral is not
+  // supported. `pending`, when given, tells how many chunks the source still holds for these workers (an estimate;
+  // called from any worker): the end game (set_chunk_costs) then applies with the chunks given and not yet run plus
+  // those as what is left, so a slow worker leaves a step's last chunks to faster ones here too. Without it the end
+  // game does not apply.
+  //   sched.run_sourced([&](std::size_t w, std::span<ChunkId> out) { return claim_block(out); }, run_chunk, own_left);
+  StepStats run_sourced(ChunkSource source, ChunkFn fn, const std::function<std::uint64_t()>& pending = {});
   // Runs fn(worker) once on every worker thread, concurrently, and returns when all have finished (each worker's
   // busy time is its call's duration); the first exception is rethrown. For per-device work that belongs on the
   // device's own thread: zeroing its buffers, its part of a reduction, its optimizer update.
@@ -212,6 +215,7 @@ class Scheduler {
   const ChunkFn* m_fn = nullptr;
   const WorkerFn* m_broadcast = nullptr;  // set for a broadcast instead of a step of chunks
   const ChunkSource* m_source = nullptr;  // set for a sourced step
+  const std::function<std::uint64_t()>* m_pending = nullptr;  // a sourced step's chunks not yet given (may be null)
   EndGameRule m_endgame;                       // inactive: no end-game rule
   std::chrono::nanoseconds m_watch_period{0};
   std::function<std::exception_ptr()> m_watch_check;
