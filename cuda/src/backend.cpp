@@ -50,6 +50,14 @@ class Backend final : public DeviceBackend {
     return std::make_unique<NcclCommunicator>(std::move(cd));
   }
 
+  std::unique_ptr<Communicator> make_cluster_communicator(std::span<Device* const> devices, Cluster& cluster, std::size_t first,
+                                                          std::size_t total) override {
+    if (m_parts) throw ConfigError("cluster: the parts of one GPU (vgpu:) cannot be NCCL ranks");
+    std::vector<CudaDevice*> cd;
+    for (Device* d : devices) cd.push_back(static_cast<CudaDevice*>(d));
+    return std::make_unique<NcclCommunicator>(std::move(cd), cluster, first, total);
+  }
+
  private:
   bool m_parts;
 };

@@ -17,6 +17,27 @@ NcclCommunicator::NcclCommunicator(std::vector<CudaDevice*> devices) : m_devices
   SB_NCCL_CHECK(ncclCommInitAll(m_comms.data(), static_cast<int>(gpus.size()), gpus.data()));
 }
 
+NcclCommunicator::NcclCommunicator(std::vector<CudaDevice*> devices, Cluster& cluster, std::size_t first, std::size_t total)
+    : m_devices(std::move(devices)) {
+  if (total <= 1) return;  // one GPU in the whole job: nothing to reduce
+  ncclUniqueId id{};
+  if (cluster.rank() == 0) SB_NCCL_CHECK(ncclGetUniqueId(&id));
+  const std::span<char> bytes(reinterpret_cast<char*>(&id), sizeof id);  // the id is opaque bytes
+  cluster.broadcast(bytes, 0);
+  m_comms.resize(m_devices.size());
+  // Several GPUs of this rank join inside one group, so none waits for the others' init.
+  SB_NCCL_CHECK(ncclGroupStart());
+  for (std::size_t d = 0; d < m_devices.size(); ++d) {
+    const DeviceScope on(m_devices[d]->gpu());
+    const ncclResult_t r = ncclCommInitRank(&m_comms[d], static_cast<int>(total), id, static_cast<int>(first + d));
+    if (r != ncclSuccess) {
+      (void)ncclGroupEnd();
+      throw NcclError(m_devices[d]->name() + ": ncclCommInitRank failed: " + ncclGetErrorString(r));
+    }
+  }
+  SB_NCCL_CHECK(ncclGroupEnd());
+}
+
 bool NcclCommunicator::abort() noexcept {
   if (m_comms.empty()) return true;
   if (m_aborted.exchange(true)) return false;

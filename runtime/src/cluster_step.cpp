@@ -43,7 +43,7 @@ std::uint32_t steal_amount(std::uint32_t left, double thief_speed, double victim
 namespace {
 
 // Tallies per device that travel with the reduction: busy seconds, chunks run, chunks stolen, samples, chunk size,
-constexpr std::size_t kDeviceFields = 6;  // and whether it is simulated (its name)
+constexpr std::size_t kDeviceFields = 6;  // and its kind (0 cpu, 1 sim, 2 cuda: its name)
 // The sizes of the chunk phase when a step's chunk size is left to the runtime (chunk_size = 0) across ranks: the
 // fastest rank's chunks hold batch / (kChunksPerDevice x devices) samples, within [kMinAuto, kMaxAuto].
 constexpr std::size_t kChunksPerDevice = 4, kMinAuto = 16, kMaxAuto = 512;
@@ -73,11 +73,20 @@ struct Tally {
 
 }  // namespace
 
-void Runtime::Impl::join_cluster(const DeviceSpec& spec) {
+void Runtime::Impl::join_cluster(DeviceSpec& spec) {
   const int ranks = cluster->size(), me = cluster->rank();
   if (ranks < 1 || me < 0 || me >= ranks) throw ConfigError("cluster: rank " + std::to_string(me) + " of " + std::to_string(ranks));
-  if (spec.kind != DeviceKind::kCpu && spec.kind != DeviceKind::kSim) {
-    throw ConfigError("devices = '" + spec.text + "' with a cluster: across ranks the runtime drives CPU and simulated devices (cpu:K, sim:...)");
+  if (spec.kind == DeviceKind::kVgpu) {
+    throw ConfigError("devices = '" + spec.text + "' with a cluster: the parts of one GPU cannot be NCCL ranks; across ranks use cpu:, sim: or cuda:");
+  }
+  if (spec.kind == DeviceKind::kCuda && spec.all_gpus) {
+    throw ConfigError("devices = '" + spec.text + "' with a cluster: name each rank's GPUs (cuda:local, or cuda:I,J), so no two ranks take one GPU");
+  }
+  if (spec.local_gpu) {
+    // cuda:local: the rank's index among the ranks of its node.
+    int local = 0;
+    for (int r = 0; r < me; ++r) local += cluster->same_node(r) ? 1 : 0;
+    spec.ids = {local};
   }
   // A fresh share word (tag 0, which no step uses) before the collective below: no rank's first step can then mistake
   // what an earlier runtime on this cluster left for its own step's share.
@@ -291,8 +300,12 @@ void give_up_share(Cluster& c, std::uint16_t tag) {
 
 // Within the rank, every device's slice of the sum into the reduction's buffer with this rank's tallies; then across
 // ranks, with the watch while waiting. `local` gets the devices' part of it.
+// Devices that do not share host memory (GPUs): the gradient stays on them, and only the tallies cross through the
+// cluster here; the job-wide sum of the gradients is the devices' own collective (NCCL), issued once every rank
+// agreed that the step succeeded (reduce_devices()).
 Tally reduce_across(Runtime::Impl& m, const ClusterPlan& p, const ChunkPhase& phase, bool failed, StepStats& local) {
-  const std::size_t n = m.devices.size(), count = m.layout.size(), ranks = static_cast<std::size_t>(m.cluster->size());
+  const bool host = m.host_devices;
+  const std::size_t n = m.devices.size(), count = host ? m.layout.size() : 0, ranks = static_cast<std::size_t>(m.cluster->size());
   const std::size_t total_devices = std::accumulate(m.rank_devices.begin(), m.rank_devices.end(), std::size_t{0});
   const int me = m.cluster->rank();
   Tally tally(count, ranks, p.t.size(), total_devices);
@@ -307,6 +320,7 @@ Tally reduce_across(Runtime::Impl& m, const ClusterPlan& p, const ChunkPhase& ph
     r.finish = Clock::now() - f0;
     r.loss += dev.take_device_loss();
     dev.set_sample_count(r.samples);
+    if (!host) return;
     InProcessCommunicator::sum_slice(d, bufs, count);
     const auto [b, e] = InProcessCommunicator::slice(d, n, count);
     std::copy(bufs[0] + b, bufs[0] + e, tally.grad() + b);
@@ -320,7 +334,7 @@ Tally reduce_across(Runtime::Impl& m, const ClusterPlan& p, const ChunkPhase& ph
     const double compute = own ? *own : seconds(wc.busy) + seconds(m.replicas[d]->finish);
     float* f = tally.device(m.first_device + d);
     f[0] = static_cast<float>(compute), f[1] = static_cast<float>(wc.chunks_run), f[2] = static_cast<float>(wc.chunks_stolen);
-    f[3] = static_cast<float>(m.replicas[d]->samples), f[4] = static_cast<float>(p.t.own_size[d]), f[5] = m.kind == DeviceKind::kSim ? 1.0f : 0.0f;
+    f[3] = static_cast<float>(m.replicas[d]->samples), f[4] = static_cast<float>(p.t.own_size[d]), f[5] = m.kind == DeviceKind::kSim ? 1.0f : m.kind == DeviceKind::kCuda ? 2.0f : 0.0f;
     busy = std::max(busy, compute), samples += static_cast<double>(m.replicas[d]->samples), loss += m.replicas[d]->loss;
   }
   // This rank's samples/s: what its devices ran over the time the busiest computed (0 when it ran nothing).
@@ -400,7 +414,7 @@ StepReport cluster_report(Runtime::Impl& m, const ClusterPlan& p, Tally& tally, 
     for (std::size_t d = 0; d < m.rank_devices[r]; ++d, ++g) {
       const float* f = tally.device(g);
       DeviceReport dr;
-      dr.name = "r" + std::to_string(r) + "/" + (f[5] != 0.0f ? "sim" : "cpu") + std::to_string(d);
+      dr.name = "r" + std::to_string(r) + "/" + (f[5] == 1.0f ? "sim" : f[5] == 2.0f ? "cuda" : "cpu") + std::to_string(d);
       dr.compute_s = dr.busy_s = f[0];
       if (r == static_cast<std::size_t>(me)) dr.busy_s += seconds(local.workers[d].busy) + seconds(applied.workers[d].busy);
       dr.chunks_run = static_cast<std::uint64_t>(f[1]), dr.chunks_stolen = static_cast<std::uint64_t>(f[2]);
@@ -495,6 +509,14 @@ StepReport Runtime::Impl::run_cluster_step(std::span<const std::uint32_t> sample
   StepStats local;
   Tally tally = reduce_across(*this, p, phase, failure != nullptr, local);
   agree(*this, tally, failure, failure_text);
+  if (!host_devices) {
+    // Every rank succeeded: the job-wide sum on the devices (NCCL), queued after their chunks; step() and
+    // compute_gradient() then update or read each replica from it, as in one process.
+    std::vector<float*> bufs;
+    for (auto& d : devices) bufs.push_back(d->grad().data());
+    comm->allreduce_all(bufs, layout.size());
+    return cluster_report(*this, p, tally, phase, local, StepStats{std::vector<WorkerCounters>(devices.size()), {}, 0}, samples.size());
+  }
   const StepStats applied = update_from(*this, tally, samples.size(), reduce_to);
   return cluster_report(*this, p, tally, phase, local, applied, samples.size());
 }

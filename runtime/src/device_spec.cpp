@@ -54,7 +54,7 @@ std::vector<double> parse_number_list(std::string_view list, std::string_view fi
 
 DeviceSpec parse_device_spec(std::string_view spec) {
   constexpr std::string_view kRule =
-      "expected cpu:N (1..256), cuda:all, cuda:I[,J...], vgpu:SM1[,SM2...] (SM counts >= 1) or sim:S1[,S2...] (speeds > 0)";
+      "expected cpu:N (1..256), cuda:all, cuda:local, cuda:I[,J...], vgpu:SM1[,SM2...] (SM counts >= 1) or sim:S1[,S2...] (speeds > 0)";
   DeviceSpec out;
   out.text = std::string(spec);
   const auto colon = spec.find(':');
@@ -69,6 +69,9 @@ DeviceSpec parse_device_spec(std::string_view spec) {
     out.kind = DeviceKind::kCuda;
     if (rest == "all") {
       out.all_gpus = true;
+    } else if (rest == "local") {
+      out.local_gpu = true;  // the GPU of this rank's place on its node (a cluster resolves it)
+      out.count = 1;
     } else {
       for (std::string_view piece : split(rest)) {
         long long id = 0;

@@ -6,9 +6,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <numeric>
 #include <thread>
 
 namespace stealbatch {
+
+std::unique_ptr<Communicator> DeviceBackend::make_cluster_communicator(std::span<Device* const>, Cluster&, std::size_t, std::size_t) {
+  throw ConfigError("cluster: these devices cannot reduce across ranks");
+}
 
 SchedulePolicy parse_policy(std::string_view name) {
   if (name == "steal") return SchedulePolicy::kSteal;
@@ -44,9 +49,11 @@ Runtime::Impl::Impl(RuntimeOptions o) : options(std::move(o)), epoch(Clock::now(
   const DeviceSpec spec = parse_device_spec(options.devices);
   kind = spec.kind;
   cluster = options.cluster;
-  if (cluster) join_cluster(spec);  // cluster_step.cpp: every rank's device count; slowdown and threads for this rank
+  DeviceSpec resolved = spec;
+  if (cluster) join_cluster(resolved);  // cluster_step.cpp: every rank's device count; slowdown, threads, cuda:local for this rank
+  if (!cluster && resolved.local_gpu) resolved.ids = {0};  // one process: the first GPU
   backend = backend_for(spec);
-  devices = backend->make_devices(spec, options);
+  devices = backend->make_devices(resolved, options);
   if (devices.empty()) throw ConfigError("devices = '" + spec.text + "': no device");
   const std::size_t n = devices.size();
   host_devices = backend->shares_host_memory();
@@ -89,6 +96,12 @@ Runtime::Impl::~Impl() {
 void Runtime::Impl::make_communicator() {
   std::vector<Device*> raw;
   for (const auto& d : devices) raw.push_back(d.get());
+  if (cluster && !host_devices) {
+    // GPUs across ranks: one reduction over the job's devices (NCCL across processes); host devices reduce within
+    // the rank and then through the cluster (cluster_step.cpp).
+    comm = backend->make_cluster_communicator(raw, *cluster, first_device, std::accumulate(rank_devices.begin(), rank_devices.end(), std::size_t{0}));
+    return;
+  }
   comm = backend->make_communicator(raw);
 }
 

@@ -140,7 +140,7 @@ struct Runtime::Impl {
   void learn_from_step(std::size_t batch, const ChunkTable& t, const StepPlan& plan, const ChunkPhase& phase, StepReport& rep);
   // cluster_step.cpp: a step across the ranks of options.cluster (host devices)
   StepReport run_cluster_step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to);
-  void join_cluster(const DeviceSpec& spec);
+  void join_cluster(DeviceSpec& spec);
   void watch_cluster();  // bumps this rank's heartbeat; ends the job when another rank has stopped making progress
   // runtime.cpp
   void make_communicator();

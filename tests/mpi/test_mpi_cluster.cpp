@@ -300,6 +300,36 @@ void trace_across_ranks() {
   EXPECT(std::abs(first[1] - first[0]) < 100);
 }
 
+// What a cluster cannot take fails on every rank with a ConfigError that says why, before any device is made.
+void config_errors() {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"vgpu:4,4", "cannot be NCCL ranks"}, {"cuda:all", "name each rank's GPUs"}};
+  for (const auto& [spec, why] : cases) {
+    std::string what;
+    try {
+      RuntimeOptions o;
+      o.devices = spec;
+      o.cluster = g_cluster;
+      Runtime rt(o);
+    } catch (const ConfigError& e) {
+      what = e.what();
+    }
+    EXPECT(what.find(why) != std::string::npos);
+  }
+  std::string what;
+  try {
+    RuntimeOptions o;
+    o.devices = "cpu:1";
+    o.cluster = g_cluster;
+    o.on_device_failure = OnDeviceFailure::kExclude;
+    Runtime rt(o);
+  } catch (const ConfigError& e) {
+    what = e.what();
+  }
+  EXPECT(what.find("on_device_failure = exclude with a cluster") != std::string::npos);
+  if (g_cluster->rank() == 0) std::printf("config: the cluster's impossible configurations fail with their reasons\n");
+}
+
 // These end the job: the launcher's exit status and the message are checked by expect_abort.sh. The fault tests run
 // the static policy across ranks, so that the faulty rank runs chunks of its own in the faulty step whatever the
 // timing (under stealing, the others may take its whole share).
@@ -352,14 +382,14 @@ void hang_or_die(bool die) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|throw|remote-steal|trace|stall|hang|die\n", argv[0]);
+    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|throw|remote-steal|trace|config|stall|hang|die\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
   const std::map<std::string, std::function<void()>> cases = {
       {"exactly-once", exactly_once}, {"gradient", gradient},         {"identical", identical_parameters},
       {"throw", chunk_throws},       {"remote-steal", remote_steal_while_victim_computes}, {"stall", stall},
-      {"hang", [] { hang_or_die(false); }}, {"die", [] { hang_or_die(true); }}, {"trace", trace_across_ranks}};
+      {"hang", [] { hang_or_die(false); }}, {"die", [] { hang_or_die(true); }}, {"trace", trace_across_ranks}, {"config", config_errors}};
   const auto it = cases.find(which);
   if (it == cases.end()) {
     std::fprintf(stderr, "unknown case '%s'\n", which.c_str());

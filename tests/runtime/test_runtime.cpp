@@ -480,6 +480,8 @@ TEST_CASE("Runtime.ConfigErrorsNameTheField") {
   CHECK(config_error([] { Runtime rt({.devices = "cpu:1", .optimizer = {.lr = -1.0f}}); }).find("lr = ") != std::string::npos);
   CHECK(parse_device_spec("cuda:0,2").ids == std::vector<int>{0, 2});
   CHECK(parse_device_spec("cuda:all").all_gpus);
+  CHECK(parse_device_spec("cuda:local").local_gpu);
+  CHECK(parse_device_spec("cuda:local").count == 1);
   CHECK(parse_device_spec("sim:1,0.5").speeds == std::vector<double>{1, 0.5});
   Runtime rt({.devices = "cpu:2"});
   const MlpModel model({4, 2});

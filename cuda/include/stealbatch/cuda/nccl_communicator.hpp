@@ -2,6 +2,7 @@
 #pragma once
 
 #include <stealbatch/cuda/cuda_device.hpp>
+#include <stealbatch/runtime/cluster.hpp>
 #include <stealbatch/runtime/communicator.hpp>
 
 #include <nccl.h>
@@ -18,6 +19,10 @@ namespace stealbatch::cuda {
 class NcclCommunicator final : public Communicator {
  public:
   explicit NcclCommunicator(std::vector<CudaDevice*> devices);
+  // Across ranks: one NCCL communicator over the job's `total` GPUs, this rank's being ranks [first, first + n) of
+  // it, from ncclCommInitRank with the unique id that rank 0 of the cluster makes and broadcasts (as nccl-tests
+  // does). allreduce_all() then sums over every GPU of the job. Every rank must make it, in the same order.
+  NcclCommunicator(std::vector<CudaDevice*> devices, Cluster& cluster, std::size_t first, std::size_t total);
   ~NcclCommunicator() override;
   void allreduce_sum(std::size_t, std::span<float* const>, std::size_t) override {}
   void allreduce_all(std::span<float* const> buffers, std::size_t count) override;

@@ -136,6 +136,10 @@ class DeviceBackend {
   virtual std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec& spec, const RuntimeOptions& options) = 0;
   // The reduction across the devices make_devices() returned.
   virtual std::unique_ptr<Communicator> make_communicator(std::span<Device* const> devices) = 0;
+  // Across ranks (devices that do not share host memory): one reduction over every device of the job, this rank's
+  // `devices` being the job's devices [first, first + devices.size()) of `total`. The default says it cannot.
+  virtual std::unique_ptr<Communicator> make_cluster_communicator(std::span<Device* const> devices, Cluster& cluster, std::size_t first,
+                                                                   std::size_t total);
   // Devices in this process's memory whose chunks are done when run_chunk() returns (CPU, simulated): the runtime
   // keeps one shared copy of their parameters and fuses the reduction with the update, slice by slice.
   virtual bool shares_host_memory() const noexcept { return false; }
