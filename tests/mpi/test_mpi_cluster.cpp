@@ -85,16 +85,22 @@ std::uint64_t hash_floats(std::span<const float> v) {
   return h;
 }
 
+// Options for a runtime on this job's ranks: the devices, the chunk size and, for simulated devices, a sample's time.
+RuntimeOptions on_cluster(const std::string& devices, std::size_t chunk, double sample_seconds = 1e-5) {
+  RuntimeOptions o;
+  o.devices = devices;
+  o.cluster = g_cluster;
+  o.chunk_size = chunk;
+  o.sim.sample_seconds = sample_seconds;
+  return o;
+}
+
 // Every chunk of every step runs exactly once across the ranks: the runtime checks it in each step (it throws on a
 // violation), and this test counts again from the chunk function, per sample, over 10^4 steps whose devices change
 // speed at random.
 void exactly_once() {
   const int me = g_cluster->rank();
-  RuntimeOptions o;
-  o.devices = "sim:1,1";
-  o.cluster = g_cluster;
-  o.chunk_size = 4;
-  o.sim.sample_seconds = 2e-6;
+  RuntimeOptions o = on_cluster("sim:1,1", 4, 2e-6);
   o.sim.speed_factor = [me](std::size_t d, std::uint64_t step, double) {
     const std::uint64_t h = (step * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(me) * 31 + d) * 0xbf58476d1ce4e5b9ull;
     return 0.1 + static_cast<double>((h >> 40) % 1000) / 200.0;  // 0.1 to 5.1
@@ -158,11 +164,7 @@ void gradient() {
 
 // After 50 Adam steps every rank's parameters are bit-identical, and equal to one process's within float rounding.
 void identical_parameters() {
-  RuntimeOptions o;
-  o.devices = g_cluster->rank() % 2 == 0 ? "sim:1,0.5" : "sim:2";
-  o.cluster = g_cluster;
-  o.chunk_size = 8;
-  o.sim.sample_seconds = 5e-6;
+  RuntimeOptions o = on_cluster(g_cluster->rank() % 2 == 0 ? "sim:1,0.5" : "sim:2", 8, 5e-6);
   o.optimizer.kind = OptimizerKind::kAdam;
   o.optimizer.lr = 0.01f;
   Runtime rt(o);
@@ -181,11 +183,7 @@ void identical_parameters() {
 // nothing is applied, and the next step runs on every rank.
 void chunk_throws() {
   const int me = g_cluster->rank();
-  RuntimeOptions o;
-  o.devices = "sim:1";
-  o.cluster = g_cluster;
-  o.chunk_size = 8;
-  o.sim.sample_seconds = 1e-5;
+  RuntimeOptions o = on_cluster("sim:1", 8, 1e-5);
   o.policy = SchedulePolicy::kStatic;  // rank 1 runs its own share, so the fault fires there whatever the timing
   auto thrown = std::make_shared<std::atomic<bool>>(false);
   o.inject_fault = [me, thrown](std::size_t, std::uint64_t step, ChunkId) {
@@ -334,11 +332,7 @@ void config_errors() {
 // the static policy across ranks, so that the faulty rank runs chunks of its own in the faulty step whatever the
 // timing (under stealing, the others may take its whole share).
 void stall() {
-  RuntimeOptions o;
-  o.devices = "sim:1";
-  o.cluster = g_cluster;
-  o.chunk_size = 8;
-  o.sim.sample_seconds = 1e-5;
+  RuntimeOptions o = on_cluster("sim:1", 8, 1e-5);
   o.stall_timeout = 1.0;
   o.policy = SchedulePolicy::kStatic;  // as in chunk_throws
   const int me = g_cluster->rank();
