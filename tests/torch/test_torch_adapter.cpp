@@ -1,0 +1,121 @@
+// The libtorch adapter: a torch::nn::Module MLP gives the same full-batch gradient as the hand-written one on the
+// same weights and batch, on 1 to 4 CPU devices with stealing; its layout is the hand-written one's; a module that
+// does not match a layout is refused.
+#include <stealbatch/models/layers.hpp>
+#include <stealbatch/models/mlp_model.hpp>
+#include <stealbatch/torch.hpp>
+
+#include <doctest/doctest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace stealbatch;
+using examples::DenseData;
+using examples::MlpModel;
+
+namespace {
+
+struct TorchMlpImpl : ::torch::nn::Module {
+  TorchMlpImpl(std::int64_t in, std::int64_t h1, std::int64_t h2, std::int64_t out)
+      : fc1(register_module("fc1", ::torch::nn::Linear(in, h1))),
+        fc2(register_module("fc2", ::torch::nn::Linear(h1, h2))),
+        fc3(register_module("fc3", ::torch::nn::Linear(h2, out))) {}
+  ::torch::Tensor forward(::torch::Tensor x) { return fc3(::torch::relu(fc2(::torch::relu(fc1(x))))); }
+  ::torch::nn::Linear fc1, fc2, fc3;
+};
+
+struct Data {
+  std::size_t count = 512, features = 32;
+  std::vector<float> x;
+  std::vector<std::uint8_t> y;
+  ::torch::Tensor tx, ty;
+  Data() : x(count * features), y(count) {
+    std::mt19937_64 rng(3);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (float& v : x) v = u(rng);
+    for (auto& v : y) v = static_cast<std::uint8_t>(rng() % 10);
+    tx = ::torch::from_blob(x.data(), {static_cast<std::int64_t>(count), static_cast<std::int64_t>(features)}, ::torch::kFloat);
+    ty = ::torch::empty({static_cast<std::int64_t>(count)}, ::torch::kLong);
+    for (std::size_t i = 0; i < count; ++i) ty[static_cast<std::int64_t>(i)] = static_cast<std::int64_t>(y[i]);
+  }
+  DenseData dense() const { return {count, features, x, y}; }
+};
+
+libtorch::ModuleChunks<TorchMlpImpl> torch_mlp(const Data& data, std::size_t devices) {
+  return libtorch::ModuleChunks<TorchMlpImpl>(
+      [] { return std::make_shared<TorchMlpImpl>(32, 24, 16, 10); }, devices, [&data](std::span<const std::uint32_t> s) { return libtorch::rows(data.tx, s); },
+      [&data](const ::torch::Tensor& out, std::span<const std::uint32_t> s) {
+        return ::torch::nn::functional::cross_entropy(out, libtorch::rows(data.ty, s),
+                                                      ::torch::nn::functional::CrossEntropyFuncOptions().reduction(::torch::kSum));
+      });
+}
+
+}  // namespace
+
+TEST_CASE("Torch.LayoutIsTheHandWrittenModelsLayout") {
+  const Data data;
+  auto chunks = torch_mlp(data, 1);
+  const MlpModel model({32, 24, 16, 10});
+  REQUIRE(chunks.layout().tensors().size() == model.layout().tensors().size());
+  for (std::size_t i = 0; i < model.layout().tensors().size(); ++i) {
+    CHECK(chunks.layout().tensors()[i].name == model.layout().tensors()[i].name);
+    CHECK(chunks.layout().tensors()[i].size == model.layout().tensors()[i].size);
+    CHECK(chunks.layout().tensors()[i].offset == model.layout().tensors()[i].offset);
+  }
+}
+
+TEST_CASE("Torch.GradientEqualsTheHandWrittenModelsOnOneToFourDevices") {
+  ::torch::set_num_threads(1);
+  const Data data;
+  const DenseData dense = data.dense();
+  const MlpModel model({32, 24, 16, 10});
+  const std::vector<float> weights = model.initial_parameters(7);
+  std::vector<std::uint32_t> batch(300);
+  for (std::size_t i = 0; i < batch.size(); ++i) batch[i] = static_cast<std::uint32_t>((i * 37) % data.count);
+  std::vector<float> ref(model.layout().size(), 0.0f);
+  MlpModel::Workspace ws;
+  model.accumulate_gradient(weights, ref, dense, batch, ws);
+  for (float& g : ref) g /= static_cast<float>(batch.size());
+  for (const char* devices : {"cpu:1", "cpu:2", "cpu:3", "cpu:4"}) {
+    CAPTURE(devices);
+    Runtime rt({.devices = devices, .chunk_size = 16, .threads_per_device = 1});
+    auto chunks = torch_mlp(data, rt.device_count());
+    rt.register_parameters(chunks.layout(), weights);
+    for (int rep = 0; rep < 3; ++rep) {
+      rt.compute_gradient(batch, chunks.function());
+      const double err = examples::max_relative_error(rt.gradient(), ref);
+      CHECK(err <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("Torch.TrainingStepsLowerTheLoss") {
+  ::torch::set_num_threads(1);
+  const Data data;
+  Runtime rt({.devices = "cpu:2", .chunk_size = 32, .threads_per_device = 1, .optimizer = {.kind = OptimizerKind::kAdam, .lr = 0.01f}});
+  auto chunks = torch_mlp(data, rt.device_count());
+  rt.register_parameters(chunks.layout(), chunks.initial());
+  std::vector<std::uint32_t> all(data.count);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::uint32_t>(i);
+  const double first = rt.step(all, chunks.function()).loss;
+  double last = first;
+  for (int s = 0; s < 60; ++s) last = rt.step(all, chunks.function()).loss;
+  CHECK(last < 0.7 * first);
+}
+
+TEST_CASE("Torch.AModuleThatDoesNotMatchTheLayoutIsRefused") {
+  const Data data;
+  auto chunks = torch_mlp(data, 1);
+  ParameterLayout other;
+  other.add("fc1.weight", 32 * 24);
+  std::vector<float> p(other.size()), g(other.size());
+  std::string what;
+  try {
+    libtorch::bind_module(chunks.replica(0), other, p, g);
+  } catch (const ConfigError& e) {
+    what = e.what();
+  }
+  CHECK(what.find("the module has 6 parameters; the layout has 1") != std::string::npos);
+}

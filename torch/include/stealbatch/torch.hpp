@@ -1,0 +1,98 @@
+// The libtorch adapter: a torch::nn::Module trains on stealbatch. Its parameters are laid out one named tensor each,
+// in parameters() order; during a chunk the module's parameters are views of the device's ctx.params and their
+// gradients views of ctx.grad (torch::from_blob), so forward and backward copy neither, and backward's gradient
+// accumulation lands in the runtime's buffer (the idea of DDP's gradient_as_bucket_view). Losses are sums: the
+// runtime divides by the batch. CPU and simulated devices (host memory).
+//
+//   struct NetImpl : torch::nn::Module { ... torch::Tensor forward(torch::Tensor x); };
+//   TORCH_MODULE(Net);
+//   stealbatch::libtorch::ModuleChunks<NetImpl> chunks([] { return Net()->ptr(); }, rt.device_count(),
+//       [&](std::span<const std::uint32_t> s) { return stealbatch::libtorch::rows(x, s); },
+//       [&](const torch::Tensor& out, std::span<const std::uint32_t> s) {
+//         return torch::nn::functional::cross_entropy(out, stealbatch::libtorch::rows(y, s),
+//                                                     torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+//       });
+//   rt.register_parameters(chunks.layout(), chunks.initial());
+//   rt.step(batch, chunks.function());
+#pragma once
+
+#include <stealbatch/runtime/runtime.hpp>
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace stealbatch::libtorch {
+
+// The layout of a module's parameters: one tensor each, named and ordered as named_parameters() gives them (for a
+// module with Linear layers fc1, fc2: fc1.weight, fc1.bias, fc2.weight, fc2.bias, each row-major).
+ParameterLayout layout_of(const ::torch::nn::Module& module);
+// The module's current parameter values, flat in that layout (the runtime's initial values).
+std::vector<float> values_of(const ::torch::nn::Module& module);
+// (Named so that no argument-dependent lookup finds std::bind instead.) Makes the module's parameters views of `params` and their gradients views of `grad` (both in layout_of()'s layout).
+// Throws ConfigError when the module's parameters do not match the layout (name, count or size).
+void bind_module(::torch::nn::Module& module, const ParameterLayout& layout, std::span<const float> params, std::span<float> grad);
+// After backward: a gradient that autograd replaced instead of accumulating in place (it may, for instance for a
+// gradient it had to reshape) is added into `grad` and the view restored, so nothing is lost either way.
+void settle(::torch::nn::Module& module, const ParameterLayout& layout, std::span<float> grad);
+// The rows of `data` (first dimension) at the chunk's sample ids: a chunk's input or targets from a tensor dataset.
+::torch::Tensor rows(const ::torch::Tensor& data, std::span<const std::uint32_t> samples);
+
+// A chunk function from a module: one replica per device (make() builds one; every replica has the same layout),
+// the chunk's input from its sample ids, and the summed loss of its output.
+template <class Module>
+class ModuleChunks {
+ public:
+  using Make = std::function<std::shared_ptr<Module>()>;
+  using Input = std::function<::torch::Tensor(std::span<const std::uint32_t> samples)>;
+  using Loss = std::function<::torch::Tensor(const ::torch::Tensor& output, std::span<const std::uint32_t> samples)>;
+
+  ModuleChunks(const Make& make, std::size_t devices, Input input, Loss loss) : m_input(std::move(input)), m_loss(std::move(loss)) {
+    for (std::size_t d = 0; d < std::max<std::size_t>(1, devices); ++d) m_replicas.push_back(make());
+    m_layout = layout_of(*m_replicas[0]);
+    m_initial = values_of(*m_replicas[0]);
+  }
+
+  const ParameterLayout& layout() const noexcept { return m_layout; }
+  // The first replica's values as made: register these with the runtime.
+  const std::vector<float>& initial() const noexcept { return m_initial; }
+  Module& replica(std::size_t device) { return *m_replicas.at(device); }
+
+  // The chunk function for Runtime::step(): on device d's replica, bound to the device's buffers, forward and backward
+  // over the chunk's samples.
+  ChunkFunction function() {
+    return [this](ChunkContext& ctx) {
+      if (ctx.device >= m_replicas.size()) throw ConfigError("libtorch: chunk on device " + std::to_string(ctx.device) + " but only " +
+                                                             std::to_string(m_replicas.size()) + " module replicas were made");
+      Module& m = *m_replicas[ctx.device];
+      libtorch::bind_module(m, m_layout, ctx.params, ctx.grad);
+      const ::torch::Tensor out = m.forward(m_input(ctx.samples));
+      const ::torch::Tensor loss = m_loss(out, ctx.samples);
+      loss.backward();
+      libtorch::settle(m, m_layout, ctx.grad);
+      ctx.add_loss(loss.item<double>());
+    };
+  }
+
+  // Runs `body` with device 0's replica bound to `params` (read-only use: evaluation) and no gradient recorded.
+  template <class Body>
+  auto with_parameters(std::span<const float> params, Body&& body) {
+    std::vector<float> scratch(m_layout.size());
+    libtorch::bind_module(*m_replicas[0], m_layout, params, scratch);
+    const ::torch::NoGradGuard no_grad;
+    return body(*m_replicas[0]);
+  }
+
+ private:
+  std::vector<std::shared_ptr<Module>> m_replicas;
+  ParameterLayout m_layout;
+  std::vector<float> m_initial;
+  Input m_input;
+  Loss m_loss;
+};
+
+}  // namespace stealbatch::libtorch
