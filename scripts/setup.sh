@@ -7,6 +7,7 @@ packages=(
   libtbb-dev libboost-dev doctest-dev
   libdnnl-dev zlib1g-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   openmpi-bin libopenmpi-dev
+  libtorch-dev
   dataset-fashion-mnist
   clang libclang-rt-14-dev xz-utils
 )

@@ -34,7 +34,7 @@ run_suite() {  # name, build dir, ctest args..., -- cmake args...
 run_suite "release" build -- -DCMAKE_BUILD_TYPE=Release || status=1
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
   run_suite "tsan" build-tsan -L "scheduler|runtime" -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=thread \
-  -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_MPI=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
+  -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_MPI=OFF -DSTEALBATCH_TORCH=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
 # The cross-rank runtime under ThreadSanitizer: its threads (devices claiming and stealing chunks through the window,
 # the watch) on 2 ranks. Open MPI is not built with TSan: its internals are suppressed (tests/tsan-mpi.supp), and
 # its UCX memory hooks, which crash under TSan at thread exit, are kept out (ob1, vader, osc sm).
@@ -44,7 +44,7 @@ run_tsan_mpi() {
   local start=$SECONDS supp
   mkdir -p build-tsan-mpi
   cmake -S . -B build-tsan-mpi -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=thread -DSTEALBATCH_CUDA=OFF \
-    -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF -DSTEALBATCH_MPI=ON >build-tsan-mpi/configure.log 2>&1 || { cat build-tsan-mpi/configure.log; return 1; }
+    -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF -DSTEALBATCH_MPI=ON -DSTEALBATCH_TORCH=OFF >build-tsan-mpi/configure.log 2>&1 || { cat build-tsan-mpi/configure.log; return 1; }
   cmake --build build-tsan-mpi --target test_mpi_cluster --parallel "$jobs" || return 1
   supp=build-tsan-mpi/tsan-all.supp
   cat tests/tsan.supp tests/tsan-mpi.supp >"$supp"
@@ -61,7 +61,7 @@ run_tsan_mpi() {
 run_tsan_mpi || status=1
 ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1" \
   run_suite "asan+ubsan" build-asan -LE package -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=address,undefined \
-  -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_MPI=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
+  -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_MPI=OFF -DSTEALBATCH_TORCH=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
 
 # The dataset reader's libFuzzer target (clang, ASan+UBSan) over the seed corpus for 30 seconds: any crash,
 # sanitizer report or exception other than DataError fails the run.
@@ -71,7 +71,7 @@ run_fuzz() {
   mkdir -p build-fuzz
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_FUZZ=ON \
     -DSTEALBATCH_SANITIZE=address,undefined -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_TESTS=OFF -DSTEALBATCH_EXAMPLES=OFF \
-    -DSTEALBATCH_PERF=OFF >build-fuzz/configure.log 2>&1 || { cat build-fuzz/configure.log; return 1; }
+    -DSTEALBATCH_PERF=OFF -DSTEALBATCH_MPI=OFF -DSTEALBATCH_TORCH=OFF >build-fuzz/configure.log 2>&1 || { cat build-fuzz/configure.log; return 1; }
   cmake --build build-fuzz --target fuzz_idx --parallel "$jobs" || return 1
   local corpus
   corpus=$(mktemp -d)
