@@ -134,10 +134,11 @@ int main(int argc, char** argv) {
     tm.initial = first.initial();
     tm.chunk_function = [&](std::size_t devices) -> ChunkFunction {
       // Each CPU device runs torch on its own threads: the cores shared among the devices.
-      ::torch::set_num_threads(std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / devices)));
+      const int threads = std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / devices));
       auto chunks = std::make_shared<libtorch::ModuleChunks<MlpNetImpl>>(
           [&] { return std::make_shared<MlpNetImpl>(sizes); }, devices, [&train](std::span<const std::uint32_t> s) { return libtorch::rows(train.x, s); },
-          [&train](const ::torch::Tensor& out, std::span<const std::uint32_t> s) { return summed_cross_entropy(out, libtorch::rows(train.y, s)); });
+          [&train](const ::torch::Tensor& out, std::span<const std::uint32_t> s) { return summed_cross_entropy(out, libtorch::rows(train.y, s)); },
+          threads);
       ChunkFunction fn = chunks->function();
       return [chunks, fn](ChunkContext& ctx) { fn(ctx); };
     };

@@ -33,7 +33,8 @@ namespace stealbatch::libtorch {
 ParameterLayout layout_of(const ::torch::nn::Module& module);
 // The module's current parameter values, flat in that layout (the runtime's initial values).
 std::vector<float> values_of(const ::torch::nn::Module& module);
-// (Named so that no argument-dependent lookup finds std::bind instead.) Makes the module's parameters views of `params` and their gradients views of `grad` (both in layout_of()'s layout).
+// Makes the module's parameters views of `params` and their gradients views of `grad` (both in layout_of()'s layout;
+// named bind_module so that argument-dependent lookup never picks std::bind instead).
 // Throws ConfigError when the module's parameters do not match the layout (name, count or size).
 void bind_module(::torch::nn::Module& module, const ParameterLayout& layout, std::span<const float> params, std::span<float> grad);
 // After backward: a gradient that autograd replaced instead of accumulating in place (it may, for instance for a
@@ -43,7 +44,9 @@ void settle(::torch::nn::Module& module, const ParameterLayout& layout, std::spa
 ::torch::Tensor rows(const ::torch::Tensor& data, std::span<const std::uint32_t> samples);
 
 // A chunk function from a module: one replica per device (make() builds one; every replica has the same layout),
-// the chunk's input from its sample ids, and the summed loss of its output.
+// the chunk's input from its sample ids, and the summed loss of its output. Each device's thread runs torch with
+// `threads` intra-op threads (torch's thread count is per calling thread: set on each device's worker, not once for
+// the process, or every device would start a pool of all the cores).
 template <class Module>
 class ModuleChunks {
  public:
@@ -51,7 +54,8 @@ class ModuleChunks {
   using Input = std::function<::torch::Tensor(std::span<const std::uint32_t> samples)>;
   using Loss = std::function<::torch::Tensor(const ::torch::Tensor& output, std::span<const std::uint32_t> samples)>;
 
-  ModuleChunks(const Make& make, std::size_t devices, Input input, Loss loss) : m_input(std::move(input)), m_loss(std::move(loss)) {
+  ModuleChunks(const Make& make, std::size_t devices, Input input, Loss loss, int threads = 1)
+      : m_input(std::move(input)), m_loss(std::move(loss)), m_threads(std::max(1, threads)) {
     for (std::size_t d = 0; d < std::max<std::size_t>(1, devices); ++d) m_replicas.push_back(make());
     m_layout = layout_of(*m_replicas[0]);
     m_initial = values_of(*m_replicas[0]);
@@ -69,6 +73,8 @@ class ModuleChunks {
       if (ctx.device >= m_replicas.size()) throw ConfigError("libtorch: chunk on device " + std::to_string(ctx.device) + " but only " +
                                                              std::to_string(m_replicas.size()) + " module replicas were made");
       Module& m = *m_replicas[ctx.device];
+      thread_local int threads = 0;
+      if (threads != m_threads) ::torch::set_num_threads(threads = m_threads);
       libtorch::bind_module(m, m_layout, ctx.params, ctx.grad);
       const ::torch::Tensor out = m.forward(m_input(ctx.samples));
       const ::torch::Tensor loss = m_loss(out, ctx.samples);
@@ -93,6 +99,7 @@ class ModuleChunks {
   std::vector<float> m_initial;
   Input m_input;
   Loss m_loss;
+  int m_threads = 1;
 };
 
 }  // namespace stealbatch::libtorch
