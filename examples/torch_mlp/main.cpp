@@ -3,6 +3,7 @@
 #include "trainer_cli.hpp"
 
 #include <stealbatch/error.hpp>
+#include <stealbatch/models/mlp_model.hpp>
 #include <stealbatch/torch.hpp>
 
 #include <CLI/CLI.hpp>
@@ -131,7 +132,10 @@ int main(int argc, char** argv) {
     auto first = libtorch::ModuleChunks<MlpNetImpl>([&] { return std::make_shared<MlpNetImpl>(sizes); }, 1, {}, {});
     TrainerModel tm;
     tm.layout = &first.layout();
-    tm.initial = first.initial();
+    // The hand-written MLP's He-uniform start from the same seed (the layouts are the same), so the two examples
+    // train from the same weights.
+    std::vector<std::size_t> usizes(sizes.begin(), sizes.end());
+    tm.initial = MlpModel(usizes).initial_parameters(f.seed);
     tm.chunk_function = [&](std::size_t devices) -> ChunkFunction {
       // Each CPU device runs torch on its own threads: the cores shared among the devices.
       const int threads = std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / devices));
