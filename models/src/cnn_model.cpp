@@ -239,21 +239,22 @@ void CnnModel::forward(std::span<const float> params, const DenseData& data, std
   }
   const dnnl::engine& eng = k.eng;
   dnnl::stream& s = k.strm;
-  const float* w1 = weights_for(p.conv1.to_fwd, p.conv1.plain_weights, p.conv1.weights, m_layout.view(params, m_conv1_w).data(), k.w1, s, eng);
-  float* conv1 = grow(k.conv1, floats(p.conv1.dst));
-  p.conv1.fwd.execute(s, {{DNNL_ARG_SRC, mem(p.conv1.src, eng, input)},
-                          {DNNL_ARG_WEIGHTS, mem(p.conv1.weights, eng, w1)},
-                          {DNNL_ARG_BIAS, mem(p.conv1.bias, eng, m_layout.view(params, m_conv1_b).data())},
-                          {DNNL_ARG_DST, mem(p.conv1.dst, eng, conv1)}});
+  // A convolution's forward pass: its weights in the primitive's layout (reordered into `w_buf` where that differs
+  // from the plain one), then the primitive, into `out`.
+  const auto conv_forward = [&](auto& c, const float* src, std::size_t weight, std::size_t bias, std::vector<float>& w_buf, std::vector<float>& out) {
+    const float* w = weights_for(c.to_fwd, c.plain_weights, c.weights, m_layout.view(params, weight).data(), w_buf, s, eng);
+    float* dst = grow(out, floats(c.dst));
+    c.fwd.execute(s, {{DNNL_ARG_SRC, mem(c.src, eng, src)},
+                      {DNNL_ARG_WEIGHTS, mem(c.weights, eng, w)},
+                      {DNNL_ARG_BIAS, mem(c.bias, eng, m_layout.view(params, bias).data())},
+                      {DNNL_ARG_DST, mem(c.dst, eng, dst)}});
+    return dst;
+  };
+  float* conv1 = conv_forward(p.conv1, input, m_conv1_w, m_conv1_b, k.w1, k.conv1);
   k.arg1.resize(b * kConv1 * half * half);
   float* pool1 = grow(k.pool1, floats(p.conv2.src));
   pool_forward(conv1, p.conv1.dst_l, b, kConv1, kSide, pool1, p.conv2.src_l, k.arg1.data());
-  const float* w2 = weights_for(p.conv2.to_fwd, p.conv2.plain_weights, p.conv2.weights, m_layout.view(params, m_conv2_w).data(), k.w2, s, eng);
-  float* conv2 = grow(k.conv2, floats(p.conv2.dst));
-  p.conv2.fwd.execute(s, {{DNNL_ARG_SRC, mem(p.conv2.src, eng, pool1)},
-                          {DNNL_ARG_WEIGHTS, mem(p.conv2.weights, eng, w2)},
-                          {DNNL_ARG_BIAS, mem(p.conv2.bias, eng, m_layout.view(params, m_conv2_b).data())},
-                          {DNNL_ARG_DST, mem(p.conv2.dst, eng, conv2)}});
+  float* conv2 = conv_forward(p.conv2, pool1, m_conv2_w, m_conv2_b, k.w2, k.conv2);
   s.wait();
   k.arg2.resize(b * kFlat);
   k.pool2.resize(b * kFlat);

@@ -216,10 +216,14 @@ bool Scheduler::worth_taking(std::size_t w, Source from) noexcept {
   Worker& me = *m_workers[w];
   const double placed = from == Source::kOwn ? m_endgame.own_cost(w) : m_endgame.stolen_cost(w);
   // Relaxed: an estimate; the chunks still running elsewhere are counted as left, which only makes this take more. A
-  // sourced step's count holds a token while its source is open; what the source still holds is added.
+  // sourced step's count holds a token while its source is open (relaxed: the same estimate); what the source still
+  // holds is added only when what is given does not already make the chunk worth taking: more left never makes it
+  // less so, and the count may cost a remote read (a rank's share word), which the common case then skips.
+  const double cost = placed * me.live_factor + me.live_ahead;
   double left = static_cast<double>(m_remaining.load(std::memory_order_relaxed));
-  if (m_source != nullptr) left += static_cast<double>((*m_pending)()) - (m_source_open.load(std::memory_order_relaxed) ? 1.0 : 0.0);
-  const bool worth = m_endgame.worth(w, placed * me.live_factor + me.live_ahead, left);
+  if (m_source != nullptr) left -= m_source_open.load(std::memory_order_relaxed) ? 1.0 : 0.0;
+  bool worth = m_endgame.worth(w, cost, left);
+  if (!worth && m_source != nullptr) worth = m_endgame.worth(w, cost, left + static_cast<double>((*m_pending)()));
   if (!m_endgame.fastest(w)) return worth;
   // One of the fastest as placed. These always take, so the step always ends; one that has slowed down in this
   // step (its live factor) may leave the rest to the others like any slow worker, but only while another fastest
@@ -401,11 +405,7 @@ void Scheduler::run_step(Worker& me) {
       f = find_work(me, stolen);
     } else if (m_source) {
       // Static, sourced: only the source, no stealing from the other deques.
-      bool got = false;
-      auto poll = [&] { return step_over() || (got = refill(me, stolen)) || !m_source_open.load(std::memory_order_acquire); };
-      auto ready = [&] { return step_over() || source_ready(); };
-      wait_until(poll, ready, &me.counters.parks);
-      if (got) {
+      if (wait_for_source(me, stolen)) {
         f = Found::kChunk;
       } else {
         wait_until(over, over, &me.counters.parks);
@@ -458,12 +458,7 @@ Scheduler::Found Scheduler::find_work(Worker& me, ChunkId& out) {
   const std::size_t n = m_workers.size();
   if (n == 1) {
     auto over = [&] { return step_over(); };
-    if (m_source) {
-      bool got = false;
-      auto poll = [&] { return step_over() || (got = refill(me, out)) || !m_source_open.load(std::memory_order_acquire); };
-      wait_until(poll, poll, &me.counters.parks);
-      if (got) return Found::kChunk;
-    }
+    if (m_source && wait_for_source(me, out)) return Found::kChunk;
     wait_until(over, over, &me.counters.parks);
     return Found::kStepOver;
   }
@@ -529,6 +524,15 @@ bool Scheduler::step_over() const noexcept {
   // Relaxed on m_remaining and m_abort: they guard no data. A worker that leaves the step on either has nothing
   // left to read from the step; what it wrote reaches the caller through m_in_step.
   return m_remaining.load(std::memory_order_relaxed) == 0 || m_abort.load(std::memory_order_relaxed);
+}
+
+bool Scheduler::wait_for_source(Worker& me, ChunkId& out) {
+  bool got = false;
+  // Acquire on m_source_open: as in source_ready().
+  auto poll = [&] { return step_over() || (got = refill(me, out)) || !m_source_open.load(std::memory_order_acquire); };
+  auto ready = [&] { return step_over() || source_ready(); };
+  wait_until(poll, ready, &me.counters.parks);
+  return got;
 }
 
 bool Scheduler::source_ready() const noexcept {

@@ -189,6 +189,8 @@ class Scheduler {
   // rest onto this worker's deque. False when it gave nothing.
   bool refill(Worker& me, ChunkId& out);
   bool source_ready() const noexcept;
+  // Asks the source until it gives chunks (true: the first in `out`), or the step is over or the source closed.
+  bool wait_for_source(Worker& me, ChunkId& out);
   enum class Source { kOwn, kStolen };
   bool worth_taking(std::size_t w, Source from) noexcept;
   bool work_visible(std::size_t self) const noexcept;
