@@ -2,8 +2,8 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(_sb_targets stealbatch_base stealbatch_scheduler stealbatch_runtime stealbatch_data)
-install(DIRECTORY base/include/ scheduler/include/ runtime/include/ data/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} PATTERN "*.in" EXCLUDE)
+set(_sb_targets stealbatch_base stealbatch_scheduler stealbatch_checkpoint stealbatch_runtime stealbatch_data)
+install(DIRECTORY base/include/ scheduler/include/ checkpoint/include/ runtime/include/ data/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} PATTERN "*.in" EXCLUDE)
 if(STEALBATCH_CUDA)
   list(APPEND _sb_targets stealbatch_cuda)
   install(DIRECTORY cuda/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

@@ -5,7 +5,7 @@
 #   build-tsan-mpi/ ThreadSanitizer over the runtime across 2 MPI ranks (test_mpi_cluster's cases; Open MPI's own
 #                   internals suppressed, tests/tsan-mpi.supp)
 #   build-asan/     AddressSanitizer + UndefinedBehaviorSanitizer over the unit tests (not the install test)
-#   build-fuzz/     the dataset reader's libFuzzer target, 30 s over the seed corpus
+#   build-fuzz/     the libFuzzer targets of the dataset reader and the checkpoint reader, 30 s each over their seeds
 # Exits non-zero on the first failing configuration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,8 +63,8 @@ ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1" \
   run_suite "asan+ubsan" build-asan -LE package -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=address,undefined \
   -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_MPI=OFF -DSTEALBATCH_TORCH=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
 
-# The dataset reader's libFuzzer target (clang, ASan+UBSan) over the seed corpus for 30 seconds: any crash,
-# sanitizer report or exception other than DataError fails the run.
+# The libFuzzer targets (clang, ASan+UBSan), each over its seed corpus for 30 seconds: the dataset reader (any
+# exception other than DataError is a crash) and the checkpoint reader (any other than CheckpointError).
 run_fuzz() {
   echo "=== fuzz: configure and build (build-fuzz)"
   local start=$SECONDS
@@ -72,14 +72,17 @@ run_fuzz() {
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_FUZZ=ON \
     -DSTEALBATCH_SANITIZE=address,undefined -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_TESTS=OFF -DSTEALBATCH_EXAMPLES=OFF \
     -DSTEALBATCH_PERF=OFF -DSTEALBATCH_MPI=OFF -DSTEALBATCH_TORCH=OFF >build-fuzz/configure.log 2>&1 || { cat build-fuzz/configure.log; return 1; }
-  cmake --build build-fuzz --target fuzz_idx --parallel "$jobs" || return 1
-  local corpus
-  corpus=$(mktemp -d)
-  echo "=== fuzz: fuzz_idx for 30 s over tests/fuzz/corpus"
-  build-fuzz/tests/fuzz/fuzz_idx -max_total_time=30 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 "$corpus" tests/fuzz/corpus \
-    >build-fuzz/fuzz.log 2>&1 || { tail -40 build-fuzz/fuzz.log; rm -rf "$corpus"; return 1; }
-  grep -E "^stat::(number_of_executed_units|average_exec_per_sec|new_units_added)" build-fuzz/fuzz.log || true
-  rm -rf "$corpus"
+  cmake --build build-fuzz --target fuzz_idx fuzz_checkpoint --parallel "$jobs" || return 1
+  local target seeds corpus
+  for target in fuzz_idx:tests/fuzz/corpus fuzz_checkpoint:tests/fuzz/checkpoint_corpus; do
+    seeds=${target#*:} target=${target%%:*}
+    corpus=$(mktemp -d)
+    echo "=== fuzz: $target for 30 s over $seeds"
+    build-fuzz/tests/fuzz/$target -max_total_time=30 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 "$corpus" "$seeds" \
+      >build-fuzz/$target.log 2>&1 || { tail -40 build-fuzz/$target.log; rm -rf "$corpus"; return 1; }
+    grep -E "^stat::(number_of_executed_units|average_exec_per_sec|new_units_added)" build-fuzz/$target.log || true
+    rm -rf "$corpus"
+  done
   echo "=== fuzz: done in $((SECONDS - start)) s"
 }
 run_fuzz || status=1

@@ -25,6 +25,26 @@ class DataError : public Error {
   using Error::Error;
 };
 
+// A checkpoint that cannot be written or loaded. The message names the file and what is wrong with it; a load that
+// fails leaves the runtime's state as it was.
+//   kIo: the file cannot be opened, read, written, synced or renamed (the OS's reason follows);
+//   kFormat: not a well-formed safetensors file (truncated, a corrupt header, offsets that do not fit);
+//   kChecksum: the data's crc32 differs from the one in the header, or there is none;
+//   kLayout: its tensors differ from the runtime's parameter layout (a name, a shape, a count);
+//   kOptimizer: its optimizer is of another kind, or has other settings, than the runtime's.
+class CheckpointError : public Error {
+ public:
+  enum class Reason { kIo, kFormat, kChecksum, kLayout, kOptimizer };
+  CheckpointError(Reason reason, const std::string& path, const std::string& what)
+      : Error("checkpoint '" + path + "': " + what), m_reason(reason), m_path(path) {}
+  Reason reason() const noexcept { return m_reason; }
+  const std::string& path() const noexcept { return m_path; }
+
+ private:
+  Reason m_reason;
+  std::string m_path;
+};
+
 // A CUDA runtime, driver or cuBLAS call failed.
 class CudaError : public Error {
  public:

@@ -1,0 +1,95 @@
+// A checkpoint file: the safetensors container with the data's crc32 in the metadata.
+#include <stealbatch/checkpoint/checkpoint_file.hpp>
+#include <stealbatch/checkpoint/durable_file.hpp>
+#include <stealbatch/error.hpp>
+
+#include <zlib.h>
+
+#include <cstdio>
+#include <cstring>
+#include <limits>
+
+namespace stealbatch {
+
+namespace {
+
+std::string hex8(std::uint32_t v) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", v);
+  return buf;
+}
+
+std::span<const std::byte> as_bytes_of(std::span<const float> v) { return std::as_bytes(v); }
+
+[[noreturn]] void layout_error(const std::string& source, std::string_view name, const std::string& why) {
+  throw CheckpointError(CheckpointError::Reason::kLayout, source, "tensor '" + std::string(name) + "' " + why);
+}
+
+}  // namespace
+
+std::uint32_t crc32_of(std::span<const std::byte> bytes, std::uint32_t crc) noexcept {
+  // zlib takes a uInt length: feed it in pieces of at most 1 GiB.
+  uLong c = crc;
+  while (!bytes.empty()) {
+    const std::size_t n = std::min<std::size_t>(bytes.size(), std::size_t{1} << 30);
+    c = ::crc32(c, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(n));
+    bytes = bytes.subspan(n);
+  }
+  return static_cast<std::uint32_t>(c);
+}
+
+void write_checkpoint_file(const std::filesystem::path& path, std::span<const CheckpointTensor> tensors, SafetensorsMetadata metadata) {
+  if (metadata.count(kCrcKey)) throw CheckpointError(CheckpointError::Reason::kFormat, path.string(), std::string("the metadata key '") + kCrcKey + "' is the checksum's");
+  std::vector<SafetensorsTensor> entries;
+  std::vector<std::span<const std::byte>> pieces(1);
+  std::uint32_t crc = 0;
+  for (const CheckpointTensor& t : tensors) {
+    std::uint64_t count = 1;
+    for (std::uint64_t d : t.shape) count *= d;
+    if (count != t.values.size()) {
+      throw CheckpointError(CheckpointError::Reason::kFormat, path.string(),
+                            "tensor '" + t.name + "': a shape of " + std::to_string(count) + " elements for " + std::to_string(t.values.size()) + " values");
+    }
+    entries.push_back({t.name, "F32", t.shape, 0, 0});
+    pieces.push_back(as_bytes_of(t.values));
+    crc = crc32_of(pieces.back(), crc);
+  }
+  metadata.emplace(kCrcKey, hex8(crc));
+  const std::string header = safetensors_header(entries, metadata);
+  pieces[0] = std::as_bytes(std::span<const char>(header));
+  write_file_durably(path, pieces);
+}
+
+CheckpointFile CheckpointFile::read(const std::filesystem::path& path) { return parse(read_whole_file(path), path.string()); }
+
+CheckpointFile CheckpointFile::parse(std::vector<std::byte> bytes, const std::string& source) {
+  CheckpointFile f;
+  f.m_bytes = std::move(bytes);
+  f.m_source = source;
+  f.m_contents = parse_safetensors(f.m_bytes, source);  // views m_bytes, whose buffer a move of f keeps
+  const auto it = f.m_contents.metadata().find(kCrcKey);
+  if (it == f.m_contents.metadata().end()) {
+    throw CheckpointError(CheckpointError::Reason::kChecksum, source, std::string("no checksum: the metadata has no '") + kCrcKey + "'");
+  }
+  f.m_crc = crc32_of(f.m_contents.data());
+  const std::string actual = hex8(f.m_crc);
+  if (it->second != actual) {
+    throw CheckpointError(CheckpointError::Reason::kChecksum, source, "checksum mismatch: the header says crc32 " + it->second + ", the data's is " + actual);
+  }
+  return f;
+}
+
+std::vector<float> CheckpointFile::floats(std::string_view name, std::size_t count) const {
+  const SafetensorsTensor* t = m_contents.find(name);
+  if (t == nullptr) layout_error(m_source, name, "is missing");
+  if (t->dtype != "F32") layout_error(m_source, name, "is " + t->dtype + ", expected F32");
+  if (t->end - t->begin != count * sizeof(float)) {
+    layout_error(m_source, name, "has " + std::to_string((t->end - t->begin) / sizeof(float)) + " elements, expected " + std::to_string(count));
+  }
+  std::vector<float> out(count);
+  const auto bytes = m_contents.bytes_of(*t);
+  if (count) std::memcpy(out.data(), bytes.data(), bytes.size());  // the data need not be aligned for floats
+  return out;
+}
+
+}  // namespace stealbatch

@@ -1,0 +1,202 @@
+// The checkpoint file and its folder, below the runtime: the safetensors header as the format defines it, the
+// checks of a corrupt or truncated file, the checksum, crash-safe replacement, and which checkpoints a folder keeps.
+#include <stealbatch/checkpoint/checkpoint_dir.hpp>
+#include <stealbatch/checkpoint/checkpoint_file.hpp>
+#include <stealbatch/checkpoint/durable_file.hpp>
+#include <stealbatch/checkpoint/safetensors.hpp>
+#include <stealbatch/error.hpp>
+
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+using namespace stealbatch;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("sb_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
+  TempDir() { fs::create_directories(path); }
+  ~TempDir() { fs::remove_all(path); }
+  static int& counter() {
+    static int n = 0;
+    return n;
+  }
+};
+
+std::vector<std::byte> bytes_of(const std::string& s) {
+  std::vector<std::byte> out(s.size());
+  std::memcpy(out.data(), s.data(), s.size());
+  return out;
+}
+
+// A file from a header text and data bytes, as the format lays it out.
+std::vector<std::byte> file_of(const std::string& header, const std::vector<std::byte>& data) {
+  std::string out(8, '\0');
+  const std::uint64_t n = header.size();
+  std::memcpy(out.data(), &n, 8);
+  std::vector<std::byte> f = bytes_of(out + header);
+  f.insert(f.end(), data.begin(), data.end());
+  return f;
+}
+
+CheckpointError::Reason reason_of(const std::vector<std::byte>& file, std::string* message = nullptr) {
+  try {
+    (void)CheckpointFile::parse(file, "test.safetensors");
+  } catch (const CheckpointError& e) {
+    if (message) *message = e.what();
+    return e.reason();
+  }
+  FAIL("parsed a file that should not parse");
+  return CheckpointError::Reason::kIo;
+}
+
+}  // namespace
+
+TEST_CASE("Safetensors.HeaderIsTheFormatsJsonPaddedToEightBytes") {
+  std::vector<SafetensorsTensor> t{{"w", "F32", {2, 3}, 0, 0}, {"b", "F32", {2}, 0, 0}};
+  const std::string h = safetensors_header(t, {{"epoch", "3"}});
+  std::uint64_t n = 0;
+  std::memcpy(&n, h.data(), 8);
+  CHECK(n == h.size() - 8);
+  CHECK(h.size() % 8 == 0);
+  const std::string json = h.substr(8);
+  CHECK(json.rfind(R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"b":{"dtype":"F32","shape":[2],"data_offsets":[24,32]},)"
+                   R"("__metadata__":{"epoch":"3"}})", 0) == 0);
+  CHECK(json.find_first_not_of(' ', json.find_last_of('}') + 1) == std::string::npos);
+  CHECK(t[1].begin == 24);
+  CHECK(t[1].end == 32);
+}
+
+TEST_CASE("Safetensors.ParsesAFileAsTheReferenceWritesIt") {
+  // The bytes safetensors.torch.save_file({"a": torch.tensor([1.0, 2.0])}, ...) writes: no metadata, one F32 tensor.
+  const std::string header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  std::vector<std::byte> data(8);
+  const float v[2] = {1.0f, 2.0f};
+  std::memcpy(data.data(), v, 8);
+  const std::vector<std::byte> f = file_of(header, data);
+  const Safetensors s = parse_safetensors(f, "ref");
+  REQUIRE(s.tensors().size() == 1);
+  CHECK(s.tensors()[0].name == "a");
+  CHECK(s.tensors()[0].shape == std::vector<std::uint64_t>{2});
+  REQUIRE(s.find("a") != nullptr);
+  CHECK(s.find("b") == nullptr);
+  float back[2];
+  std::memcpy(back, s.bytes_of(*s.find("a")).data(), 8);
+  CHECK(back[1] == 2.0f);
+  // The reference writes no checksum: a stealbatch checkpoint needs one.
+  CHECK(reason_of(f) == CheckpointError::Reason::kChecksum);
+}
+
+TEST_CASE("Safetensors.MalformedFilesAreFormatErrorsNamingTheProblem") {
+  const std::vector<std::byte> data(8);
+  const auto check = [&](const std::vector<std::byte>& f, const char* says) {
+    std::string msg;
+    CHECK(reason_of(f, &msg) == CheckpointError::Reason::kFormat);
+    CHECK_MESSAGE(msg.find(says) != std::string::npos, msg);
+    CHECK(msg.find("test.safetensors") != std::string::npos);
+  };
+  check(bytes_of("abc"), "truncated");
+  check(file_of(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", {}), "truncated");
+  std::vector<std::byte> long_header = file_of("{}", {});
+  long_header[0] = std::byte{200};
+  check(long_header, "truncated: the header claims 200 bytes");
+  check(file_of(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})", data), "not a JSON object");
+  check(file_of(R"([1,2])", data), "does not begin with '{'");
+  check(file_of(R"({"a":{"dtype":"F33","shape":[2],"data_offsets":[0,8]}})", data), "unknown dtype 'F33'");
+  check(file_of(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", data), "8 bytes for 3 elements");
+  check(file_of(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", data), "non-negative integer");
+  check(file_of(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", data), "a hole");
+  check(file_of(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", data),
+        "an overlap");
+  check(file_of(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", data), "cover 4 bytes of data, the file has 8");
+  check(file_of(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", data), "overflows");
+  check(file_of(R"({"__metadata__":{"k":1}})", {}), "is not a string");
+}
+
+TEST_CASE("CheckpointFile.RoundTripsAndCatchesEveryFlippedByte") {
+  TempDir dir;
+  const std::vector<float> w{1, 2, 3, 4, 5, 6}, b{-1, 0.5f};
+  const std::vector<CheckpointTensor> tensors{{"w", {2, 3}, w}, {"b", {2}, b}};
+  const fs::path p = dir.path / "c.safetensors";
+  write_checkpoint_file(p, tensors, {{"epoch", "3"}});
+  const CheckpointFile f = CheckpointFile::read(p);
+  CHECK(f.floats("w", 6) == w);
+  CHECK(f.floats("b", 2) == b);
+  CHECK(f.contents().metadata().at("epoch") == "3");
+  CHECK_THROWS_AS((void)f.floats("w", 5), CheckpointError);
+  CHECK_THROWS_AS((void)f.floats("x", 1), CheckpointError);
+  // Every byte of the data flipped in turn: the checksum catches each one.
+  const std::vector<std::byte> good = read_whole_file(p);
+  const std::size_t data_at = good.size() - (w.size() + b.size()) * sizeof(float);
+  for (std::size_t i = data_at; i < good.size(); ++i) {
+    std::vector<std::byte> bad = good;
+    bad[i] ^= std::byte{0x10};
+    CHECK(reason_of(bad) == CheckpointError::Reason::kChecksum);
+  }
+  // Every truncation is an error, never a partial read.
+  for (std::size_t len = 0; len < good.size(); ++len) {
+    const std::vector<std::byte> cut(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(len));
+    const auto r = reason_of(cut);
+    CHECK((r == CheckpointError::Reason::kFormat || r == CheckpointError::Reason::kChecksum));
+  }
+  // A shape that does not match its values, and the checksum's own key, are refused before anything is written.
+  const std::vector<CheckpointTensor> wrong{{"w", {4}, w}};
+  CHECK_THROWS_AS(write_checkpoint_file(dir.path / "d.safetensors", wrong, {}), CheckpointError);
+  CHECK_THROWS_AS(write_checkpoint_file(dir.path / "d.safetensors", tensors, {{kCrcKey, "0"}}), CheckpointError);
+  CHECK_FALSE(fs::exists(dir.path / "d.safetensors"));
+}
+
+TEST_CASE("DurableFile.ReplacesWholeAndLeavesNoTemporaryFile") {
+  TempDir dir;
+  const fs::path p = dir.path / "f";
+  const std::string one = "first version", two = "second, longer version";
+  const auto write = [&](const std::string& s) {
+    const std::span<const std::byte> piece = std::as_bytes(std::span<const char>(s));
+    write_file_durably(p, std::span<const std::span<const std::byte>>(&piece, 1));
+  };
+  write(one);
+  write(two);
+  const std::vector<std::byte> back = read_whole_file(p);
+  CHECK(std::string(reinterpret_cast<const char*>(back.data()), back.size()) == two);
+  std::size_t files = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir.path)) ++files;
+  CHECK(files == 1);
+  // A folder that does not exist: an I/O error naming the path, nothing left behind.
+  try {
+    const std::span<const std::byte> piece = std::as_bytes(std::span<const char>(one));
+    write_file_durably(dir.path / "missing" / "f", std::span<const std::span<const std::byte>>(&piece, 1));
+    FAIL("wrote into a missing folder");
+  } catch (const CheckpointError& e) {
+    CHECK(e.reason() == CheckpointError::Reason::kIo);
+    CHECK(std::string(e.what()).find("missing") != std::string::npos);
+  }
+  CHECK_THROWS_AS((void)read_whole_file(dir.path / "nothing"), CheckpointError);
+}
+
+TEST_CASE("CheckpointDir.KeepsTheNewestAndSkipsUnfinishedSaves") {
+  TempDir dir;
+  const CheckpointDir d(dir.path / "run");
+  CHECK_FALSE(d.latest().has_value());
+  for (std::uint64_t step : {5u, 100u, 20u, 7u}) std::ofstream(d.path_for(step)) << "x";
+  std::ofstream(dir.path / "run" / ".step-000000000200.safetensors.tmp.1.0") << "partial";  // a save that was killed
+  std::ofstream(dir.path / "run" / "notes.txt") << "other";
+  REQUIRE(d.latest().has_value());
+  CHECK(*d.latest() == d.path_for(100));
+  CHECK(d.list().size() == 4);
+  d.prune(2);
+  const auto left = d.list();
+  REQUIRE(left.size() == 2);
+  CHECK(left[0].first == 20);
+  CHECK(left[1].first == 100);
+  CHECK_FALSE(fs::exists(dir.path / "run" / ".step-000000000200.safetensors.tmp.1.0"));
+  CHECK(fs::exists(dir.path / "run" / "notes.txt"));
+  CHECK(d.path_for(7).filename() == "step-000000000007.safetensors");
+}
