@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -231,6 +232,27 @@ void CudaDevice::apply_update(float /*grad_scale: the device divides by the redu
 void CudaDevice::copy_params(std::span<float> out) const {
   SB_CUDA_CHECK(cudaMemcpyAsync(out.data(), m_params.data(), m_count * sizeof(float), cudaMemcpyDeviceToHost, m_compute.get()));
   SB_CUDA_CHECK(cudaStreamSynchronize(m_compute.get()));
+}
+
+OptimizerState CudaDevice::optimizer_state() const {
+  OptimizerState st{std::vector<float>(m_count), std::vector<float>(m_v.size()), m_t};
+  cudaStream_t s = m_compute.get();
+  SB_CUDA_CHECK(cudaMemcpyAsync(st.first.data(), m_m.data(), m_count * sizeof(float), cudaMemcpyDeviceToHost, s));
+  if (m_v.size()) SB_CUDA_CHECK(cudaMemcpyAsync(st.second.data(), m_v.data(), m_v.bytes(), cudaMemcpyDeviceToHost, s));
+  SB_CUDA_CHECK(cudaStreamSynchronize(s));
+  return st;
+}
+
+void CudaDevice::load_replica(std::span<const float> params, const OptimizerState& state) {
+  if (params.size() != m_count || state.first.size() != m_count || state.second.size() != m_v.size()) {
+    throw std::logic_error(name() + ": load_replica() with a state of another size");
+  }
+  cudaStream_t s = m_compute.get();
+  SB_CUDA_CHECK(cudaMemcpyAsync(m_params.data(), params.data(), m_count * sizeof(float), cudaMemcpyHostToDevice, s));
+  SB_CUDA_CHECK(cudaMemcpyAsync(m_m.data(), state.first.data(), m_count * sizeof(float), cudaMemcpyHostToDevice, s));
+  if (m_v.size()) SB_CUDA_CHECK(cudaMemcpyAsync(m_v.data(), state.second.data(), m_v.bytes(), cudaMemcpyHostToDevice, s));
+  SB_CUDA_CHECK(cudaStreamSynchronize(s));  // the host buffers are the caller's: done with them before returning
+  m_t = state.steps;
 }
 
 void CudaDevice::copy_grad(std::span<float> out) const {

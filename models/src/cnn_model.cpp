@@ -201,13 +201,13 @@ const float* weights_for(const dnnl::reorder& r, const memory::desc& plain, cons
 }  // namespace
 
 CnnModel::CnnModel() {
-  m_conv1_w = m_layout.add("conv1.weight", kConv1 * 1 * kKernel * kKernel);
+  m_conv1_w = m_layout.add("conv1.weight", {kConv1, 1, kKernel, kKernel});
   m_conv1_b = m_layout.add("conv1.bias", kConv1);
-  m_conv2_w = m_layout.add("conv2.weight", kConv2 * kConv1 * kKernel * kKernel);
+  m_conv2_w = m_layout.add("conv2.weight", {kConv2, kConv1, kKernel, kKernel});
   m_conv2_b = m_layout.add("conv2.bias", kConv2);
-  m_fc1_w = m_layout.add("fc1.weight", kHidden * kFlat);
+  m_fc1_w = m_layout.add("fc1.weight", {kHidden, kFlat});
   m_fc1_b = m_layout.add("fc1.bias", kHidden);
-  m_fc2_w = m_layout.add("fc2.weight", kClasses * kHidden);
+  m_fc2_w = m_layout.add("fc2.weight", {kClasses, kHidden});
   m_fc2_b = m_layout.add("fc2.bias", kClasses);
 }
 

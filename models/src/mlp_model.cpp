@@ -14,7 +14,7 @@ MlpModel::MlpModel(std::vector<std::size_t> sizes) : m_sizes(std::move(sizes)) {
   if (m_sizes.size() < 2) throw ConfigError("mlp: need at least an input and an output size");
   for (std::size_t l = 0; l + 1 < m_sizes.size(); ++l) {
     if (m_sizes[l] == 0 || m_sizes[l + 1] == 0) throw ConfigError("mlp: layer sizes must be at least 1");
-    m_weight.push_back(m_layout.add("fc" + std::to_string(l + 1) + ".weight", m_sizes[l + 1] * m_sizes[l]));
+    m_weight.push_back(m_layout.add("fc" + std::to_string(l + 1) + ".weight", {m_sizes[l + 1], m_sizes[l]}));
     m_bias.push_back(m_layout.add("fc" + std::to_string(l + 1) + ".bias", m_sizes[l + 1]));
   }
 }

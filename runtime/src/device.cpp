@@ -42,6 +42,19 @@ void Device::set_lr(float lr) {
   m_optimizer->set_lr(lr);
 }
 
+OptimizerState Device::optimizer_state() const {
+  if (m_shares) throw std::logic_error(name() + ": optimizer_state() on a device that shares the runtime's parameters");
+  const auto first = m_optimizer->first_moment(), second = m_optimizer->second_moment();
+  return {{first.begin(), first.end()}, {second.begin(), second.end()}, m_optimizer->steps()};
+}
+
+void Device::load_replica(std::span<const float> params, const OptimizerState& state) {
+  if (m_shares) throw std::logic_error(name() + ": load_replica() on a device that shares the runtime's parameters");
+  if (params.size() != m_params.size()) throw std::logic_error(name() + ": load_replica() with " + std::to_string(params.size()) + " parameters");
+  m_optimizer->restore(state.first, state.second, state.steps);
+  m_params.assign(params.begin(), params.end());
+}
+
 void Device::copy_params(std::span<float> out) const {
   const std::span<const float> p = params();
   std::copy(p.begin(), p.end(), out.begin());

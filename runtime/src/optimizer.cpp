@@ -41,6 +41,17 @@ Optimizer::Optimizer(const OptimizerOptions& options, std::size_t size, bool dou
   if (double_buffered) m_m_next = m_m, m_v_next = m_v;
 }
 
+void Optimizer::restore(std::span<const float> first, std::span<const float> second, std::uint64_t steps) {
+  if (first.size() != m_m.size() || second.size() != m_v.size()) {
+    throw ConfigError("optimizer: a state of " + std::to_string(first.size()) + " + " + std::to_string(second.size()) + " floats for one of " +
+                      std::to_string(m_m.size()) + " + " + std::to_string(m_v.size()));
+  }
+  m_m.assign(first.begin(), first.end());
+  m_v.assign(second.begin(), second.end());
+  if (!m_m_next.empty() || !m_v_next.empty()) m_m_next = m_m, m_v_next = m_v;  // double-buffered: update_into() writes these next
+  m_t = steps;
+}
+
 void Optimizer::set_lr(float lr) {
   check("lr", lr, 0, true, 10, false);
   m_o.lr = lr;

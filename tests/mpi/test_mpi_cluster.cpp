@@ -2,6 +2,7 @@
 // gradient against one process's, bit-identical parameters, a chunk that throws on one rank, a remote steal while
 // the victim computes, and the failures that must end the job (a stall, a hung rank, a dead rank). Each rank checks
 // what it sees; the exit status is non-zero on any rank's failure (mpirun passes it on).
+#include <stealbatch/error.hpp>
 #include <stealbatch/mpi/mpi_cluster.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -177,6 +179,70 @@ void identical_parameters() {
   g_cluster->allreduce_sum(mine);
   for (double v : mine) EXPECT(v == mine[0]);
   if (g_cluster->rank() == 0) std::printf("identical parameters: hash %016llx on every rank\n", static_cast<unsigned long long>(h));
+}
+
+// Every rank agrees with rank 0's bits: true on all ranks, or false on all.
+bool same_on_every_rank(std::span<const float> v) {
+  std::vector<double> mine(static_cast<std::size_t>(g_cluster->size()), 0.0);
+  mine[static_cast<std::size_t>(g_cluster->rank())] = static_cast<double>(hash_floats(v) >> 12);
+  g_cluster->allreduce_sum(mine);
+  for (double x : mine) {
+    if (x != mine[0]) return false;
+  }
+  return true;
+}
+
+// A checkpoint across ranks: rank 0 writes, every rank loads, and the parameters are bit-identical on every rank
+// after the load and after more steps; a file that one rank cannot read, or reads with other bytes, is applied by
+// none of them.
+void checkpoint() {
+  // One path for the job: rank 0's, sent to the others.
+  std::string dir = (std::filesystem::temp_directory_path() / ("sb_mpi_ckpt_" + std::to_string(::getpid()))).string();
+  dir.resize(256, '\0');
+  g_cluster->broadcast(dir, 0);
+  dir.resize(dir.find('\0'));
+  if (g_cluster->rank() == 0) std::filesystem::create_directories(dir);
+  const std::string path = dir + "/c.safetensors";
+  RuntimeOptions o = on_cluster(g_cluster->rank() % 2 == 0 ? "sim:1,0.5" : "sim:2", 8, 5e-6);
+  o.optimizer.kind = OptimizerKind::kAdam;
+  o.optimizer.lr = 0.01f;
+  std::vector<float> saved;
+  {
+    Runtime rt(o);
+    rt.register_parameters(layout(), initial());
+    for (std::uint64_t s = 0; s < 20; ++s) rt.step(batch_of(512, s), linear_chunk);
+    rt.save_checkpoint(path, {{"step", "20"}});
+    saved.assign(rt.parameters().begin(), rt.parameters().end());
+  }
+  Runtime resumed(o);
+  resumed.register_parameters(layout(), initial());
+  const CheckpointMetadata meta = resumed.load_checkpoint(path);
+  EXPECT(meta.at("step") == "20");
+  const std::vector<float> loaded(resumed.parameters().begin(), resumed.parameters().end());
+  EXPECT(loaded == saved);
+  EXPECT(same_on_every_rank(loaded));
+  for (std::uint64_t s = 20; s < 40; ++s) resumed.step(batch_of(512, s), linear_chunk);
+  const std::vector<float> after(resumed.parameters().begin(), resumed.parameters().end());
+  EXPECT(same_on_every_rank(after));
+  // The last rank cannot read the file (as on a node without the shared file system): no rank applies it.
+  const bool last = g_cluster->rank() == g_cluster->size() - 1;
+  std::string message;
+  try {
+    resumed.load_checkpoint(last ? path + ".missing" : path);
+  } catch (const CheckpointError& e) {
+    message = e.what();
+  }
+  EXPECT(!message.empty());
+  if (!last) EXPECT(message.find("another rank could not load it") != std::string::npos);
+  const std::vector<float> kept(resumed.parameters().begin(), resumed.parameters().end());
+  EXPECT(kept == after);
+  double done[1] = {0};
+  g_cluster->allreduce_sum(done);  // every rank is done with the files
+  if (g_cluster->rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::printf("checkpoint: saved by rank 0, loaded by %d ranks, bit-identical after 20 more steps; a file one rank could not read "
+                "was applied by none\n", g_cluster->size());
+  }
 }
 
 // A chunk that throws on rank 1 fails that step on every rank, with a message that names rank 1 and its device;
@@ -376,12 +442,12 @@ void hang_or_die(bool die) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|throw|remote-steal|trace|config|stall|hang|die\n", argv[0]);
+    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|trace|config|stall|hang|die\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
   const std::map<std::string, std::function<void()>> cases = {
-      {"exactly-once", exactly_once}, {"gradient", gradient},         {"identical", identical_parameters},
+      {"exactly-once", exactly_once}, {"gradient", gradient},         {"identical", identical_parameters}, {"checkpoint", checkpoint},
       {"throw", chunk_throws},       {"remote-steal", remote_steal_while_victim_computes}, {"stall", stall},
       {"hang", [] { hang_or_die(false); }}, {"die", [] { hang_or_die(true); }}, {"trace", trace_across_ranks}, {"config", config_errors}};
   const auto it = cases.find(which);

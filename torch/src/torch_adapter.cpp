@@ -16,7 +16,10 @@ ParameterLayout layout_of(const ::torch::nn::Module& module) {
   ParameterLayout layout;
   for (const auto& p : module.named_parameters(/*recurse=*/true)) {
     if (p.value().scalar_type() != ::torch::kFloat) throw ConfigError("libtorch: parameter '" + p.key() + "' is not float32");
-    layout.add(p.key(), elements(p.value()));
+    std::vector<std::size_t> shape;
+    for (const std::int64_t d : p.value().sizes()) shape.push_back(static_cast<std::size_t>(d));
+    if (shape.empty()) shape.push_back(1);  // a scalar parameter
+    layout.add(p.key(), std::move(shape));
   }
   if (layout.size() == 0) throw ConfigError("libtorch: the module has no parameters");
   return layout;

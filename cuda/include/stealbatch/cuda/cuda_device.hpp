@@ -57,6 +57,8 @@ class CudaDevice final : public Device {
   void set_lr(float lr) override { m_opt.lr = lr; }
   void copy_params(std::span<float> out) const override;
   void copy_grad(std::span<float> out) const override;
+  OptimizerState optimizer_state() const override;
+  void load_replica(std::span<const float> params, const OptimizerState& state) override;
   double take_device_loss() override;
   void* workspace(std::size_t bytes) override;
 

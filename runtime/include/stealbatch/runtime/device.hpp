@@ -114,6 +114,10 @@ class Device {
   // The optimizer step from the reduced gradient sum scaled by grad_scale, then zero_grad(). Returns once done.
   virtual void apply_update(float grad_scale);
   virtual void set_lr(float lr);
+  // The replica's optimizer state, copied to host memory, and its replacement with a saved one together with the
+  // parameters (a resumed run; the sizes are the replica's). Not for a device that shares the runtime's parameters.
+  virtual OptimizerState optimizer_state() const;
+  virtual void load_replica(std::span<const float> params, const OptimizerState& state);
   // Copies to host memory (out.size() == the parameter count).
   virtual void copy_params(std::span<float> out) const;
   virtual void copy_grad(std::span<float> out) const;

@@ -24,6 +24,13 @@ struct OptimizerOptions {
 
 // Throws ConfigError naming the field, the value and the valid range.
 void validate(const OptimizerOptions& o);
+
+// An optimizer's state in host memory, as a checkpoint holds it: the first moment (SGD's velocity, Adam's m), the
+// second (Adam's v; empty for SGD) and the steps taken (Adam's bias correction counts them).
+struct OptimizerState {
+  std::vector<float> first, second;
+  std::uint64_t steps = 0;
+};
 // "sgd" or "adam"; throws ConfigError naming the field ("optimizer").
 OptimizerKind parse_optimizer(std::string_view name);
 
@@ -44,6 +51,12 @@ class Optimizer {
                    std::size_t begin, std::size_t end);
   void commit() noexcept;
   std::uint64_t steps() const noexcept { return m_t; }
+  const OptimizerOptions& options() const noexcept { return m_o; }
+  // The state a checkpoint holds: the first moment (SGD's velocity, Adam's m) and the second (Adam's v; empty for SGD).
+  std::span<const float> first_moment() const noexcept { return m_m; }
+  std::span<const float> second_moment() const noexcept { return m_v; }
+  // Replaces the state (a resumed run). Throws ConfigError when a size differs from this optimizer's.
+  void restore(std::span<const float> first, std::span<const float> second, std::uint64_t steps);
   // For learning-rate schedules; throws ConfigError outside (0, 10].
   void set_lr(float lr);
 

@@ -13,7 +13,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -152,6 +154,9 @@ class DeviceBackend {
 void register_device_backend(DeviceKind kind, std::shared_ptr<DeviceBackend> backend);
 std::shared_ptr<DeviceBackend> device_backend(DeviceKind kind);
 
+// A trainer's own entries in a checkpoint (epoch, step, seed, data position): strings, as safetensors stores them.
+using CheckpointMetadata = std::map<std::string, std::string>;
+
 // "static", "steal" or "central"; throws ConfigError naming the field ("policy").
 SchedulePolicy parse_policy(std::string_view name);
 
@@ -184,6 +189,22 @@ class Runtime {
   // The replicas take it in the next step's update phase, so a schedule that changes it every step costs no
   // extra round trip to the devices.
   void set_learning_rate(float lr);
+
+  // Checkpoints, in safetensors (docs/DESIGN.md, "Checkpoints"). save_checkpoint() writes the parameters under their
+  // layout names and shapes, the optimizer's state (optimizer.NAME.m, and optimizer.NAME.v for Adam), its kind,
+  // settings, learning rate and step count, the devices' measured speeds, and `metadata` (no key may begin with
+  // "stealbatch."), with the crc32 of the data, crash-safe: the file at `path` is the old one or the new one
+  // whole, whenever the process dies. GPU replicas are copied from the device. Call it between steps. Across ranks
+  // every rank calls it at the same point: rank 0 writes, and every rank returns once it has (or throws).
+  //   rt.save_checkpoint(dir.path_for(step), {{"epoch", "3"}, {"step", "702"}});
+  void save_checkpoint(const std::filesystem::path& path, const CheckpointMetadata& metadata = {}) const;
+  // Restores what save_checkpoint() wrote into every replica and returns the trainer's metadata. Everything is
+  // checked before anything is applied: a file that is missing, truncated or corrupt, a checksum that differs, a
+  // layout that differs (a name, a shape, a count) or an optimizer of another kind or settings throws a
+  // CheckpointError naming the file and the mismatch, and the runtime is as it was. The saved learning rate holds
+  // until set_learning_rate(); the saved speeds place the next step when the devices are the same (one process).
+  // Across ranks every rank reads the file, at the same point, and none applies it unless all read the same bytes.
+  CheckpointMetadata load_checkpoint(const std::filesystem::path& path);
 
   std::size_t device_count() const noexcept;
   const Device& device(std::size_t i) const;
