@@ -3,6 +3,7 @@
 
 #include <stealbatch/models/layers.hpp>
 
+#include <stealbatch/checkpoint/checkpoint_dir.hpp>
 #include <stealbatch/error.hpp>
 #ifdef STEALBATCH_HAS_MPI
 #include <stealbatch/mpi/mpi_cluster.hpp>
@@ -18,6 +19,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include <unistd.h>
@@ -46,6 +48,56 @@ void progress(const std::string& tag, std::size_t epoch, std::size_t epochs, std
   const bool tty = to_terminal();
   std::fprintf(stderr, "%s[%s] epoch %zu/%zu  %6zu/%zu samples  %8.0f samples/s  ETA %5.1f s  loss %.4f%s", tty ? "\r" : "", tag.c_str(), epoch,
                epochs, done, total, rate, eta, loss, tty ? "   " : "\n");
+}
+
+// Where a run stands, as its checkpoints record it: the epoch in progress (from 1), the samples of it done, the steps
+// taken. A checkpoint also names the seed, the batch and the training set's size, which a resumed run must share.
+struct RunPosition {
+  std::size_t epoch = 1, position = 0, step = 0;
+};
+
+std::size_t meta_count(const CheckpointMetadata& meta, const char* key, const std::string& path) {
+  const auto it = meta.find(key);
+  if (it == meta.end() || it->second.empty() || it->second.find_first_not_of("0123456789") != std::string::npos || it->second.size() > 19) {
+    throw CheckpointError(CheckpointError::Reason::kFormat, path, std::string("the trainer's '") + key + "' is missing or not a count");
+  }
+  return static_cast<std::size_t>(std::stoull(it->second));
+}
+
+// Loads --resume's newest checkpoint into rt and returns where the run stood; ConfigError when it is another run's.
+RunPosition resume_from(const TrainerFlags& f, Runtime& rt, std::size_t train_count, RunResult& res) {
+  const CheckpointDir dir(f.resume);
+  const auto latest = dir.latest();
+  if (!latest) throw ConfigError("resume = '" + f.resume + "': no checkpoint (step-N.safetensors) in that folder");
+  const auto t0 = Clock::now();
+  const CheckpointMetadata meta = rt.load_checkpoint(*latest);
+  res.load_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const std::string path = latest->string();
+  const auto same = [&](const char* key, std::size_t mine, const char* flag) {
+    if (meta_count(meta, key, path) != mine) {
+      throw ConfigError("resume = '" + path + "': it was saved with " + flag + " " + meta.at(key) + ", this run has " + std::to_string(mine));
+    }
+  };
+  same("seed", static_cast<std::size_t>(f.seed), "--seed");
+  same("batch", f.batch, "--batch");
+  same("train_samples", train_count, "a training set of");
+  RunPosition at{meta_count(meta, "epoch", path), meta_count(meta, "position", path), meta_count(meta, "step", path)};
+  if (at.epoch > f.epochs) throw ConfigError("resume = '" + path + "': its run is at epoch " + std::to_string(at.epoch) + ", past --epochs " + std::to_string(f.epochs) + " (a longer --epochs continues it)");
+  if (!quiet_rank()) {
+    std::printf("# resumed from %s: epoch %zu, sample %zu of it, step %zu (loaded in %.1f ms)\n", path.c_str(), at.epoch, at.position, at.step,
+                res.load_seconds * 1e3);
+  }
+  return at;
+}
+
+// Writes a checkpoint of where the run stands into --save and keeps the newest --keep; returns its seconds.
+double save_to(const TrainerFlags& f, const Runtime& rt, const CheckpointDir& dir, std::size_t train_count, const RunPosition& at) {
+  const auto t0 = Clock::now();
+  rt.save_checkpoint(dir.path_for(at.step), {{"epoch", std::to_string(at.epoch)}, {"position", std::to_string(at.position)},
+                                             {"step", std::to_string(at.step)}, {"seed", std::to_string(f.seed)},
+                                             {"batch", std::to_string(f.batch)}, {"train_samples", std::to_string(train_count)}});
+  if (!quiet_rank()) dir.prune(f.keep);  // across ranks, rank 0 wrote it
+  return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 std::size_t chunk_size(const TrainerFlags& f) { return f.chunk == "auto" ? 0 : static_cast<std::size_t>(std::stoull(f.chunk)); }
@@ -83,18 +135,23 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
 
   const std::size_t steps_per_epoch = (train_set.count + f.batch - 1) / f.batch;
   const std::size_t total_steps = steps_per_epoch * f.epochs;
-  std::size_t step_no = 0;
   RunResult res;
   res.policy = policy == SchedulePolicy::kSteal ? "steal" : policy == SchedulePolicy::kStatic ? "static" : "central";
+  const RunPosition from = f.resume.empty() ? RunPosition{} : resume_from(f, rt, train_set.count, res);
+  std::optional<CheckpointDir> save_dir;
+  if (!f.save.empty()) save_dir.emplace(f.save);
+  std::size_t step_no = from.step;
   std::vector<std::uint32_t> order;
   std::vector<StepReport> all;
-  for (std::size_t epoch = 1; epoch <= f.epochs; ++epoch) {
+  const std::size_t last_epoch = f.stop_after ? std::min(f.epochs, from.epoch + f.stop_after - 1) : f.epochs;
+  for (std::size_t epoch = from.epoch; epoch <= last_epoch; ++epoch) {
     order = epoch_order(train_set.count, f.seed, epoch);  // the same order for every policy, and for perf/torch_ref.py
     const auto t0 = Clock::now();
     auto last_print = t0;
-    double loss_sum = 0;
-    std::size_t done = 0;
-    for (std::size_t start = 0; start < order.size(); start += f.batch) {
+    double loss_sum = 0, saving = 0;
+    const std::size_t first = epoch == from.epoch ? from.position : 0;
+    std::size_t done = 0, saved_at = 0;
+    for (std::size_t start = first; start < order.size(); start += f.batch) {
       const std::size_t b = std::min(f.batch, order.size() - start);
       if (f.schedule == "cosine") {  // cosine decay from --lr towards 0 over the whole run
         const double progress = static_cast<double>(step_no) / static_cast<double>(total_steps);
@@ -105,13 +162,22 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
       loss_sum += r.loss * static_cast<double>(r.samples);
       done += b;
       all.push_back(r);
+      if (save_dir && f.save_every && step_no % f.save_every == 0 && start + b < order.size()) {
+        res.save_seconds.push_back(save_to(f, rt, *save_dir, train_set.count, {epoch, start + b, step_no}));
+        saving += res.save_seconds.back(), saved_at = step_no;
+      }
       const auto now = Clock::now();
-      if (now - last_print > std::chrono::milliseconds(to_terminal() ? 250 : 10000) || done == order.size()) {
-        progress(res.policy, epoch, f.epochs, done, order.size(), std::chrono::duration<double>(now - t0).count(), loss_sum / static_cast<double>(done));
+      if (now - last_print > std::chrono::milliseconds(to_terminal() ? 250 : 10000) || start + b == order.size()) {
+        progress(res.policy, epoch, f.epochs, first + done, order.size(), std::chrono::duration<double>(now - t0).count() - saving,
+                 loss_sum / static_cast<double>(done));
         last_print = now;
       }
     }
-    res.epoch_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    if (save_dir && saved_at != step_no) {
+      res.save_seconds.push_back(save_to(f, rt, *save_dir, train_set.count, {epoch + 1, 0, step_no}));
+      saving += res.save_seconds.back();
+    }
+    res.epoch_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count() - saving);
     if (to_terminal() && !quiet_rank()) std::fprintf(stderr, "\n");
   }
   res.total = stealbatch::accumulate(all);
@@ -156,6 +222,12 @@ void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<voi
   app.add_option("--json", f.json, "write the results as JSON to this file");
   app.add_option("--trace", f.trace, "write a Chrome trace (with --compare: FILE.static.json and FILE.steal.json)");
   app.add_option("--seed", f.seed, "seed for initialization, shuffling and victim choice")->capture_default_str();
+  app.add_option("--save", f.save, "write checkpoints (DIR/step-N.safetensors, crash-safe) at each epoch's end and every --save-every steps");
+  app.add_option("--save-every", f.save_every, "steps between checkpoints with --save (0 = at each epoch's end only)")->capture_default_str();
+  app.add_option("--keep", f.keep, "checkpoints kept in --save, the newest")->check(CLI::Range(1, 1000000))->capture_default_str();
+  app.add_option("--resume", f.resume, "continue from DIR's newest checkpoint (the same --seed, --batch and data; --epochs counts the whole run)");
+  app.add_option("--stop-after", f.stop_after, "end this process after this many epochs, the schedule still spanning --epochs (runs in time slots, with --save and --resume; 0 = never)")
+      ->capture_default_str();
 }
 
 TrainingData::TrainingData(const TrainerFlags& f)
@@ -168,6 +240,7 @@ TrainingData::TrainingData(const TrainerFlags& f)
 
 std::vector<RunResult> train_policies(const TrainerFlags& f, const TrainerModel& model, const DenseData& train_set) {
   std::vector<SchedulePolicy> policies;
+  if (f.compare && (!f.save.empty() || !f.resume.empty())) throw ConfigError("--save and --resume are for one run, not --compare's two");
   if (f.compare) {
     policies = {SchedulePolicy::kStatic, SchedulePolicy::kSteal};
   } else {
@@ -204,6 +277,12 @@ void report(const TrainerFlags& f, const std::vector<RunResult>& runs) {
                 mean(runs[1].epoch_seconds));
   }
   std::printf("test accuracy %.4f\n", runs.back().test_accuracy);
+  if (const auto& saves = runs.back().save_seconds; !saves.empty()) {
+    std::vector<double> sorted = saves;
+    std::sort(sorted.begin(), sorted.end());
+    std::printf("checkpoints: %zu saved to %s, median %.1f ms each (fsync included, not in the epoch times)\n", saves.size(), f.save.c_str(),
+                sorted[sorted.size() / 2] * 1e3);
+  }
 
   if (!f.json.empty()) {
     nlohmann::json j;
@@ -216,7 +295,8 @@ void report(const TrainerFlags& f, const std::vector<RunResult>& runs) {
       std::vector<std::size_t> sizes;
       for (const DeviceReport& d : r.total.devices) util.push_back(d.utilization), sizes.push_back(d.chunk_samples);
       j["runs"].push_back({{"policy", r.policy}, {"epoch_seconds", r.epoch_seconds}, {"samples_per_s", r.samples_per_s}, {"steals", r.steals},
-                           {"utilization", util}, {"chunk_samples", sizes}, {"chunk_curves", r.chunk_curves}, {"test_accuracy", r.test_accuracy}});
+                           {"utilization", util}, {"chunk_samples", sizes}, {"chunk_curves", r.chunk_curves}, {"test_accuracy", r.test_accuracy},
+                           {"checkpoint_save_seconds", r.save_seconds}, {"checkpoint_load_seconds", r.load_seconds}});
     }
     if (f.compare) j["speedup_steal_vs_static"] = speedup;
     std::ofstream out(f.json);
@@ -247,6 +327,8 @@ int run_reporting_errors(const char* program, const std::function<void()>& body)
     return fail("bad configuration: ", e.what(), 2);
   } catch (const DataError& e) {
     return fail("bad data: ", e.what(), 3);
+  } catch (const CheckpointError& e) {
+    return fail("bad checkpoint: ", e.what(), 4);
   } catch (const std::exception& e) {
     return fail("", e.what(), 1);
   }

@@ -40,6 +40,11 @@ struct TrainerFlags {
   std::string chunk_sizing = "speed";
   std::string schedule = "cosine";
   std::string gpu_wait = "spin";
+  std::string save{};            // checkpoint folder; empty = no checkpoints
+  std::size_t save_every = 0;    // steps between checkpoints (0 = at each epoch's end only)
+  std::size_t keep = 3;          // checkpoints kept in --save
+  std::string resume{};          // checkpoint folder to continue from
+  std::size_t stop_after = 0;    // epochs this process runs before it ends (0 = to --epochs)
 };
 
 // Adds the shared flags to app, with f's values as the defaults; model_options adds the model's own flags
@@ -95,6 +100,8 @@ struct RunResult {
   double test_accuracy = 0;
   StepReport total;
   std::vector<std::vector<std::pair<std::size_t, double>>> chunk_curves;  // per device, with --chunk auto
+  std::vector<double> save_seconds;  // each checkpoint's save (fsync included), not counted in epoch_seconds
+  double load_seconds = 0;           // the --resume load
 };
 
 // Trains from the model's initial parameters for --epochs under --policy, or under static and then steal on the
