@@ -19,6 +19,7 @@ set -uo pipefail
 PACK=$(cd "${1:-.devpack}" 2>/dev/null && pwd) || { echo "device_check: no pack at ${1:-.devpack} (run perf/pack_device_check.sh here first)"; exit 2; }
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$PWD/device_check_out}
+export OUT  # the steps run through bash -c read it
 DEADLINE_S=${DEVICE_CHECK_DEADLINE_S:-480}
 MIN_STEP_S=${DEVICE_CHECK_MIN_STEP_S:-20}
 mkdir -p "$OUT"
@@ -131,6 +132,14 @@ say "4. examples on the GPU"
 run mlp_cuda 90 "$PACK/bin/mlp" --data "$PACK/data" --devices cuda:0 --epochs 10 --json "$OUT/mlp_gpu.json"
 run mlp_vgpu 90 "$PACK/bin/mlp" --data "$PACK/data" --devices vgpu:64,16,16,16 --hidden 2048,2048 --batch 8192 --epochs 1 --compare
 run cnn_cuda 120 "$PACK/bin/cnn" --data "$PACK/data" --devices cuda:0 --json "$OUT/cnn_gpu.json"
+
+say "4b. a checkpoint saved on cuda:0 and resumed on cpu:2, and one saved on cpu:2 and resumed on cuda:0 (mlp, 4 epochs)"
+ck=(--data "$PACK/data" --epochs 4)
+run ckpt_gpu_cpu 60 bash -c '"$0" "${@:1:4}" --devices cuda:0 --stop-after 2 --save "$OUT/ckpt_gc" >/dev/null &&
+  "$0" "${@:1:4}" --devices cpu:2 --resume "$OUT/ckpt_gc" --json "$OUT/ckpt_gpu_cpu.json"' "$PACK/bin/mlp" "${ck[@]}"
+run ckpt_cpu_gpu 60 bash -c '"$0" "${@:1:4}" --devices cpu:2 --stop-after 2 --save "$OUT/ckpt_cg" >/dev/null &&
+  "$0" "${@:1:4}" --devices cuda:0 --resume "$OUT/ckpt_cg" --json "$OUT/ckpt_cpu_gpu.json"' "$PACK/bin/mlp" "${ck[@]}"
+run ckpt_straight 60 "$PACK/bin/mlp" "${ck[@]}" --devices cpu:2 --json "$OUT/ckpt_straight.json"
 
 say "5. stealbench: 16 and 32 simulated devices on $(nproc) cores (no GPU)"
 for n in 16 32; do  # 256 samples per device, as in the performance document's tables

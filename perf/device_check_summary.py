@@ -88,6 +88,15 @@ def main():
         bar = 0.88 if m == "mlp" else 0.91
         fig = f"accuracy {acc:.4f}, {runs[-1].get('samples_per_s', 0):.0f} samples/s" if acc is not None else "missing"
         add(f"{m} example on cuda:0", fig, f">= {bar}", False if acc is None else acc >= bar)
+    # Checkpoints across GPU and CPU: each round trip's accuracy against an uninterrupted cpu:2 run of the same 4 epochs.
+    straight = load(os.path.join(out, "ckpt_straight.json")) if os.path.exists(os.path.join(out, "ckpt_straight.json")) else {}
+    for name, label in (("ckpt_gpu_cpu", "checkpoint cuda:0 -> cpu:2"), ("ckpt_cpu_gpu", "checkpoint cpu:2 -> cuda:0")):
+        e = load(os.path.join(out, f"{name}.json")) if os.path.exists(os.path.join(out, f"{name}.json")) else {}
+        acc, ref = e.get("test_accuracy"), straight.get("test_accuracy")
+        if acc is None or ref is None:
+            add(label, "missing", "accuracy within 0.002 of cpu:2 straight", False)
+        else:
+            add(label, f"accuracy {acc:.4f} (straight {ref:.4f})", "within 0.002", abs(acc - ref) <= 0.002)
     # stealbench on this machine's cores (simulated devices): issue 4's targets for steal-adaptive.
     benches = {}
     for n in (16, 32):

@@ -30,6 +30,8 @@ log "samples/s against chunk size"
 python3 perf/efficiency_curve.py --build "$build" --runs 3 --json "$out/efficiency_mlp.json" --svg perf/charts/efficiency_curve_mlp.svg | tee "$out/efficiency_mlp.txt"
 python3 perf/efficiency_curve.py --build "$build" --example cnn --runs 3 --chunks 4,8,16,32,64 --epochs 3 --json "$out/efficiency_cnn.json" \
   --svg perf/charts/efficiency_curve_cnn.svg -- --limit 20000 | tee "$out/efficiency_cnn.txt"
+python3 perf/efficiency_curve.py --build "$build" --devices cpu:4 --runs 3 --chunks 32,64,128,256 --json "$out/efficiency_mainjob.json" \
+  -- --slowdown 6.6,6.6,1,1 | tee "$out/efficiency_mainjob.txt"
 
 log "stealbench at 4, 16 and 32 simulated devices, and the scale sweep"
 "$build/perf/stealbench" --scenario seed-slow,seed-skew,hetero,varcost,slowdown --overhead --json "$out/sb4.json" 2>/dev/null | tee "$out/sb4.txt"
@@ -43,6 +45,7 @@ python3 perf/tail_model.py | tee "$out/tail_model.txt"
 
 log "the deque against its peers, the runtime's cost per chunk"
 "$build/perf/dequebench" --json "$out/dequebench.json" | tee "$out/dequebench.txt"
+: >"$out/chunk_overhead.txt"
 for spec in "cpu:2 steal" "cpu:2 static" "cpu:4 steal"; do
   set -- $spec
   "$build/perf/chunk_overhead" --devices "$1" --policy "$2" | tee -a "$out/chunk_overhead.txt"
@@ -50,6 +53,18 @@ done
 
 log "soak: 180 s of random faults"
 "$build/perf/soak" --seconds 180 --json "$out/soak.json" 2>/dev/null | tee "$out/soak.txt"
+
+log "checkpoints: save and load times, the kill test, PyTorch reading one"
+bash perf/checkpoint_times.sh "$build" | tee "$out/checkpoint_times.txt"
+bash tests/checkpoint/kill_test.sh "$build/tests/checkpoint/save_loop" 50 | tee "$out/kill_test.txt"
+if [ -n "${TORCH_PYTHON:-}" ] && "$TORCH_PYTHON" -c "import safetensors" 2>/dev/null; then
+  for m in "mlp 10" "cnn 4"; do
+    set -- $m
+    python3 perf/checkpoint_interop.py --torch-python "$TORCH_PYTHON" --build "$build" --model "$1" --epochs "$2" | tee -a "$out/checkpoint_interop.txt"
+  done
+else
+  log "PyTorch reading a checkpoint: skipped (TORCH_PYTHON with safetensors installed)"
+fi
 
 log "charts"
 bash perf/stealbench_charts.sh "$build"
