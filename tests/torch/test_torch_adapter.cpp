@@ -1,8 +1,10 @@
-// The libtorch adapter: a torch::nn::Module MLP gives the same full-batch gradient as the hand-written one on the
-// same weights and batch, on 1 to 4 CPU devices with stealing; its layout is the hand-written one's; a module that
-// does not match a layout is refused.
+// The libtorch adapter: torch::nn::Module versions of the MLP and the CNN give the same full-batch gradient as the
+// hand-written ones on the same weights and batch, on 1 to 4 CPU devices with stealing; their layouts (names, shapes,
+// order) are the hand-written ones'; a module that does not match a layout is refused.
+#include <stealbatch/models/cnn_model.hpp>
 #include <stealbatch/models/layers.hpp>
 #include <stealbatch/models/mlp_model.hpp>
+#include <stealbatch/models/torch_modules.hpp>
 #include <stealbatch/torch.hpp>
 
 #include <doctest/doctest.h>
@@ -12,22 +14,16 @@
 #include <vector>
 
 using namespace stealbatch;
+using examples::CnnModel;
 using examples::DenseData;
 using examples::MlpModel;
+using examples::TorchCnnImpl;
+using examples::TorchMlpImpl;
 
 namespace {
 
-struct TorchMlpImpl : ::torch::nn::Module {
-  TorchMlpImpl(std::int64_t in, std::int64_t h1, std::int64_t h2, std::int64_t out)
-      : fc1(register_module("fc1", ::torch::nn::Linear(in, h1))),
-        fc2(register_module("fc2", ::torch::nn::Linear(h1, h2))),
-        fc3(register_module("fc3", ::torch::nn::Linear(h2, out))) {}
-  ::torch::Tensor forward(::torch::Tensor x) { return fc3(::torch::relu(fc2(::torch::relu(fc1(x))))); }
-  ::torch::nn::Linear fc1, fc2, fc3;
-};
-
 struct Data {
-  std::size_t count = 512, features = 32;
+  std::size_t count = 512, features = 32;  // the MLP's; the CNN's data is Images below
   std::vector<float> x;
   std::vector<std::uint8_t> y;
   ::torch::Tensor tx, ty;
@@ -45,7 +41,7 @@ struct Data {
 
 libtorch::ModuleChunks<TorchMlpImpl> torch_mlp(const Data& data, std::size_t devices) {
   return libtorch::ModuleChunks<TorchMlpImpl>(
-      [] { return std::make_shared<TorchMlpImpl>(32, 24, 16, 10); }, devices, [&data](std::span<const std::uint32_t> s) { return libtorch::rows(data.tx, s); },
+      [] { return std::make_shared<TorchMlpImpl>(std::vector<std::int64_t>{32, 24, 16, 10}); }, devices, [&data](std::span<const std::uint32_t> s) { return libtorch::rows(data.tx, s); },
       [&data](const ::torch::Tensor& out, std::span<const std::uint32_t> s) {
         return ::torch::nn::functional::cross_entropy(out, libtorch::rows(data.ty, s),
                                                       ::torch::nn::functional::CrossEntropyFuncOptions().reduction(::torch::kSum));
@@ -63,6 +59,64 @@ TEST_CASE("Torch.LayoutIsTheHandWrittenModelsLayout") {
     CHECK(chunks.layout().tensors()[i].name == model.layout().tensors()[i].name);
     CHECK(chunks.layout().tensors()[i].size == model.layout().tensors()[i].size);
     CHECK(chunks.layout().tensors()[i].offset == model.layout().tensors()[i].offset);
+    CHECK(chunks.layout().tensors()[i].shape == model.layout().tensors()[i].shape);
+  }
+}
+
+namespace {
+
+// 28x28 images with values in [0, 1] (as the dataset's), and labels.
+struct Images {
+  std::size_t count = 96;
+  std::vector<float> x;
+  std::vector<std::uint8_t> y;
+  ::torch::Tensor tx, ty;
+  Images() : x(count * 784), y(count) {
+    std::mt19937_64 rng(5);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    for (float& v : x) v = u(rng);
+    for (auto& v : y) v = static_cast<std::uint8_t>(rng() % 10);
+    tx = ::torch::from_blob(x.data(), {static_cast<std::int64_t>(count), 784}, ::torch::kFloat);
+    ty = ::torch::empty({static_cast<std::int64_t>(count)}, ::torch::kLong);
+    for (std::size_t i = 0; i < count; ++i) ty[static_cast<std::int64_t>(i)] = static_cast<std::int64_t>(y[i]);
+  }
+  DenseData dense() const { return {count, 784, x, y}; }
+};
+
+}  // namespace
+
+TEST_CASE("Torch.CnnGradientEqualsTheHandWrittenCnnsOnOneToFourDevices") {
+  ::torch::set_num_threads(1);
+  const Images data;
+  const CnnModel model;
+  const std::vector<float> weights = model.initial_parameters(3);
+  std::vector<std::uint32_t> batch(60);
+  for (std::size_t i = 0; i < batch.size(); ++i) batch[i] = static_cast<std::uint32_t>((i * 7) % data.count);
+  std::vector<float> ref(model.layout().size(), 0.0f);
+  CnnModel::Workspace ws;
+  model.accumulate_gradient(weights, ref, data.dense(), batch, ws);
+  for (float& g : ref) g /= static_cast<float>(batch.size());
+  for (const char* devices : {"cpu:1", "cpu:2", "cpu:3", "cpu:4"}) {
+    CAPTURE(devices);
+    Runtime rt({.devices = devices, .chunk_size = 8, .threads_per_device = 1});
+    libtorch::ModuleChunks<TorchCnnImpl> chunks(
+        [] { return std::make_shared<TorchCnnImpl>(); }, rt.device_count(), [&data](std::span<const std::uint32_t> s) { return libtorch::rows(data.tx, s); },
+        [&data](const ::torch::Tensor& out, std::span<const std::uint32_t> s) {
+          return ::torch::nn::functional::cross_entropy(out, libtorch::rows(data.ty, s),
+                                                        ::torch::nn::functional::CrossEntropyFuncOptions().reduction(::torch::kSum));
+        });
+    REQUIRE(chunks.layout().tensor_count() == model.layout().tensor_count());
+    for (std::size_t i = 0; i < model.layout().tensor_count(); ++i) {
+      CHECK(chunks.layout().tensor(i).name == model.layout().tensor(i).name);
+      CHECK(chunks.layout().tensor(i).shape == model.layout().tensor(i).shape);
+    }
+    rt.register_parameters(chunks.layout(), weights);
+    for (int rep = 0; rep < 2; ++rep) {
+      rt.compute_gradient(batch, chunks.function());
+      const double err = examples::max_relative_error(rt.gradient(), ref);
+      CAPTURE(err);
+      CHECK(err <= 1e-5);
+    }
   }
 }
 

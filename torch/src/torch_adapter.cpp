@@ -2,9 +2,22 @@
 #include <stealbatch/error.hpp>
 #include <stealbatch/torch.hpp>
 
+#include <dlfcn.h>
+
+#include <algorithm>
+
 #include <string>
 
 namespace stealbatch::libtorch {
+
+bool set_blas_threads(int threads) noexcept {
+  using SetThreads = void (*)(int);
+  // Looked up, not linked: libtorch may be built on another BLAS, or on one without a pool of its own.
+  static const auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (set == nullptr) return false;
+  set(std::max(1, threads));
+  return true;
+}
 
 namespace {
 

@@ -40,6 +40,12 @@ void bind_module(::torch::nn::Module& module, const ParameterLayout& layout, std
 // After backward: a gradient that autograd replaced instead of accumulating in place (it may, for instance for a
 // gradient it had to reshape) is added into `grad` and the view restored, so nothing is lost either way.
 void settle(::torch::nn::Module& module, const ParameterLayout& layout, std::span<float> grad);
+// Sets the thread count of the BLAS library libtorch runs its matrix products on when that library keeps a global
+// thread pool of its own (OpenBLAS, which Debian's libtorch uses: openblas_set_num_threads, found at run time);
+// returns whether there was one. Its pool is one for the process: several devices calling into it at once queue
+// on its lock while its threads spin (a CNN on cpu:2 ran 3.7x slower), so with more than one device each product
+// must run on its caller's thread alone. ModuleChunks calls it.
+bool set_blas_threads(int threads) noexcept;
 // The rows of `data` (first dimension) at the chunk's sample ids: a chunk's input or targets from a tensor dataset.
 ::torch::Tensor rows(const ::torch::Tensor& data, std::span<const std::uint32_t> samples);
 
@@ -57,6 +63,8 @@ class ModuleChunks {
   ModuleChunks(const Make& make, std::size_t devices, Input input, Loss loss, int threads = 1)
       : m_input(std::move(input)), m_loss(std::move(loss)), m_threads(std::max(1, threads)) {
     for (std::size_t d = 0; d < std::max<std::size_t>(1, devices); ++d) m_replicas.push_back(make());
+    // One device may use the BLAS library's own threads; several must not share them (see set_blas_threads).
+    set_blas_threads(devices > 1 ? 1 : m_threads);
     m_layout = layout_of(*m_replicas[0]);
     m_initial = values_of(*m_replicas[0]);
   }
