@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The libtorch adapter's figures, side by side: torch_mlp and torch_cnn on cpu:2 against the same module with plain
+# libtorch on 2 threads (3 interleaved runs each, samples/s over the median epoch after the first), and the main job's
+# slowdown with --compare for torch_mlp and, for reference, the hand-written mlp (3 interleaved runs).
+#
+#   bash perf/torch_adapter_figures.sh [BUILD_DIR]
+set -euo pipefail
+build=${1:-build}/examples
+echo "# libtorch adapter: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+sps() { sed -n 's/.*), \([0-9]*\) samples\/s.*/\1/p' | head -1; }
+plain() { sed -n 's/^plain libtorch, [0-9]* threads: \([0-9]*\) samples\/s.*/\1/p'; }
+for spec in "torch_mlp 3" "torch_cnn 2"; do
+  set -- $spec
+  ours=() theirs=()
+  for _ in 1 2 3; do
+    ours+=("$("$build/$1" --devices cpu:2 --epochs "$2" 2>/dev/null | sps)")
+    theirs+=("$("$build/$1" --plain --plain-threads 2 --epochs "$2" 2>/dev/null | plain)")
+  done
+  echo "$1 cpu:2, $2 epochs: adapter ${ours[*]}, plain libtorch ${theirs[*]}" \
+    "-> median ratio $(python3 -c "import statistics as s, sys; a = [float(x) for x in sys.argv[1:4]]; b = [float(x) for x in sys.argv[4:]]; print(f'{s.median(a) / s.median(b):.2f}x')" "${ours[@]}" "${theirs[@]}")"
+done
+for ex in torch_mlp mlp; do
+  for _ in 1 2 3; do
+    printf '%s --compare cpu:4 slowdown 6.6,6.6,1,1, 1 epoch: ' "$ex"
+    "$build/$ex" --compare --devices cpu:4 --slowdown 6.6,6.6,1,1 --epochs 1 2>/dev/null | sed -n 's/^steal vs static: //p'
+  done
+done
