@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every measurement behind perf/README.md on this machine, one after another, into results/ (not committed),
-# and redraws perf/charts/. About 20 minutes on two cores. The PyTorch rows need a Python with torch installed by
+# and redraws perf/charts/. About 35 minutes on two cores (the MPI part: perf/reproduce_mpi.sh). The PyTorch rows need a Python with torch installed by
 # hand (never a build or test dependency); without TORCH_PYTHON they are skipped.
 #
 #   TORCH_PYTHON=~/torch-venv/bin/python bash perf/reproduce.sh [BUILD_DIR]
@@ -64,6 +64,11 @@ if [ -n "${TORCH_PYTHON:-}" ] && "$TORCH_PYTHON" -c "import safetensors" 2>/dev/
   done
 else
   log "PyTorch reading a checkpoint: skipped (TORCH_PYTHON with safetensors installed)"
+fi
+
+if command -v mpirun >/dev/null && [ -x "$build/perf/remote_steal" ]; then
+  log "across MPI ranks"
+  bash perf/reproduce_mpi.sh "$build"
 fi
 
 log "charts"

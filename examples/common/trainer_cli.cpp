@@ -284,7 +284,7 @@ void report(const TrainerFlags& f, const std::vector<RunResult>& runs) {
                 sorted[sorted.size() / 2] * 1e3);
   }
 
-  if (!f.json.empty()) {
+  if (!f.json.empty() && !quiet_rank()) {  // across ranks rank 0 writes it: every rank holds the same figures
     nlohmann::json j;
     j["test_accuracy"] = runs.back().test_accuracy;
     j["kernels"] = kernels_in_use();
