@@ -97,7 +97,7 @@ def main():
             add(label, "missing", "accuracy within 0.002 of cpu:2 straight", False)
         else:
             add(label, f"accuracy {acc:.4f} (straight {ref:.4f})", "within 0.002", abs(acc - ref) <= 0.002)
-    # stealbench on this machine's cores (simulated devices): issue 4's targets for steal-adaptive.
+    # stealbench on this machine's cores (simulated devices): the targets for steal-adaptive (perf/README.md).
     benches = {}
     for n in (16, 32):
         path = os.path.join(out, f"stealbench{n}.json")
