@@ -295,16 +295,31 @@ TEST_CASE("Runtime.SimDeviceWithChunksInFlightAbsorbsALateWorker") {
     ctx.samples = sample;
     const auto t0 = Wall::now();
     std::vector<std::pair<Wall::time_point, Wall::time_point>> spans;  // each chunk on the device's own timeline
+    std::vector<std::pair<Wall::time_point, Wall::time_point>> calls;  // each launch's call on the host
     for (int i = 0; i < 5; ++i) {
+      const auto called = Wall::now();
       dev.run_chunk(ctx, [](ChunkContext&) {});
+      calls.emplace_back(called, Wall::now());
       spans.emplace_back(ctx.device_begin, ctx.device_end);
       std::this_thread::sleep_for(milliseconds(4));
     }
     dev.finish_chunks();
     CHECK(dev.step_device_seconds().value() == doctest::Approx(0.050));
     if (in_flight > 1) {
-      // Back to back: each chunk starts when the one before it ends, whatever the host did between the launches.
-      for (std::size_t i = 1; i < spans.size(); ++i) CHECK(spans[i].first == spans[i - 1].second);
+      // Back to back: each chunk starts when the one before it ends, whatever the host did between the launches;
+      // unless the host came so late (a loaded machine can hold a sleeping thread past the queued 10 ms) that the
+      // device had run dry: then the chunk starts during its own launch call, never before the one before it ends.
+      std::size_t back_to_back = 0;
+      for (std::size_t i = 1; i < spans.size(); ++i) {
+        CHECK(spans[i].first >= spans[i - 1].second);
+        if (spans[i].first == spans[i - 1].second) {
+          ++back_to_back;
+        } else {
+          CHECK(spans[i].first >= calls[i].first);
+          CHECK(spans[i].first <= calls[i].second);
+        }
+      }
+      MESSAGE(back_to_back << " of 4 chunks queued back to back");
     }
     return std::chrono::duration<double, std::milli>(Wall::now() - t0).count();
   };
