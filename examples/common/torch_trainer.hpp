@@ -105,13 +105,17 @@ TrainerModel torch_trainer_model(libtorch::ModuleChunks<Net>& first, const std::
   tm.initial = std::move(initial);
   tm.chunk_function = [make, &train](std::size_t devices) -> ChunkFunction {
     const int threads = std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / devices));
+    // The training set where each chunk runs: the host's tensors, and a copy on each GPU that runs chunks.
+    auto x = std::make_shared<libtorch::DeviceData>(train.x), y = std::make_shared<libtorch::DeviceData>(train.y);
     auto chunks = std::make_shared<libtorch::ModuleChunks<Net>>(
-        make, devices, [&train](std::span<const std::uint32_t> s) { return libtorch::rows(train.x, s); },
-        [&train](const ::torch::Tensor& out, std::span<const std::uint32_t> s) { return summed_cross_entropy(out, libtorch::rows(train.y, s)); },
-        threads);
+        make, devices, [x](std::span<const std::uint32_t> s) { return x->rows(s); },
+        [y](const ::torch::Tensor& out, std::span<const std::uint32_t> s) { return summed_cross_entropy(out, y->rows(s)); }, threads);
     ChunkFunction fn = chunks->function();
     return [chunks, fn](ChunkContext& ctx) { fn(ctx); };
   };
+#if defined(STEALBATCH_TORCH_CUDA)
+  tm.chunk_function_on_gpus = true;  // the adapter runs on GPU devices, on the device's copy of the training set
+#endif
   tm.test_accuracy = [&first, &test](std::span<const float> params) {
     return first.with_parameters(params, [&](Net& net) { return torch_accuracy(net, test); });
   };

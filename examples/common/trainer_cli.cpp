@@ -123,7 +123,7 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
   if (spec.kind == DeviceKind::kVgpu && std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") == nullptr) {
     std::fprintf(stderr, "note: CUDA_DEVICE_MAX_CONNECTIONS is unset (8 hardware queues): vgpu parts may wait on each other; set it to 32\n");
   }
-  if (gpu) {
+  if (gpu && !model.chunk_function_on_gpus) {
     if (!model.gpu_chunk) throw ConfigError("devices = '" + f.devices + "': this program was built without the CUDA backend (STEALBATCH_CUDA=OFF)");
     // A GPU chunk's samples travel as rows of features + label, gathered on the host into pinned staging.
     ro.input_bytes = gpu_input_bytes(train_set);
@@ -131,7 +131,7 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
   }
   Runtime rt(ro);
   rt.register_parameters(*model.layout, model.initial);
-  const ChunkFunction fn = gpu ? model.gpu_chunk : model.chunk_function(rt.device_count());
+  const ChunkFunction fn = gpu && !model.chunk_function_on_gpus ? model.gpu_chunk : model.chunk_function(rt.device_count());
 
   const std::size_t steps_per_epoch = (train_set.count + f.batch - 1) / f.batch;
   const std::size_t total_steps = steps_per_epoch * f.epochs;

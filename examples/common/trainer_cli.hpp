@@ -74,11 +74,14 @@ struct TrainerModel {
   std::function<double(std::span<const float>)> test_accuracy;
   // The chunk function on GPU devices (cuda:, vgpu:); empty in a build without CUDA.
   ChunkFunction gpu_chunk{};
+  // chunk_function() also runs on GPU devices and reads its inputs there itself (the libtorch adapter built against
+  // a CUDA libtorch): used in place of gpu_chunk, and no inputs are gathered for it.
+  bool chunk_function_on_gpus = false;
 };
 
 template <class Model>
 TrainerModel trainer_model(const Model& model, const TrainingData& data, std::uint64_t seed) {
-  TrainerModel t{&model.layout(), model.initial_parameters(seed), {}, {}, {}};
+  TrainerModel t{&model.layout(), model.initial_parameters(seed), {}, {}, {}, false};
   t.chunk_function = [&model, &data](std::size_t devices) -> ChunkFunction {
     auto ws = std::make_shared<std::vector<typename Model::Workspace>>(devices);
     return [&model, &data, ws](ChunkContext& ctx) {

@@ -9,6 +9,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -173,3 +174,44 @@ TEST_CASE("Torch.AModuleThatDoesNotMatchTheLayoutIsRefused") {
   }
   CHECK(what.find("the module has 6 parameters; the layout has 1") != std::string::npos);
 }
+
+TEST_CASE("Torch.DeviceDataGivesHostRowsOnCpuChunks") {
+  const Data data;
+  const libtorch::DeviceData x(data.tx);
+  CHECK(libtorch::chunk_device() == ::torch::Device(::torch::kCPU));
+  const std::vector<std::uint32_t> ids{5, 0, 511};
+  const ::torch::Tensor r = x.rows(ids);
+  REQUIRE(r.size(0) == 3);
+  CHECK(r.device() == ::torch::Device(::torch::kCPU));
+  for (std::size_t i = 0; i < ids.size(); ++i) CHECK(::torch::equal(r[static_cast<std::int64_t>(i)], data.tx[ids[i]]));
+  CHECK(x.on(::torch::kCPU).data_ptr() == data.tx.data_ptr());  // the host tensor itself, not a copy
+}
+
+#if !defined(STEALBATCH_TORCH_CUDA)
+TEST_CASE("Torch.AGpuChunkWithACpuOnlyLibtorchIsAClearError") {
+  // A chunk from a GPU device (its stream set) cannot run on a libtorch without CUDA: a ConfigError that says so
+  // and how to build against a CUDA libtorch, before anything is bound or run.
+  const Data data;
+  auto chunks = torch_mlp(data, 1);
+  std::vector<float> params = chunks.initial(), grad(params.size(), 0.0f);
+  const std::vector<std::uint32_t> ids{1, 2, 3};
+  double loss = 0;
+  int stream = 0;
+  ChunkContext ctx;
+  ctx.samples = ids;
+  ctx.params = params;
+  ctx.grad = grad;
+  ctx.loss_sum = &loss;
+  ctx.stream = &stream;
+  std::string what;
+  try {
+    chunks.function()(ctx);
+  } catch (const ConfigError& e) {
+    what = e.what();
+  }
+  CHECK(what.find("is a GPU, and this adapter was built against a libtorch without CUDA") != std::string::npos);
+  CHECK(what.find("torch.utils.cmake_prefix_path") != std::string::npos);
+  CHECK(std::all_of(grad.begin(), grad.end(), [](float g) { return g == 0.0f; }));
+  CHECK(loss == 0);
+}
+#endif

@@ -2,10 +2,15 @@
 #include <stealbatch/error.hpp>
 #include <stealbatch/torch.hpp>
 
+#if defined(STEALBATCH_TORCH_CUDA)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
 #include <dlfcn.h>
 
 #include <algorithm>
-
 #include <string>
 
 namespace stealbatch::libtorch {
@@ -23,7 +28,14 @@ namespace {
 
 std::size_t elements(const ::torch::Tensor& t) { return static_cast<std::size_t>(t.numel()); }
 
+::torch::TensorOptions floats_on(const ::torch::Device& device) { return ::torch::TensorOptions().dtype(::torch::kFloat).device(device); }
+
+// The device of the chunk this thread runs (see chunk_device()); set for the duration of a GPU chunk.
+thread_local ::torch::Device t_chunk_device(::torch::kCPU);
+
 }  // namespace
+
+::torch::Device chunk_device() noexcept { return t_chunk_device; }
 
 ParameterLayout layout_of(const ::torch::nn::Module& module) {
   ParameterLayout layout;
@@ -47,7 +59,8 @@ std::vector<float> values_of(const ::torch::nn::Module& module) {
   return out;
 }
 
-void bind_module(::torch::nn::Module& module, const ParameterLayout& layout, std::span<const float> params, std::span<float> grad) {
+void bind_module(::torch::nn::Module& module, const ParameterLayout& layout, std::span<const float> params, std::span<float> grad,
+                 ::torch::Device device) {
   const auto named = module.named_parameters(true);
   if (named.size() != layout.tensors().size()) {
     throw ConfigError("libtorch: the module has " + std::to_string(named.size()) + " parameters; the layout has " +
@@ -64,12 +77,12 @@ void bind_module(::torch::nn::Module& module, const ParameterLayout& layout, std
     // The runtime's buffers, viewed in place: the module reads the parameters, and autograd accumulates into the
     // gradient (in place: backward runs with grad mode off, where AccumulateGrad adds into a defined gradient).
     auto* w = const_cast<float*>(params.data() + slot.offset);  // read only: the optimizer, not torch, writes parameters
-    param.set_data(::torch::from_blob(w, param.sizes(), ::torch::kFloat));
-    param.mutable_grad() = ::torch::from_blob(grad.data() + slot.offset, param.sizes(), ::torch::kFloat);
+    param.set_data(::torch::from_blob(w, param.sizes(), floats_on(device)));
+    param.mutable_grad() = ::torch::from_blob(grad.data() + slot.offset, param.sizes(), floats_on(device));
   }
 }
 
-void settle(::torch::nn::Module& module, const ParameterLayout& layout, std::span<float> grad) {
+void settle(::torch::nn::Module& module, const ParameterLayout& layout, std::span<float> grad, ::torch::Device device) {
   std::size_t i = 0;
   for (const auto& p : module.named_parameters(true)) {
     const auto& slot = layout.tensors()[i++];
@@ -77,7 +90,7 @@ void settle(::torch::nn::Module& module, const ParameterLayout& layout, std::spa
     float* mine = grad.data() + slot.offset;
     const ::torch::Tensor& g = param.grad();
     if (g.defined() && g.data_ptr<float>() == mine) continue;
-    ::torch::Tensor view = ::torch::from_blob(mine, param.sizes(), ::torch::kFloat);
+    ::torch::Tensor view = ::torch::from_blob(mine, param.sizes(), floats_on(device));
     if (g.defined()) view.copy_(g);  // the replaced gradient already holds what the view held plus this chunk's
     param.mutable_grad() = view;
   }
@@ -87,7 +100,53 @@ void settle(::torch::nn::Module& module, const ParameterLayout& layout, std::spa
   ::torch::Tensor ids = ::torch::empty({static_cast<std::int64_t>(samples.size())}, ::torch::kLong);
   auto* p = ids.data_ptr<std::int64_t>();
   for (std::size_t i = 0; i < samples.size(); ++i) p[i] = samples[i];
-  return data.index_select(0, ids);
+  return data.index_select(0, data.is_cpu() ? ids : ids.to(data.device()));
 }
+
+::torch::Tensor DeviceData::on(const ::torch::Device& device) const {
+  if (device == m_host.device()) return m_host;
+  const std::lock_guard lock(m_mutex);
+  for (const auto& [where, copy] : m_copies) {
+    if (where == device) return copy;
+  }
+  m_copies.emplace_back(device, m_host.to(device));  // inside a GPU chunk: on the device's stream, before the chunk reads it
+  return m_copies.back().second;
+}
+
+namespace detail {
+
+#if defined(STEALBATCH_TORCH_CUDA)
+void run_gpu_chunk(::torch::nn::Module& module, const ParameterLayout& layout, ChunkContext& ctx, const std::function<::torch::Tensor()>& pass) {
+  // The chunk's GPU is the one that holds the device's gradient buffer.
+  cudaPointerAttributes where{};
+  if (cudaPointerGetAttributes(&where, ctx.grad.data()) != cudaSuccess || where.type != cudaMemoryTypeDevice) {
+    (void)cudaGetLastError();
+    throw ConfigError("libtorch: device " + std::to_string(ctx.device) + " gave a GPU chunk whose gradient buffer is not GPU memory");
+  }
+  const ::torch::Device device(::torch::kCUDA, static_cast<c10::DeviceIndex>(where.device));
+  // The module's kernels run on the device's stream, in order with the runtime's copies, events and reduction.
+  const c10::cuda::CUDAStreamGuard on_stream(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(ctx.stream), device.index()));
+  struct Scope {
+    explicit Scope(const ::torch::Device& d) { t_chunk_device = d; }
+    ~Scope() { t_chunk_device = ::torch::Device(::torch::kCPU); }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+  } scope(device);
+  libtorch::bind_module(module, layout, ctx.params, ctx.grad, device);
+  const ::torch::Tensor loss = pass();
+  libtorch::settle(module, layout, ctx.grad, device);
+  // Added in stream order; the runtime reads the device's loss after the step's chunks.
+  ::torch::from_blob(ctx.device_loss, {1}, floats_on(device)).add_(loss.detach().to(::torch::kFloat).reshape({1}));
+}
+#else
+void run_gpu_chunk(::torch::nn::Module&, const ParameterLayout&, ChunkContext& ctx, const std::function<::torch::Tensor()>&) {
+  throw ConfigError("libtorch: device " + std::to_string(ctx.device) +
+                    " is a GPU, and this adapter was built against a libtorch without CUDA (Debian's libtorch-dev is CPU only): "
+                    "build it against a CUDA libtorch, such as PyTorch's (cmake -DCMAKE_PREFIX_PATH=$(python3 -c 'import torch; "
+                    "print(torch.utils.cmake_prefix_path)'))");
+}
+#endif
+
+}  // namespace detail
 
 }  // namespace stealbatch::libtorch

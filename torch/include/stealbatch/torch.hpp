@@ -2,14 +2,16 @@
 // in parameters() order; during a chunk the module's parameters are views of the device's ctx.params and their
 // gradients views of ctx.grad (torch::from_blob), so forward and backward copy neither, and backward's gradient
 // accumulation lands in the runtime's buffer (the idea of DDP's gradient_as_bucket_view). Losses are sums: the
-// runtime divides by the batch. CPU and simulated devices (host memory).
+// runtime divides by the batch. CPU and simulated devices run the chunk on the calling thread, in host memory;
+// GPU devices (a CUDA libtorch: STEALBATCH_TORCH_CUDA) run it on the device's stream, on views of device memory.
 //
 //   struct NetImpl : torch::nn::Module { ... torch::Tensor forward(torch::Tensor x); };
 //   TORCH_MODULE(Net);
+//   stealbatch::libtorch::DeviceData x(images), y(labels);   // on the host; copied to a GPU where chunks run there
 //   stealbatch::libtorch::ModuleChunks<NetImpl> chunks([] { return Net()->ptr(); }, rt.device_count(),
-//       [&](std::span<const std::uint32_t> s) { return stealbatch::libtorch::rows(x, s); },
+//       [&](std::span<const std::uint32_t> s) { return x.rows(s); },
 //       [&](const torch::Tensor& out, std::span<const std::uint32_t> s) {
-//         return torch::nn::functional::cross_entropy(out, stealbatch::libtorch::rows(y, s),
+//         return torch::nn::functional::cross_entropy(out, y.rows(s),
 //                                                     torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
 //       });
 //   rt.register_parameters(chunks.layout(), chunks.initial());
@@ -23,7 +25,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace stealbatch::libtorch {
@@ -33,21 +37,51 @@ namespace stealbatch::libtorch {
 ParameterLayout layout_of(const ::torch::nn::Module& module);
 // The module's current parameter values, flat in that layout (the runtime's initial values).
 std::vector<float> values_of(const ::torch::nn::Module& module);
-// Makes the module's parameters views of `params` and their gradients views of `grad` (both in layout_of()'s layout;
-// named bind_module so that argument-dependent lookup never picks std::bind instead).
+// Makes the module's parameters views of `params` and their gradients views of `grad` (both in layout_of()'s layout,
+// in `device`'s memory; named bind_module so that argument-dependent lookup never picks std::bind instead).
 // Throws ConfigError when the module's parameters do not match the layout (name, count or size).
-void bind_module(::torch::nn::Module& module, const ParameterLayout& layout, std::span<const float> params, std::span<float> grad);
+void bind_module(::torch::nn::Module& module, const ParameterLayout& layout, std::span<const float> params, std::span<float> grad,
+                 ::torch::Device device = ::torch::kCPU);
 // After backward: a gradient that autograd replaced instead of accumulating in place (it may, for instance for a
 // gradient it had to reshape) is added into `grad` and the view restored, so nothing is lost either way.
-void settle(::torch::nn::Module& module, const ParameterLayout& layout, std::span<float> grad);
+void settle(::torch::nn::Module& module, const ParameterLayout& layout, std::span<float> grad, ::torch::Device device = ::torch::kCPU);
 // Sets the thread count of the BLAS library libtorch runs its matrix products on when that library keeps a global
 // thread pool of its own (OpenBLAS, which Debian's libtorch uses: openblas_set_num_threads, found at run time);
 // returns whether there was one. Its pool is one for the process: several devices calling into it at once queue
 // on its lock while its threads spin (a CNN on cpu:2 ran 3.7x slower), so with more than one device each product
 // must run on its caller's thread alone. ModuleChunks calls it.
 bool set_blas_threads(int threads) noexcept;
-// The rows of `data` (first dimension) at the chunk's sample ids: a chunk's input or targets from a tensor dataset.
+// The rows of `data` (first dimension) at the chunk's sample ids, on data's device: a chunk's input or targets from a
+// tensor dataset.
 ::torch::Tensor rows(const ::torch::Tensor& data, std::span<const std::uint32_t> samples);
+// The device of the chunk that this thread is running: the GPU inside a ModuleChunks chunk on a GPU device, else the
+// CPU. Input and loss functions read their data there (DeviceData does).
+::torch::Device chunk_device() noexcept;
+
+// A dataset tensor (inputs or targets; the first dimension is the sample) on the host, and a copy on each GPU that
+// runs chunks, made at its first chunk there and kept: rows() gives a chunk's rows on the chunk's device. Safe to
+// share among devices.
+class DeviceData {
+ public:
+  explicit DeviceData(::torch::Tensor host) : m_host(std::move(host)) {}
+  ::torch::Tensor rows(std::span<const std::uint32_t> samples) const { return libtorch::rows(on(chunk_device()), samples); }
+  const ::torch::Tensor& host() const noexcept { return m_host; }
+  // The data on `device` (the host tensor for the CPU).
+  ::torch::Tensor on(const ::torch::Device& device) const;
+
+ private:
+  ::torch::Tensor m_host;
+  mutable std::mutex m_mutex;
+  mutable std::vector<std::pair<::torch::Device, ::torch::Tensor>> m_copies;
+};
+
+namespace detail {
+// A chunk on a GPU device (ctx.stream set): `pass` (forward, loss and backward; it returns the summed loss) runs with
+// the chunk's GPU and the device's stream current, on the module bound to the device's buffers, and the loss is
+// added to ctx.device_loss in stream order (nothing waits for the GPU). Throws ConfigError where libtorch has no
+// CUDA.
+void run_gpu_chunk(::torch::nn::Module& module, const ParameterLayout& layout, ChunkContext& ctx, const std::function<::torch::Tensor()>& pass);
+}  // namespace detail
 
 // A chunk function from a module: one replica per device (make() builds one; every replica has the same layout),
 // the chunk's input from its sample ids, and the summed loss of its output. Each device's thread runs torch with
@@ -81,6 +115,17 @@ class ModuleChunks {
       if (ctx.device >= m_replicas.size()) throw ConfigError("libtorch: chunk on device " + std::to_string(ctx.device) + " but only " +
                                                              std::to_string(m_replicas.size()) + " module replicas were made");
       Module& m = *m_replicas[ctx.device];
+      if (ctx.stream != nullptr) {
+        detail::run_gpu_chunk(m, m_layout, ctx, [&] {
+          ::torch::Tensor x = m_input(ctx.samples);
+          const ::torch::Device here = chunk_device();
+          if (x.device() != here) x = x.to(here);  // an input function that read host data
+          ::torch::Tensor loss = m_loss(m.forward(x), ctx.samples);
+          loss.backward();
+          return loss;
+        });
+        return;
+      }
       thread_local int threads = 0;
       if (threads != m_threads) ::torch::set_num_threads(threads = m_threads);
       libtorch::bind_module(m, m_layout, ctx.params, ctx.grad);
@@ -92,7 +137,8 @@ class ModuleChunks {
     };
   }
 
-  // Runs `body` with device 0's replica bound to `params` (read-only use: evaluation) and no gradient recorded.
+  // Runs `body` with device 0's replica bound to `params` (host memory; read-only use: evaluation) and no gradient
+  // recorded.
   template <class Body>
   auto with_parameters(std::span<const float> params, Body&& body) {
     std::vector<float> scratch(m_layout.size());
