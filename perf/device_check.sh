@@ -7,9 +7,10 @@
 # Steps: 1 nvidia-smi and the GPU tests; 2 gpu_check: GPU-vs-CPU gradient equivalence (MLP, CNN), samples/s on one
 # GPU with each way of waiting for it, vgpu with unequal parts (static vs steal vs the ideal), the NCCL AllReduce
 # time; 3 the same models in PyTorch (perf/torch_ref.py, same batch and precision, same run); 4 the examples on the
-# GPU; 5 stealbench at 16 and 32 simulated devices on this machine's cores (no GPU: the build machine has two cores
-# for 32 device threads). Writes device_check.log, steps.tsv, gpu_check.json, torch_ref.json, stealbench16/32.json
-# and device_check.json under $OUT (or ./device_check_out).
+# GPU; 4b checkpoints across GPU and CPU; 4c the libtorch adapter on the GPU, built here against this machine's
+# PyTorch; 5 stealbench at 16 and 32 simulated devices on this machine's cores (no GPU: the build machine has two
+# cores for 32 device threads). Writes device_check.log, steps.tsv, gpu_check.json, torch_ref.json,
+# torch_gpu_check.json, stealbench16/32.json and device_check.json under $OUT (or ./device_check_out).
 #
 # The whole run keeps to one deadline, DEVICE_CHECK_DEADLINE_S (480 s: the device tool allows 600 s a command and
 # 900 s of device time in all, start-up included). Each step's limit is cut to the time left, a step with less than
@@ -140,6 +141,17 @@ run ckpt_gpu_cpu 60 bash -c '"$0" "${@:1:4}" --devices cuda:0 --stop-after 2 --s
 run ckpt_cpu_gpu 60 bash -c '"$0" "${@:1:4}" --devices cpu:2 --stop-after 2 --save "$OUT/ckpt_cg" >/dev/null &&
   "$0" "${@:1:4}" --devices cuda:0 --resume "$OUT/ckpt_cg" --json "$OUT/ckpt_cpu_gpu.json"' "$PACK/bin/mlp" "${ck[@]}"
 run ckpt_straight 60 "$PACK/bin/mlp" "${ck[@]}" --devices cpu:2 --json "$OUT/ckpt_straight.json"
+
+say "4c. the libtorch adapter on cuda:0, built against this machine's PyTorch (perf/device_torch)"
+# The adapter and its check compiled here with PyTorch's CMake config and C++ ABI, linked with the packed static
+# stealbatch libraries; then the adapter's gradient on cuda:0 against cpu:1 and its samples/s against libtorch eager.
+TORCH_PREFIX=$(LD_LIBRARY_PATH="$ORIG_LD" python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+echo "torch cmake prefix: ${TORCH_PREFIX:-(none: python3 has no torch)}"
+run torch_build 150 bash -c 'cmake -S "$0/perf/device_torch" -B "$1" -G Ninja -DCMAKE_PREFIX_PATH="$2" -DSB_PACK="$3" -DSB_LIBS="$4" > "$1.configure.log" 2>&1 ||
+  { tail -40 "$1.configure.log"; exit 1; }; cmake --build "$1" --parallel "$(nproc)" 2>&1 | tail -40; exit "${PIPESTATUS[0]}"' \
+  "$REPO" /tmp/stealbatch-device-torch "$TORCH_PREFIX" "$PACK" "$LIB;${NCCL_LIB:-};${CUBLAS_LIB:-}"
+TORCH_LIB=$(dirname "$TORCH_PREFIX" 2>/dev/null)/../lib
+run torch_gpu_check 120 env LD_LIBRARY_PATH="$TORCH_LIB:$LD_LIBRARY_PATH" /tmp/stealbatch-device-torch/torch_gpu_check --json "$OUT/torch_gpu_check.json"
 
 say "5. stealbench: 16 and 32 simulated devices on $(nproc) cores (no GPU)"
 for n in 16 32; do  # 256 samples per device, as in the performance document's tables

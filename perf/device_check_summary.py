@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Joins steps.tsv, gpu_check.json, torch_ref.json, mlp_gpu.json, cnn_gpu.json and stealbench16/32.json into the
+"""Joins steps.tsv, gpu_check.json, torch_ref.json, mlp_gpu.json, cnn_gpu.json, the checkpoint runs,
+torch_gpu_check.json and stealbench16/32.json into the
 device check's summary table and device_check.json, with the targets. Every figure that did not come is a row
 that says "missing" (with the section's error where gpu_check recorded one), so a cut-short run still says what
 it lacks.
@@ -97,6 +98,19 @@ def main():
             add(label, "missing", "accuracy within 0.002 of cpu:2 straight", False)
         else:
             add(label, f"accuracy {acc:.4f} (straight {ref:.4f})", "within 0.002", abs(acc - ref) <= 0.002)
+    # The libtorch adapter on cuda:0, built here against this machine's PyTorch (torch_gpu_check).
+    tg = load(os.path.join(out, "torch_gpu_check.json")) if os.path.exists(os.path.join(out, "torch_gpu_check.json")) else {}
+    by_model = {m.get("model"): m for m in tg.get("models", []) if isinstance(m, dict)}
+    for m in ("torch_mlp", "torch_cnn"):
+        r = by_model.get(m)
+        if not r:
+            add(f"{m} adapter on cuda:0", "missing", "gradient <= 1e-4, >= 0.9x eager", False)
+            continue
+        e = r.get("gradient_error", -1)
+        add(f"{m} adapter gradient cuda:0 vs cpu:1", f"{e:.3g} (batch {r.get('batch')})", "<= 1e-4", 0 <= e <= 1e-4)
+        add(f"{m} adapter vs libtorch eager on cuda:0 (chunk {r.get('chunk')})",
+            f"{r.get('adapter_samples_per_s', 0):.0f} vs {r.get('eager_samples_per_s', 0):.0f} samples/s = {r.get('ratio', 0):.3f}x", ">= 0.9x",
+            r.get("ratio", 0) >= 0.9)
     # stealbench on this machine's cores (simulated devices): the targets for steal-adaptive (perf/README.md).
     benches = {}
     for n in (16, 32):

@@ -27,12 +27,13 @@ echo "rehearsal: device_check.sh exited $rc after $took s (deadline 12 s)"
 [ $rc -ne 0 ] || fail "exit status 0 although every step failed"
 [ $took -le 30 ] || fail "took $took s: the deadline did not hold"
 grep -q "test_cuda_runtime timed out" "$log" || fail "the hanging step was not cut at the deadline"
-for s in gpu_check torch_ref mlp_cuda mlp_vgpu cnn_cuda ckpt_gpu_cpu ckpt_cpu_gpu ckpt_straight stealbench16 stealbench32; do
+for s in gpu_check torch_ref mlp_cuda mlp_vgpu cnn_cuda ckpt_gpu_cpu ckpt_cpu_gpu ckpt_straight torch_build torch_gpu_check stealbench16 stealbench32; do
   grep -q "SKIPPED $s:" "$log" || fail "step $s was neither run nor reported as skipped"
 done
 grep -q "== \[ *[0-9]*s\] summary" "$log" || fail "no summary"
 for row in "mlp GPU vs CPU gradient" "cnn GPU vs CPU gradient" "mlp samples/s vs PyTorch" "vgpu static/steal/ideal" "allreduce" \
-           "mlp example on cuda:0" "cnn example on cuda:0" "checkpoint cuda:0 -> cpu:2" "stealbench 16 devices" "stealbench 32 devices" "step test_cuda_basics"; do
+           "mlp example on cuda:0" "cnn example on cuda:0" "checkpoint cuda:0 -> cpu:2" "torch_mlp adapter on cuda:0" "torch_cnn adapter on cuda:0" \
+           "stealbench 16 devices" "stealbench 32 devices" "step test_cuda_basics"; do
   grep "$row" "$log" | grep -q -E "missing|exit|skipped" || fail "the summary does not name '$row' as missing"
 done
 [ -s "$WORK/out/device_check.json" ] || fail "no device_check.json"
