@@ -57,7 +57,9 @@ log "soak: 180 s of random faults"
 log "checkpoints: save and load times, the kill test, PyTorch reading one"
 bash perf/checkpoint_times.sh "$build" | tee "$out/checkpoint_times.txt"
 bash tests/checkpoint/kill_test.sh "$build/tests/checkpoint/save_loop" 50 | tee "$out/kill_test.txt"
+bash perf/resume_figures.sh "$build" | tee "$out/resume_figures.txt"
 if [ -n "${TORCH_PYTHON:-}" ] && "$TORCH_PYTHON" -c "import safetensors" 2>/dev/null; then
+  : > "$out/checkpoint_interop.txt"  # this run's two models only
   for m in "mlp 10" "cnn 4"; do
     set -- $m
     python3 perf/checkpoint_interop.py --torch-python "$TORCH_PYTHON" --build "$build" --model "$1" --epochs "$2" | tee -a "$out/checkpoint_interop.txt"
