@@ -5,9 +5,11 @@
 #include <boost/lockfree/queue.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace stealbatch {
 
@@ -45,6 +47,10 @@ struct alignas(detail::kCacheLine) Scheduler::Worker {
   double live_ahead = 0.0;
   bool left_takers = false;
   std::vector<ChunkId> sourced;  // a sourced step: what the source wrote (sized by run_sourced, between steps)
+  // A merging steal: group[0] the chunk to run, group[1, group_size) the others that run in the same call; the
+  // steal writes what it took after the first into group[1, ...). Owned by this worker from the steal to execute().
+  std::array<ChunkId, kMaxStealBatch + 1> group{};
+  std::size_t group_size = 0;
   std::thread thread;
 };
 
@@ -107,7 +113,7 @@ Scheduler::~Scheduler() {
   }
 }
 
-StepStats Scheduler::run(std::span<const ChunkRange> placement, ChunkFn fn, const std::function<void()>& meanwhile) {
+StepStats Scheduler::run(std::span<const ChunkRange> placement, ChunkFn fn, const std::function<void()>& meanwhile, const ChunkMerge* merge) {
   check_range("placement.size()", placement.size(), m_workers.size(), m_workers.size());
   std::uint64_t total = 0;
   for (const ChunkRange& r : placement) {
@@ -119,6 +125,13 @@ StepStats Scheduler::run(std::span<const ChunkRange> placement, ChunkFn fn, cons
     m_scratch.resize(placement[w].size());
     for (std::size_t i = 0; i < m_scratch.size(); ++i) m_scratch[i] = static_cast<ChunkId>(placement[w].end - 1 - i);
   });
+  // Published to the workers by the release bump in launch(), like the rest of the step state; cleared however
+  // the step ends, so no later step sees it.
+  struct Clear {
+    const ChunkMerge*& p;
+    ~Clear() { p = nullptr; }
+  } clear{m_merge};
+  m_merge = m_options.steal == StealPolicy::kHalf ? merge : nullptr;
   return launch(total, fn, meanwhile);
 }
 
@@ -477,9 +490,22 @@ Scheduler::Found Scheduler::find_work(Worker& me, ChunkId& out) {
         StealStatus status;
         ChunkId c = 0;
         std::size_t moved = 0;
-        if (m_options.steal == StealPolicy::kHalf) {
-          const StolenBatch s = m_stealers[v].steal_batch_and_pop(me.deque, steal_cap(me.index));
+        std::size_t pushed = 0;  // of `moved`, what went onto our deque (the rest runs with c in one call)
+        if (m_merge != nullptr) {
+          const StolenBatch s = m_stealers[v].steal_batch(std::span<ChunkId, kMaxStealBatch>(me.group.data() + 1, kMaxStealBatch), steal_cap(me.index));
           status = s.status, c = s.chunk, moved = s.moved;
+          if (status == StealStatus::kTaken) {
+            // Every chunk taken is ours now: the chosen ones run with c, the rest go onto our deque, where others
+            // may steal them again. None is dropped, so exactly-once rests on the steal's CASes as without merging.
+            const std::size_t k = merged_prefix(me, c, moved);
+            me.group[0] = c;
+            me.group_size = 1 + k;
+            pushed = moved - k;
+            if (pushed > 0) me.deque.push_bulk(std::span<const ChunkId>(me.group.data() + 1 + k, pushed));
+          }
+        } else if (m_options.steal == StealPolicy::kHalf) {
+          const StolenBatch s = m_stealers[v].steal_batch_and_pop(me.deque, steal_cap(me.index));
+          status = s.status, c = s.chunk, moved = s.moved, pushed = s.moved;
         } else {
           const Stolen s = m_stealers[v].steal();
           status = s.status, c = s.chunk;
@@ -491,7 +517,7 @@ Scheduler::Found Scheduler::find_work(Worker& me, ChunkId& out) {
           found = Found::kChunk;
           // The batch in our deque is stealable work that a parked worker may be waiting for.
           // With the end game on, a parked worker may be one that declined and will not take it, so wake all.
-          if (moved > 0) m_endgame.active() ? m_event.notify_all() : m_event.notify_one();
+          if (pushed > 0) m_endgame.active() ? m_event.notify_all() : m_event.notify_one();
           return true;
         }
         ++me.counters.failed_steals;
@@ -599,20 +625,36 @@ bool Scheduler::work_visible(std::size_t self) const noexcept {
 }
 
 void Scheduler::execute(Worker& me, ChunkId c) {
+  const std::size_t n = std::max<std::size_t>(1, std::exchange(me.group_size, 0));
   if (m_abort.load(std::memory_order_relaxed)) return;  // the step has failed: discard (relaxed: as in step_over)
   const auto t0 = Clock::now();
   try {
-    (*m_fn)(me.index, c);
+    if (n > 1) {
+      m_merge->run(me.index, std::span<const ChunkId>(me.group.data(), n));
+    } else {
+      (*m_fn)(me.index, c);
+    }
   } catch (...) {
     fail_step(std::current_exception());
   }
   const auto t1 = Clock::now();
   me.counters.busy += t1 - t0;
   me.counters.last_end = t1 - m_step_start;
-  ++me.counters.chunks_run;
+  me.counters.chunks_run += n;
+  me.counters.chunks_merged += n - 1;
   // Relaxed: the RMW alone makes exactly one worker see the count reach zero. The notify_all() that follows is
   // an RMW on the waiter count, which orders the zero before any parked worker's re-check (see EventCount).
-  if (m_remaining.fetch_sub(1, std::memory_order_relaxed) == 1) m_event.notify_all();
+  if (m_remaining.fetch_sub(n, std::memory_order_relaxed) == n) m_event.notify_all();
+}
+
+std::size_t Scheduler::merged_prefix(Worker& me, ChunkId first, std::size_t moved) noexcept {
+  if (moved == 0) return 0;
+  try {
+    return std::min(moved, m_merge->choose(me.index, first, std::span<const ChunkId>(me.group.data() + 1, moved)));
+  } catch (...) {
+    fail_step(std::current_exception());
+    return 0;
+  }
 }
 
 void Scheduler::set_watchdog(std::chrono::nanoseconds period, std::function<std::exception_ptr()> check, std::function<void()> on_fail) {

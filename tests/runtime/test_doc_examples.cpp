@@ -9,8 +9,10 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <numeric>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -31,6 +33,23 @@ TEST_CASE("DocExamples.ChunkDequeAndStealer") {
   std::vector<ChunkId> ran;
   while (auto c = q.pop()) ran.push_back(*c);  // newest first
   CHECK(ran == std::vector<ChunkId>{5, 4});
+}
+
+TEST_CASE("DocExamples.ChunkMerge") {
+  std::vector<std::atomic<int>> hits(64);
+  Scheduler sched({.workers = 4});
+  auto run_one = [&](std::size_t, ChunkId c) { hits[c].fetch_add(1); };
+  auto fitting = [](std::size_t, ChunkId, std::span<const ChunkId> more) { return std::min<std::size_t>(more.size(), 2); };
+  auto compute = [&](std::size_t, std::span<const ChunkId> chunks) {
+    for (ChunkId c : chunks) hits[c].fetch_add(1);
+  };
+  auto choose = [&](std::size_t w, ChunkId first, std::span<const ChunkId> more) { return fitting(w, first, more); };
+  auto together = [&](std::size_t w, std::span<const ChunkId> chunks) { compute(w, chunks); };
+  const ChunkMerge merge{choose, together};  // references: the lambdas must outlive the step
+  sched.run(place_equal(64, 4), run_one, {}, &merge);
+  int wrong = 0;
+  for (auto& h : hits) wrong += h.load() != 1;
+  CHECK(wrong == 0);
 }
 
 TEST_CASE("DocExamples.SchedulerAndBroadcast") {

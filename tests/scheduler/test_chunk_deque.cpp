@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 #include <test_support.hpp>
 
+#include <array>
 #include <atomic>
 #include <random>
 #include <thread>
@@ -137,6 +138,16 @@ TEST_CASE("ChunkDeque.StealBatch") {
     CHECK(b.moved == 0);
     CHECK(mine.empty());
   }
+  SUBCASE("handed back: the same chunks, in the victim's order, and the thief's deque untouched") {
+    std::array<ChunkId, kMaxStealBatch> more{};
+    const StolenBatch b = s.steal_batch(more, 8);
+    REQUIRE(b.status == StealStatus::kTaken);
+    CHECK(b.chunk == 0u);
+    REQUIRE(b.moved == 4);
+    for (std::size_t i = 0; i < 4; ++i) CHECK(more[i] == i + 1);
+    CHECK(victim.size() == 5);
+    CHECK(mine.empty());
+  }
   SUBCASE("one chunk left: it is taken alone") {
     while (victim.size() > 1) (void)victim.pop();
     const StolenBatch b = s.steal_batch_and_pop(mine, 8);
@@ -198,8 +209,8 @@ TEST_CASE("ChunkDeque.Stampede") {
 }
 
 TEST_CASE("ChunkDeque.StressResizeUnderSteal") {
-  // A ring of capacity 2 that the owner grows in random bursts while four thieves steal one or a batch, and the
-  // batch thieves' own deques are drained too. Every chunk must surface exactly once.
+  // A ring of capacity 2 that the owner grows in random bursts while four thieves steal one or a batch (pushed onto
+  // their own deques, which they drain, or handed back), and the owner pops. Every chunk must surface exactly once.
   const std::size_t n = scaled(400000);
   ChunkDeque q(2);
   Stealer s = q.stealer();
@@ -211,6 +222,12 @@ TEST_CASE("ChunkDeque.StressResizeUnderSteal") {
         const Stolen r = s.steal();
         if (r.status == StealStatus::kTaken) got.push_back(r.chunk);
         return r.status;
+      }
+      if (id == 3) {  // the batch handed back instead of pushed (a thief that merges what it steals)
+        std::array<ChunkId, kMaxStealBatch> more;
+        const StolenBatch b = s.steal_batch(more, 9);
+        if (b.status == StealStatus::kTaken) got.push_back(b.chunk), got.insert(got.end(), more.begin(), more.begin() + static_cast<std::ptrdiff_t>(b.moved));
+        return b.status;
       }
       const StolenBatch b = s.steal_batch_and_pop(mine, 1 + id * 3);
       if (b.status == StealStatus::kTaken) got.push_back(b.chunk);

@@ -8,7 +8,9 @@
 #include <atomic>
 #include <chrono>
 #include <ctime>
+#include <mutex>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -180,6 +182,119 @@ TEST_CASE("Scheduler.StealingMovesWorkOffTheLoadedWorker") {
   CHECK(stolen > 0);
   CHECK(by_others >= 30);  // a balanced split would give the others 60 of 80
   MESSAGE("others ran " << by_others << " of 80 chunks placed on worker 0");
+}
+
+TEST_CASE("Scheduler.AThiefRunsWhatItMergesInOneCallAndPushesTheRest") {
+  // Worker 0 holds chunks 0-15 and blocks in chunk 0 until worker 1 has made a merged call; worker 1, with nothing of
+  // its own, steals half of 1-15 (15 down to 8: the cap of 8), merges the first three after 15 and pushes the rest.
+  Scheduler sched({.workers = 2, .steal_batch_cap = 8});
+  const auto ranges = place_proportional(16, std::vector<double>{1, 0});
+  std::vector<std::atomic<int>> runs(16);
+  std::vector<ChunkId> seen_first, seen_more, merged_call;
+  std::mutex m;
+  std::atomic<bool> merged{false}, waited_out{false};
+  auto one = [&](std::size_t w, ChunkId c) {
+    runs[c].fetch_add(1);
+    if (w == 0 && c == 0) waited_out = !wait_for([&] { return merged.load(); }, 5000ms);
+  };
+  auto choose = [&](std::size_t w, ChunkId first, std::span<const ChunkId> more) -> std::size_t {
+    const std::lock_guard lock(m);
+    if (w == 1 && seen_first.empty()) seen_first.push_back(first), seen_more.assign(more.begin(), more.end());
+    return 3;
+  };
+  auto group = [&](std::size_t, std::span<const ChunkId> chunks) {
+    for (ChunkId c : chunks) runs[c].fetch_add(1);
+    {
+      const std::lock_guard lock(m);
+      if (merged_call.empty()) merged_call.assign(chunks.begin(), chunks.end());
+    }
+    merged = true;
+  };
+  const ChunkMerge merge{choose, group};
+  const StepStats st = sched.run(ranges, one, {}, &merge);
+  CHECK_FALSE(waited_out.load());
+  int wrong = 0;
+  for (auto& r : runs) wrong += r.load() != 1;
+  CHECK(wrong == 0);
+  REQUIRE(seen_first.size() == 1);
+  CHECK(seen_first[0] == 15);
+  CHECK(seen_more == std::vector<ChunkId>{14, 13, 12, 11, 10, 9, 8});  // the victim's order: its top end, descending
+  CHECK(merged_call == std::vector<ChunkId>{15, 14, 13, 12});
+  CHECK(st.workers[1].chunks_stolen >= 8);
+  CHECK(st.workers[1].chunks_merged >= 3);
+  CHECK(st.workers[0].chunks_run + st.workers[1].chunks_run == 16);
+}
+
+TEST_CASE("Scheduler.MergedStealsRunEveryChunkOnce") {
+  // Random merge choices (none, some, all, and more than offered) over random placements and delays, with the end
+  // game on every other step: each chunk runs exactly once, in a merged call or alone, and the counts add up.
+  const std::size_t steps = scaled(3000);
+  std::mt19937_64 rng(77);
+  std::uint64_t merged_total = 0;
+  for (std::size_t workers : {2, 3, 4}) {
+    Scheduler sched({.workers = workers, .steal_batch_cap = 1 + workers * 3, .seed = rng()});
+    std::vector<std::atomic<std::uint32_t>> runs(256);
+    std::vector<std::uint32_t> delay_ns(256);
+    for (std::size_t step = 0; step < steps / 3; ++step) {
+      const std::size_t chunks = 1 + rng() % 256;
+      for (std::size_t i = 0; i < chunks; ++i) {
+        runs[i].store(0, std::memory_order_relaxed);
+        delay_ns[i] = rng() % 3 == 0 ? static_cast<std::uint32_t>(rng() % 20000) : 0;
+      }
+      std::vector<double> costs;
+      if (step % 2 == 0) {
+        costs.resize(workers);
+        for (auto& c : costs) c = 1.0 + static_cast<double>(rng() % 8);
+      }
+      sched.set_chunk_costs(costs);
+      const std::uint64_t salt = rng();
+      auto one = [&](std::size_t, ChunkId c) {
+        runs[c].fetch_add(1, std::memory_order_relaxed);
+        if (delay_ns[c]) spin_for(std::chrono::nanoseconds(delay_ns[c]));
+      };
+      // A choice that depends only on the chunks offered: any prefix, sometimes past the end (the scheduler clamps).
+      auto choose = [&](std::size_t, ChunkId first, std::span<const ChunkId> more) -> std::size_t {
+        return static_cast<std::size_t>((first * 2654435761u + salt) % (more.size() + 2));
+      };
+      auto group = [&](std::size_t, std::span<const ChunkId> cs) {
+        for (ChunkId c : cs) runs[c].fetch_add(1, std::memory_order_relaxed);
+        if (delay_ns[cs[0]]) spin_for(std::chrono::nanoseconds(delay_ns[cs[0]]));
+      };
+      const ChunkMerge merge{choose, group};
+      std::vector<double> w(workers);
+      for (auto& x : w) x = static_cast<double>(rng() % 4);
+      w[rng() % workers] += 1;
+      const StepStats st = sched.run(place_proportional(chunks, w), one, {}, &merge);
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < chunks; ++i) wrong += runs[i].load(std::memory_order_relaxed) != 1;
+      REQUIRE(wrong == 0);
+      std::uint64_t ran = 0;
+      for (const auto& wc : st.workers) ran += wc.chunks_run, merged_total += wc.chunks_merged;
+      REQUIRE(ran == chunks);
+    }
+  }
+  CHECK(merged_total > 0);
+  MESSAGE(steps << " steps with merging thieves, " << merged_total << " chunks merged into another's call, each chunk run exactly once");
+}
+
+TEST_CASE("Scheduler.AMergeChoiceThatThrowsFailsTheStepAndTheNextRuns") {
+  Scheduler sched({.workers = 2});
+  const auto ranges = place_proportional(16, std::vector<double>{1, 0});
+  std::atomic<bool> thrown{false};
+  auto one = [&](std::size_t w, ChunkId c) {
+    if (w == 0 && c == 0) (void)wait_for([&] { return thrown.load(); }, 5000ms);
+  };
+  auto choose = [&](std::size_t, ChunkId, std::span<const ChunkId>) -> std::size_t {
+    thrown = true;
+    throw std::runtime_error("choice failed");
+  };
+  auto group = [](std::size_t, std::span<const ChunkId>) {};
+  const ChunkMerge merge{choose, group};
+  CHECK_THROWS_WITH_AS(sched.run(ranges, one, {}, &merge), "choice failed", std::runtime_error);
+  std::atomic<int> ran{0};
+  const StepStats st = sched.run(ranges, [&](std::size_t, ChunkId) { ran.fetch_add(1); });
+  CHECK(ran.load() == 16);
+  CHECK(st.workers[0].chunks_merged + st.workers[1].chunks_merged == 0);
 }
 
 TEST_CASE("Scheduler.EmptyStep") {

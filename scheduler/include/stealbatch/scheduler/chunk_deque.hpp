@@ -102,11 +102,24 @@ class Stealer {
   }
 
   // Takes half the victim's chunks (rounded up), at most `cap` and at most kMaxStealBatch. Returns the oldest
-  // to run now and pushes the rest into `dest` with one bottom update. In a Chase–Lev deque the owner pops
-  // uncontested while top < bottom - 1, so a thief may not claim several slots with one CAS: as in crossbeam's
-  // LIFO flavour, the batch is taken one CAS at a time and stops at the first lost race.
+  // to run now and pushes the rest into `dest` with one bottom update.
   template <class OwnerDeque>
   StolenBatch steal_batch_and_pop(OwnerDeque& dest, std::size_t cap) const {
+    std::array<ChunkId, kMaxStealBatch> more;
+    const StolenBatch s = steal_batch(more, cap);
+    // push_bulk may allocate (growth) and so throw; the chunks are then lost to the step, which the scheduler's
+    // exactly-once check reports. The scheduler sizes deques so that a steal never grows them past the step.
+    if (s.moved > 0) dest.push_bulk(std::span<const ChunkId>(more.data(), s.moved));
+    return s;
+  }
+
+  // As steal_batch_and_pop(), with the chunks after the oldest written to more[0, moved) in the victim's order
+  // (oldest first) instead of pushed: the thief owns them exactly as if they were in its deque, and must run or
+  // push every one. In a Chase–Lev deque the owner pops uncontested while top < bottom - 1, so a thief may not
+  // claim several slots with one CAS: as in crossbeam's LIFO flavour, the batch is taken one CAS at a time and
+  // stops at the first lost race. Each slot is claimed by its own seq_cst CAS on top, as in steal(), so each
+  // chunk has exactly one taker.
+  StolenBatch steal_batch(std::span<ChunkId, kMaxStealBatch> more, std::size_t cap) const noexcept {
     detail::DequeState& d = *m_state;
     std::int64_t t = detail::load_before_barrier(d.top);
     detail::full_barrier_between_loads();
@@ -120,7 +133,6 @@ class Stealer {
     if (!d.top.compare_exchange_strong(t, t + 1, std::memory_order_seq_cst, std::memory_order_relaxed)) {
       return {StealStatus::kRetry, 0, 0};
     }
-    std::array<ChunkId, kMaxStealBatch> more;
     std::size_t n = 0;
     for (std::int64_t i = 1; i < want; ++i) {
       ++t;
@@ -132,9 +144,6 @@ class Stealer {
       if (!d.top.compare_exchange_strong(t, t + 1, std::memory_order_seq_cst, std::memory_order_relaxed)) break;
       more[n++] = c;
     }
-    // push_bulk may allocate (growth) and so throw; the chunks are then lost to the step, which the scheduler's
-    // exactly-once check reports. The scheduler sizes deques so that a steal never grows them past the step.
-    if (n > 0) dest.push_bulk(std::span<const ChunkId>(more.data(), n));
     return {StealStatus::kTaken, first, n};
   }
 

@@ -46,7 +46,8 @@ struct SchedulerOptions {
 
 // What one worker did during one step. Written only by the worker; read by the caller after the step.
 struct WorkerCounters {
-  std::uint64_t chunks_run = 0;      // chunk callbacks this worker ran
+  std::uint64_t chunks_run = 0;      // chunks this worker ran (a merged call counts each of its chunks)
+  std::uint64_t chunks_merged = 0;   // of those, chunks that ran in one call with the chunk before them (ChunkMerge)
   std::uint64_t chunks_stolen = 0;   // chunks it took from other deques (a batch steal counts each chunk)
   std::uint64_t steal_attempts = 0;  // steal calls on a victim
   std::uint64_t failed_steals = 0;   // attempts that returned kEmpty or kRetry
@@ -96,6 +97,24 @@ using ChunkSource = detail::FunctionRef<std::size_t(std::size_t worker, std::spa
 // The most chunk ids one call of a ChunkSource may return.
 inline constexpr std::size_t kMaxSourced = 4096;
 
+// Stolen chunks run together (Scheduler::run with a ChunkMerge): a thief that takes several chunks in one steal
+// may run the first and some of the others in one call instead of one call each, for chunk functions that pay a
+// fixed cost per call (an eager framework's dispatcher and autograd graph, a kernel launch). What it does not
+// merge goes onto its deque as usual, where others may steal it again.
+//
+//   auto choose = [&](std::size_t w, ChunkId first, std::span<const ChunkId> more) { return fitting(w, first, more); };
+//   auto together = [&](std::size_t w, std::span<const ChunkId> chunks) { compute(w, chunks); };
+//   const ChunkMerge merge{choose, together};  // references: the lambdas must outlive the step
+//   sched.run(place_equal(64, 4), run_one, {}, &merge);
+struct ChunkMerge {
+  // How many of `more` (the chunks one steal took after `first`, in the victim's order: for a placed range,
+  // descending ids) run in the same call as `first`: a prefix, at most more.size(). On the thief's thread, while it
+  // owns every one of these chunks. An exception fails the step, as a chunk's would.
+  detail::FunctionRef<std::size_t(std::size_t worker, ChunkId first, std::span<const ChunkId> more)> choose;
+  // Runs `chunks` (`first`, then the chosen prefix) in one call on worker's thread; may throw as a ChunkFn may.
+  detail::FunctionRef<void(std::size_t worker, std::span<const ChunkId> chunks)> run;
+};
+
 // The scheduler owns N worker threads and one ChunkDeque per worker. run() places a step's chunks, wakes the
 // workers, and returns when every chunk has run exactly once. Between steps the workers park and use no CPU.
 // If a callback throws, the step stops handing out chunks, every worker leaves the step, the chunks not yet
@@ -120,7 +139,9 @@ class Scheduler {
   // scheduler, and should be short: the watchdog (the caller's thread) checks only after it, and the step's wall
   // time includes it when it outlasts the chunks.
   //   sched.run(place_equal(64, 4), run_chunk, [&] { learn_from(last_step); });
-  StepStats run(std::span<const ChunkRange> placement, ChunkFn fn, const std::function<void()>& meanwhile = {});
+  // `merge`, when given (and the steal policy is kHalf), lets a thief run chunks it stole together in one call (see
+  // ChunkMerge); it must outlive the call.
+  StepStats run(std::span<const ChunkRange> placement, ChunkFn fn, const std::function<void()>& meanwhile = {}, const ChunkMerge* merge = nullptr);
   // Chunks placed as arbitrary lists; worker w pops its list front to back.
   StepStats run(std::span<const std::vector<ChunkId>> placement, ChunkFn fn);
   // Chunks from a source instead of a placement: every deque starts empty and workers ask `source` for chunks
@@ -194,7 +215,11 @@ class Scheduler {
   enum class Source { kOwn, kStolen };
   bool worth_taking(std::size_t w, Source from) noexcept;
   bool work_visible(std::size_t self) const noexcept;
+  // Runs c, or, after a merging steal, the worker's group (c first) in one call.
   void execute(Worker& me, ChunkId c);
+  // After a steal of `first` and me.group[1, 1 + moved): how many of those join `first` in one call (m_merge's
+  // choice, clamped; 0 when it throws, which fails the step).
+  std::size_t merged_prefix(Worker& me, ChunkId first, std::size_t moved) noexcept;
   void fail_step(std::exception_ptr e) noexcept;
   // Pushes m_scratch (already in pop-last order) onto worker w's deque, between steps.
   void place_scratch(std::size_t w, std::uint64_t total);
@@ -215,6 +240,7 @@ class Scheduler {
 
   // Step state, published to the workers by the release bump of m_step_seq.
   const ChunkFn* m_fn = nullptr;
+  const ChunkMerge* m_merge = nullptr;    // set for a step whose thieves may merge what they steal
   const WorkerFn* m_broadcast = nullptr;  // set for a broadcast instead of a step of chunks
   const ChunkSource* m_source = nullptr;  // set for a sourced step
   const std::function<std::uint64_t()>* m_pending = nullptr;  // a sourced step's chunks not yet given (may be null)
