@@ -22,14 +22,43 @@ constexpr double kSlowedDownAtLeast = 100e-6;
 
 void Runtime::Impl::run_one(std::size_t w, ChunkId c, std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t,
                             const StepPlan& plan) {
+  run_call(w, std::span<const ChunkId>(&c, 1), samples, fn, t, plan);
+}
+
+std::size_t Runtime::Impl::mergeable(std::size_t w, ChunkId first, std::span<const ChunkId> more, const ChunkTable& t, std::size_t largest) const noexcept {
+  // Up to the thief's own chunk size (what it runs well in one call), and no more than the devices reserved for.
+  const std::size_t budget = std::min(t.own_size[w], largest);
+  std::size_t total = t.spans[first].size, k = 0;
+  std::uint32_t lo = t.spans[first].begin, hi = lo + t.spans[first].size;
+  // One span: each chunk continues the span of those before it, all the same way (in the victim's order a placed
+  // share's chunks descend).
+  int way = 0;
+  for (ChunkId m : more) {
+    const ChunkSpan& s = t.spans[m];
+    const int w2 = s.begin + s.size == lo ? -1 : s.begin == hi ? 1 : 0;
+    if (w2 == 0 || (way != 0 && w2 != way) || total + s.size > budget) break;
+    way = w2;
+    if (w2 < 0) lo = s.begin; else hi = s.begin + s.size;
+    total += s.size, ++k;
+  }
+  return k;
+}
+
+void Runtime::Impl::run_call(std::size_t w, std::span<const ChunkId> chunks, std::span<const std::uint32_t> samples, const ChunkFunction& fn,
+                             ChunkTable& t, const StepPlan& plan) {
   Replica& r = *replicas[w];
   Device& dev = *devices[w];
   const std::uint64_t step_no = steps + 1;
+  const ChunkId c = chunks.front();
+  // A merged call's chunks are contiguous (mergeable()): one span from the lowest to the highest.
+  std::uint32_t lo = t.spans[c].begin, hi = lo + t.spans[c].size;
+  for (ChunkId m : chunks) lo = std::min(lo, t.spans[m].begin), hi = std::max(hi, t.spans[m].begin + t.spans[m].size);
   ChunkContext ctx;
   ctx.device = w;
   ctx.chunk = c;
+  ctx.chunks = chunks;
   ctx.home_device = t.home[c];
-  ctx.samples = samples.subspan(t.spans[c].begin, t.spans[c].size);
+  ctx.samples = samples.subspan(lo, hi - lo);
   ctx.params = dev.params();
   ctx.grad = dev.grad();
   ctx.owner = &dev;
@@ -37,9 +66,16 @@ void Runtime::Impl::run_one(std::size_t w, ChunkId c, std::span<const std::uint3
   ctx.loss_sum = &r.loss;
   const auto t0 = Clock::now();
   const WatchStamp stamp(r, c, epoch, t0);
+  ChunkId at = c;  // the chunk an error names: the one whose fault fired, else the call's first
   try {
-    const Fault fault = options.inject_fault ? options.inject_fault(ids[w], step_no, c) : Fault::kNone;
-    if (fault == Fault::kDeviceLoss) throw DeviceLostError(dev.name(), w, step_no, c, "injected fault");
+    Fault fault = Fault::kNone;
+    for (ChunkId m : chunks) {
+      if (fault != Fault::kNone || !options.inject_fault) break;
+      fault = options.inject_fault(ids[w], step_no, m);
+      at = m;
+    }
+    if (fault == Fault::kNone) at = c;
+    if (fault == Fault::kDeviceLoss) throw DeviceLostError(dev.name(), w, step_no, at, "injected fault");
     if (fault == Fault::kThrow) throw std::runtime_error("injected fault: the chunk function threw");
     if (fault == Fault::kStall) {
       dev.sleep_until_or_cancel(Clock::time_point::max());  // never completes on its own
@@ -48,29 +84,40 @@ void Runtime::Impl::run_one(std::size_t w, ChunkId c, std::span<const std::uint3
     dev.run_chunk(ctx, fn);
   } catch (const DeviceLostError& e) {
     if (options.on_device_failure == OnDeviceFailure::kExclude) throw;  // run_with_recovery() drops the device and re-runs its chunks
-    std::throw_with_nested(ChunkError(dev.name(), step_no, c, e.what(), false));
+    std::throw_with_nested(ChunkError(dev.name(), step_no, at, e.what(), false));
   } catch (const std::exception& e) {
     const bool gpu_error = dynamic_cast<const CudaError*>(&e) != nullptr || dynamic_cast<const NcclError*>(&e) != nullptr;
-    std::throw_with_nested(ChunkError(dev.name(), step_no, c, e.what(), !gpu_error));
+    std::throw_with_nested(ChunkError(dev.name(), step_no, at, e.what(), !gpu_error));
   } catch (...) {
-    std::throw_with_nested(ChunkError(dev.name(), step_no, c, "a non-standard exception", true));
+    std::throw_with_nested(ChunkError(dev.name(), step_no, at, "a non-standard exception", true));
   }
   r.samples += ctx.samples.size();
-  t.ran_on[c] = static_cast<std::uint32_t>(w);
-  ++t.runs[c];
+  for (ChunkId m : chunks) t.ran_on[m] = static_cast<std::uint32_t>(w), ++t.runs[m];
   const bool own = ctx.device_end != Clock::time_point{};  // the device's timeline, when it keeps one
   if (own) r.device_end = std::max(r.device_end, ctx.device_end);
-  // The chunk's span: on the device's timeline when it keeps one, else the worker's call (read once, for every use).
+  // The call's span: on the device's timeline when it keeps one, else the worker's call (read once, for every use).
   const auto begin = own ? ctx.device_begin : t0;
   const auto end = own ? ctx.device_end : (plan.watch_speed || !t.took_s.empty() || !t.compute_s.empty() || trace ? Clock::now() : t0);
   const double took = seconds(end - begin);
-  if (!t.took_s.empty()) t.took_s[c] = took;
-  if (!t.compute_s.empty()) t.compute_s[c] = ctx.compute_seconds > 0 ? ctx.compute_seconds : took;
+  // The call's cost in the units of the plan's rate (a multi-process step keeps no chunk costs: it watches no speed).
+  double cost = 0;
+  if (!t.chunk_cost.empty()) {
+    for (ChunkId m : chunks) cost += t.chunk_cost[m];
+  }
+  // A merged call's time shared by cost. Its compute time is not a chunk's of its size (one call's fixed cost spread
+  // over several chunks), so the chunk sizer does not see it (0 there means "not measured").
+  for (ChunkId m : chunks) {
+    const double part = chunks.size() == 1 || !(cost > 0) ? 1.0 / static_cast<double>(chunks.size()) : t.chunk_cost[m] / cost;
+    if (!t.took_s.empty()) t.took_s[m] = took * part;
+    if (!t.compute_s.empty()) t.compute_s[m] = chunks.size() > 1 ? 0.0 : ctx.compute_seconds > 0 ? ctx.compute_seconds : took;
+  }
   if (plan.watch_speed) {
     // The factor from its own chunks only: a stolen one may hold samples of another cost (another device's share of
     // a batch whose cost varies by position), which says nothing about this device's speed.
-    const double ratio = took * plan.rate[w] / t.chunk_cost[c];
-    if (t.home[c] != w) t.stolen_ratio[c] = static_cast<float>(ratio);
+    const double ratio = took * plan.rate[w] / cost;
+    if (t.home[c] != w) {
+      for (ChunkId m : chunks) t.stolen_ratio[m] = static_cast<float>(ratio);
+    }
     if (t.home[c] == w) {
       // Two in a row: one slow chunk is as often a chunk that lost its core for a while as a device that slowed down.
       const bool slow = ratio > kSlowedDown && took * (1.0 - 1.0 / ratio) > kSlowedDownAtLeast;  // took - expected
@@ -103,7 +150,11 @@ ChunkPhase Runtime::Impl::run_with_recovery(std::span<const std::uint32_t> sampl
     // off the step's critical path. This step is placed by what the profile knew before it.
     std::function<void()> learn;
     if (pending_observation.ready) learn = [this] { learn_pending_observation(); };
-    phase.stats = sched->run(t.ranges, run, learn);
+    // Thieves run what they steal in one call up to their own chunk size, where asked (RuntimeOptions::merge_stolen).
+    auto choose = [&](std::size_t w, ChunkId first, std::span<const ChunkId> more) { return mergeable(w, first, more, t, largest); };
+    auto run_merged = [&](std::size_t w, std::span<const ChunkId> chunks) { run_call(w, chunks, samples, fn, t, plan); };
+    const ChunkMerge merge{choose, run_merged};
+    phase.stats = sched->run(t.ranges, run, learn, options.merge_stolen ? &merge : nullptr);
   } catch (const DeviceLostError& first) {
     // on_device_failure = exclude: drop the device, then re-run on the survivors what it had run this step (its
     // gradient buffer leaves the reduction) and what nobody ran; again if another device is lost meanwhile.

@@ -129,6 +129,13 @@ struct Runtime::Impl {
   void set_endgame_costs(const ChunkTable& table, StepPlan& plan);
   // run_chunks.cpp
   void run_one(std::size_t w, ChunkId c, std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, const StepPlan& plan);
+  // One call of the chunk function over `chunks`: one chunk, or several contiguous ones a thief stole together
+  // (descending, as mergeable() chose them), with every chunk's bookkeeping.
+  void run_call(std::size_t w, std::span<const ChunkId> chunks, std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t,
+                const StepPlan& plan);
+  // How many of `more` (stolen after `first`, in the victim's order) run with it in one call on device w: those that
+  // continue its span downward, up to w's own chunk size and `largest` (what the devices reserved for).
+  std::size_t mergeable(std::size_t w, ChunkId first, std::span<const ChunkId> more, const ChunkTable& t, std::size_t largest) const noexcept;
   ChunkPhase run_with_recovery(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
                                Clock::time_point step_start);
   void exclude_device(std::size_t position);

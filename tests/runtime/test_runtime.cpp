@@ -618,6 +618,50 @@ TEST_CASE("Runtime.SpeedSizedChunksStayExact") {
   CHECK(max_chunks > 13);  // ceil(97 / 8) = 13 with fixed chunks; the slow device's chunks were cut smaller
 }
 
+TEST_CASE("Runtime.MergedStealsGiveTheExactGradient") {
+  // merge_stolen: the fast device, having run dry, takes the slow one's small chunks several at a time and runs them
+  // in one call. The slow device's first chunk of each step waits (5 s at most) until the fast one has stolen, so
+  // the slow share still holds several chunks when it does. Every step's gradient is the sequential one, and a merged
+  // call's samples are its chunks' together.
+  const Synthetic syn(400, 10, 3, 8);
+  const MlpModel model({10, 6, 3});
+  const std::vector<float> init = model.initial_parameters(4);
+  Runtime rt({.devices = "sim:1,0.1", .chunk_size = 16, .chunk_sizing = ChunkSizing::kBySpeed, .merge_stolen = true,
+              .sim = {.sample_seconds = 5e-6}});
+  rt.register_parameters(model.layout(), init);
+  std::vector<MlpModel::Workspace> ws(2);
+  std::atomic<bool> stolen{false}, slow_started{false};
+  std::atomic<std::size_t> merged_calls{0}, bad_calls{0};
+  auto fn = [&](ChunkContext& ctx) {
+    if (ctx.chunks.empty() || ctx.chunks.front() != ctx.chunk) bad_calls.fetch_add(1);
+    if (ctx.chunks.size() > 1) {
+      merged_calls.fetch_add(1);
+      if (ctx.samples.size() < ctx.chunks.size()) bad_calls.fetch_add(1);  // every chunk holds a sample at least
+    }
+    if (ctx.device == 0 && ctx.home_device == 1) stolen = true;
+    if (ctx.device == 1 && !slow_started.exchange(true)) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (!stolen.load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    }
+    model.accumulate_gradient(ctx.params, ctx.grad, syn.data, ctx.samples, ws[ctx.device]);
+  };
+  for (int step = 0; step < 8; ++step) {
+    stolen = false, slow_started = false;
+    std::vector<std::uint32_t> batch(97);
+    std::iota(batch.begin(), batch.end(), static_cast<std::uint32_t>(step * 37));
+    const StepReport r = rt.compute_gradient(batch, fn);
+    CAPTURE(step);
+    CHECK(relative_error(rt.gradient(), sequential_mean_gradient(model, init, syn.data, batch)) <= 1e-5);
+    CHECK(r.samples == 97);
+    std::uint64_t samples = 0;
+    for (const DeviceReport& d : r.devices) samples += d.samples;
+    CHECK(samples == 97);
+  }
+  CHECK(bad_calls.load() == 0);
+  CHECK(merged_calls.load() > 0);
+  MESSAGE(merged_calls.load() << " merged calls in 8 steps");
+}
+
 TEST_CASE("Runtime.ALoneDeviceKeepsItsChunksWhole") {
   // Nobody can steal from a lone device, so its share's end is not cut finer: a batch of 256 at chunk 256 stays one
   // chunk in every step, measured speeds or not. Two devices do get the finer end (the rule is about thieves).

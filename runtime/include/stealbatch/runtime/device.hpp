@@ -34,6 +34,9 @@ struct ChunkContext {
   std::size_t device = 0;
   std::size_t home_device = 0;   // where the chunk was placed; != device when it was stolen (its inputs moved)
   ChunkId chunk = 0;
+  // The chunks this call runs: {chunk}, or, when a thief merges what it stole (RuntimeOptions::merge_stolen),
+  // several contiguous ones, `chunk` first; `samples` then covers them all.
+  std::span<const ChunkId> chunks;
   std::span<const std::uint32_t> samples;
   std::span<const float> params;
   std::span<float> grad;

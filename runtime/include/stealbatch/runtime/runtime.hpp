@@ -94,6 +94,11 @@ struct RuntimeOptions {
   // samples/s does (a batch whose cost depends on position: several sources in fixed proportions, data sorted by
   // length). See detail/cost_profile.hpp; StepReport::placed_by_cost tells when a step was.
   bool cost_by_position = true;
+  // With kSteal: a thief runs the chunks it takes in one steal (contiguous samples) in one call of the chunk
+  // function, up to its own chunk size, instead of one call each (ChunkContext::chunks lists them). For chunk
+  // functions with a fixed cost per call, such as an eager framework's (the libtorch adapter's examples turn it on):
+  // a fast device that steals a slow one's small chunks then pays that cost once. The gradient is the same sum.
+  bool merge_stolen = false;
   SimOptions sim{};                                // simulated devices ("sim:..." specs)
   std::vector<double> placement_weights{};         // kGiven: one weight >= 0 per device
   OptimizerOptions optimizer{};
