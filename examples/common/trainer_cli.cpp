@@ -113,6 +113,7 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
   ro.seed = f.seed;
   ro.endgame = f.endgame == "on" ? EndGame::kOn : EndGame::kOff;
   ro.chunk_sizing = f.chunk_sizing == "speed" ? ChunkSizing::kBySpeed : ChunkSizing::kFixed;
+  ro.merge_stolen = f.merge_stolen == "on";
   const DeviceSpec spec = parse_device_spec(f.devices);
   ro.cluster = g_cluster;
   // Across ranks the factors may name every device of the job, in rank order (the runtime keeps this rank's).
@@ -216,6 +217,8 @@ void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<voi
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_option("--chunk-sizing", f.chunk_sizing, "fixed: every chunk holds --chunk samples; speed: each device's chunks are sized to its measured speed (--chunk on the fastest)")
       ->check(CLI::IsMember({"fixed", "speed"}))->capture_default_str();
+  app.add_option("--merge-stolen", f.merge_stolen, "on: a device runs the chunks it steals in one call, up to its chunk size (for models with a fixed cost per call); off: one call per chunk")
+      ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_option("--gpu-wait", f.gpu_wait, "GPU devices: spin (CUDA's default scheduling, as PyTorch waits) or block (blocking-sync events: no CPU, a wake-up per wait)")
       ->check(CLI::IsMember({"spin", "block"}))->capture_default_str();
   app.add_flag("--compare", f.compare, "run static and steal on the same work and print both dashboards and the speedup");
@@ -253,9 +256,9 @@ std::vector<RunResult> train_policies(const TrainerFlags& f, const TrainerModel&
 
 std::string describe_configuration(const TrainerFlags& f) {
   char buf[512];
-  std::snprintf(buf, sizeof buf, "devices %s, slowdown %s, batch %zu, chunk %s, %s lr %g (%s), %zu epochs, end game %s, chunk sizing %s",
+  std::snprintf(buf, sizeof buf, "devices %s, slowdown %s, batch %zu, chunk %s, %s lr %g (%s), %zu epochs, end game %s, chunk sizing %s, merge stolen %s",
                 f.devices.c_str(), f.slowdown.empty() ? "none" : f.slowdown.c_str(), f.batch, f.chunk.c_str(), f.optimizer.c_str(), static_cast<double>(f.lr),
-                f.schedule.c_str(), f.epochs, f.endgame.c_str(), f.chunk_sizing.c_str());
+                f.schedule.c_str(), f.epochs, f.endgame.c_str(), f.chunk_sizing.c_str(), f.merge_stolen.c_str());
   return buf;
 }
 

@@ -38,6 +38,7 @@ struct TrainerFlags {
   std::uint64_t seed = 1;
   std::string endgame = "on";
   std::string chunk_sizing = "speed";
+  std::string merge_stolen = "on";  // "on": a thief runs what it steals in one call (RuntimeOptions::merge_stolen)
   std::string schedule = "cosine";
   std::string gpu_wait = "spin";
   std::string save{};            // checkpoint folder; empty = no checkpoints
