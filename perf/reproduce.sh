@@ -26,6 +26,11 @@ else
   log "against PyTorch: skipped (set TORCH_PYTHON)"
 fi
 
+if [ -x "$build/examples/torch_mlp" ]; then
+  log "the libtorch adapter: against plain libtorch, the main job's slowdown, accuracy"
+  bash perf/torch_adapter_figures.sh "$build" | tee "$out/torch_adapter.txt"
+fi
+
 log "samples/s against chunk size"
 python3 perf/efficiency_curve.py --build "$build" --runs 3 --json "$out/efficiency_mlp.json" --svg perf/charts/efficiency_curve_mlp.svg | tee "$out/efficiency_mlp.txt"
 python3 perf/efficiency_curve.py --build "$build" --example cnn --runs 3 --chunks 4,8,16,32,64 --epochs 3 --json "$out/efficiency_cnn.json" \
