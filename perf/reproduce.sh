@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every measurement behind perf/README.md on this machine, one after another, into results/ (not committed),
-# and redraws perf/charts/. About 35 minutes on two cores (the MPI part: perf/reproduce_mpi.sh). The PyTorch rows need a Python with torch installed by
+# and redraws perf/charts/. About 25 minutes on two cores (the MPI part: perf/reproduce_mpi.sh). The PyTorch rows need a Python with torch installed by
 # hand (never a build or test dependency); without TORCH_PYTHON they are skipped.
 #
 #   TORCH_PYTHON=~/torch-venv/bin/python bash perf/reproduce.sh [BUILD_DIR]

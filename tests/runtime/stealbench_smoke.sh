@@ -5,14 +5,33 @@ set -euo pipefail
 bench=$1
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-"$bench" --scenario seed-slow,hetero --policy static,steal,steal-adaptive --steps 6 --warmup 2 --batch 512 --time-scale 10 --json "$out"
-python3 - "$out" <<'PY'
+# Up to three short runs: every one must run every chunk exactly once, and one of them must show stealing at least
+# 1.5x faster than the static split on seed-slow (the ideal is 3.47x). A runtime that does not balance fails all
+# three; one run can lose its steps to a loaded host (a 1 ms sleep overshooting by 6 ms at p99 has been seen while the
+# suite ran with a core kept busy).
+for attempt in 1 2 3; do
+  "$bench" --scenario seed-slow,hetero --policy static,steal,steal-adaptive --steps 6 --warmup 2 --batch 512 --time-scale 10 --json "$out"
+  if python3 - "$out" "$attempt" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))
 wrong = sum(r["wrong"] for r in rows)
 ms = {(r["scenario"], r["policy"]): r["step_ms_median"] for r in rows}
-print(f"rows {len(rows)}, wrong {wrong}, seed-slow static {ms[('seed-slow','static')]:.2f} ms, steal {ms[('seed-slow','steal')]:.2f} ms")
-assert wrong == 0, "chunks not run exactly once"
-assert ms[("seed-slow", "steal")] < ms[("seed-slow", "static")] / 1.5, "steal does not beat static on seed-slow"
-assert ms[("seed-slow", "steal-adaptive")] < ms[("seed-slow", "static")] / 1.5, "steal-adaptive does not beat static on seed-slow"
+print(f"attempt {sys.argv[2]}: rows {len(rows)}, wrong {wrong}, seed-slow static {ms[('seed-slow','static')]:.2f} ms, "
+      f"steal {ms[('seed-slow','steal')]:.2f} ms, steal-adaptive {ms[('seed-slow','steal-adaptive')]:.2f} ms")
+if wrong != 0:
+    print("chunks not run exactly once")
+    sys.exit(2)
+fast = all(ms[("seed-slow", p)] < ms[("seed-slow", "static")] / 1.5 for p in ("steal", "steal-adaptive"))
+if not fast:
+    print("steal or steal-adaptive is not 1.5x faster than static on seed-slow in this run")
+sys.exit(0 if fast else 1)
 PY
+  then
+    exit 0
+  else
+    rc=$?
+    [ "$rc" -eq 1 ] || exit "$rc"  # exactly-once broken: fail at once
+  fi
+done
+echo "stealbench_smoke: stealing did not beat the static split by 1.5x in any of 3 runs"
+exit 1
