@@ -29,17 +29,12 @@ std::size_t Runtime::Impl::mergeable(std::size_t w, ChunkId first, std::span<con
   // Up to the thief's own chunk size (what it runs well in one call), and no more than the devices reserved for.
   const std::size_t budget = std::min(t.own_size[w], largest);
   std::size_t total = t.spans[first].size, k = 0;
-  std::uint32_t lo = t.spans[first].begin, hi = lo + t.spans[first].size;
-  // One span: each chunk continues the span of those before it, all the same way (in the victim's order a placed
-  // share's chunks descend).
-  int way = 0;
+  std::uint32_t lo = t.spans[first].begin;
+  // In the victim's order a placed share's chunks descend: each one taken must end where the span so far begins.
   for (ChunkId m : more) {
     const ChunkSpan& s = t.spans[m];
-    const int w2 = s.begin + s.size == lo ? -1 : s.begin == hi ? 1 : 0;
-    if (w2 == 0 || (way != 0 && w2 != way) || total + s.size > budget) break;
-    way = w2;
-    if (w2 < 0) lo = s.begin; else hi = s.begin + s.size;
-    total += s.size, ++k;
+    if (s.begin + s.size != lo || total + s.size > budget) break;
+    lo = s.begin, total += s.size, ++k;
   }
   return k;
 }
@@ -50,9 +45,9 @@ void Runtime::Impl::run_call(std::size_t w, std::span<const ChunkId> chunks, std
   Device& dev = *devices[w];
   const std::uint64_t step_no = steps + 1;
   const ChunkId c = chunks.front();
-  // A merged call's chunks are contiguous (mergeable()): one span from the lowest to the highest.
-  std::uint32_t lo = t.spans[c].begin, hi = lo + t.spans[c].size;
-  for (ChunkId m : chunks) lo = std::min(lo, t.spans[m].begin), hi = std::max(hi, t.spans[m].begin + t.spans[m].size);
+  // A merged call's chunks descend, each ending where the one before began (mergeable()): the last one begins the
+  // call's span and the first one ends it.
+  const std::uint32_t lo = t.spans[chunks.back()].begin, hi = t.spans[c].begin + t.spans[c].size;
   ChunkContext ctx;
   ctx.device = w;
   ctx.chunk = c;

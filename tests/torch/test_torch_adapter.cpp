@@ -133,32 +133,28 @@ TEST_CASE("Torch.GradientEqualsTheHandWrittenModelsOnOneToFourDevices") {
   MlpModel::Workspace ws;
   model.accumulate_gradient(weights, ref, dense, batch, ws);
   for (float& g : ref) g /= static_cast<float>(batch.size());
+  // Steps of the same batch from the same weights: every one's gradient is the hand-written model's.
+  auto check_steps = [&](Runtime& rt, int steps) {
+    auto chunks = torch_mlp(data, rt.device_count());
+    rt.register_parameters(chunks.layout(), weights);
+    for (int rep = 0; rep < steps; ++rep) {
+      rt.compute_gradient(batch, chunks.function());
+      CHECK(examples::max_relative_error(rt.gradient(), ref) <= 1e-5);
+    }
+  };
   for (const char* devices : {"cpu:1", "cpu:2", "cpu:3", "cpu:4"}) {
     CAPTURE(devices);
     Runtime rt({.devices = devices, .chunk_size = 16, .threads_per_device = 1});
-    auto chunks = torch_mlp(data, rt.device_count());
-    rt.register_parameters(chunks.layout(), weights);
-    for (int rep = 0; rep < 3; ++rep) {
-      rt.compute_gradient(batch, chunks.function());
-      const double err = examples::max_relative_error(rt.gradient(), ref);
-      CHECK(err <= 1e-5);
-    }
+    check_steps(rt, 3);
   }
   // As the torch examples run: one device slowed 4x, so its chunks are cut smaller, and thieves that merge what they
   // steal into one call (RuntimeOptions::merge_stolen). The module then sees chunks of several chunks' samples.
   for (const char* devices : {"cpu:2", "cpu:3"}) {
     CAPTURE(devices);
-    const std::size_t n = devices[4] - '0';
-    std::vector<double> slowdown(n, 1.0);
+    std::vector<double> slowdown(static_cast<std::size_t>(devices[4] - '0'), 1.0);
     slowdown[0] = 4.0;
     Runtime rt({.devices = devices, .chunk_size = 16, .slowdown = slowdown, .threads_per_device = 1, .merge_stolen = true});
-    auto chunks = torch_mlp(data, rt.device_count());
-    rt.register_parameters(chunks.layout(), weights);
-    for (int rep = 0; rep < 5; ++rep) {
-      rt.compute_gradient(batch, chunks.function());
-      const double err = examples::max_relative_error(rt.gradient(), ref);
-      CHECK(err <= 1e-5);
-    }
+    check_steps(rt, 5);
   }
 }
 
