@@ -42,8 +42,8 @@ std::uint32_t EndGameRule::fastest_count() const noexcept {
   return n;
 }
 
-bool EndGameRule::worth(std::size_t w, double cost, double left) const noexcept {
-  const double others = others_rate(w);
+bool EndGameRule::worth(std::size_t w, double cost, double left, double outside) const noexcept {
+  const double others = others_rate(w) + (std::isfinite(outside) && outside > 0 ? outside : 0.0);
   return others <= 0 || cost <= left / others;
 }
 

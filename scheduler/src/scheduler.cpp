@@ -223,6 +223,10 @@ void Scheduler::set_chunk_costs(std::vector<double> own, std::vector<double> sto
   m_endgame.set_costs(m_workers.size(), std::move(own), std::move(stolen));
 }
 
+void Scheduler::set_outside_rate(double chunks_per_unit) noexcept {
+  m_outside_rate = std::isfinite(chunks_per_unit) && chunks_per_unit > 0 ? chunks_per_unit : 0.0;
+}
+
 bool Scheduler::worth_taking(std::size_t w, Source from) noexcept {
   // A sourced step without a count of what its source still holds has no end game: the source decides.
   if (!m_endgame.active() || m_options.schedule != SchedulePolicy::kSteal || (m_source != nullptr && m_pending == nullptr)) return true;
@@ -231,17 +235,21 @@ bool Scheduler::worth_taking(std::size_t w, Source from) noexcept {
   // Relaxed: an estimate; the chunks still running elsewhere are counted as left, which only makes this take more. A
   // sourced step's count holds a token while its source is open (relaxed: the same estimate); what the source still
   // holds is added only when what is given does not already make the chunk worth taking: more left never makes it
-  // less so, and the count may cost a remote read (a rank's share word), which the common case then skips.
+  // less so, and the count may cost remote reads (the ranks' share words), which the common case then skips. What the
+  // source holds, others outside this scheduler may take too (set_outside_rate()): that check counts their rate.
   const double cost = placed * me.live_factor + me.live_ahead;
   double left = static_cast<double>(m_remaining.load(std::memory_order_relaxed));
   if (m_source != nullptr) left -= m_source_open.load(std::memory_order_relaxed) ? 1.0 : 0.0;
   bool worth = m_endgame.worth(w, cost, left);
-  if (!worth && m_source != nullptr) worth = m_endgame.worth(w, cost, left + static_cast<double>((*m_pending)()));
-  if (!m_endgame.fastest(w)) return worth;
   // One of the fastest as placed. These always take, so the step always ends; one that has slowed down in this
   // step (its live factor) may leave the rest to the others like any slow worker, but only while another fastest
   // worker still takes: m_takers counts those, and the last one never leaves. Once left, it stays out this step.
-  if (worth || me.live_factor <= 1.0) return !me.left_takers;
+  // (One that has not slowed down takes whatever the rule says: it needs no count of what the source holds.)
+  const bool fastest = m_endgame.fastest(w);
+  if (fastest && me.live_factor <= 1.0) return !me.left_takers;
+  if (!worth && m_source != nullptr) worth = m_endgame.worth(w, cost, left + static_cast<double>((*m_pending)()), m_outside_rate);
+  if (!fastest) return worth;
+  if (worth) return !me.left_takers;
   if (me.left_takers) return false;
   // Relaxed: the count guards no data; the RMW alone keeps it from dropping below 1.
   std::uint32_t k = m_takers.load(std::memory_order_relaxed);

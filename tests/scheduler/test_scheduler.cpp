@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <ctime>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <span>
@@ -505,6 +506,51 @@ TEST_CASE("Scheduler.AWorkerThatSlowsDownMidStepLeavesTheEndToTheOthers") {
   CHECK(wrong == 0);
   CHECK(st3.workers[0].chunks_run == 1);
   CHECK(st3.workers[1].chunks_run == 63);
+}
+
+TEST_CASE("Scheduler.ASourcedEndGameCountsTheWorkersOutside") {
+  // A sourced step, as one rank of a multi-process job sees it: the source hands out 40 chunks one at a time, and
+  // `pending` counts those not yet given. Worker 0's first chunk reports that it now runs 8x slower. Among these
+  // two workers alone, what the source holds is worth another chunk to it (38 left > 8): it takes a second one.
+  // With workers outside the scheduler that take from the same source at 100 chunks per cost unit (other ranks'
+  // devices), the whole job would finish everything left long before that chunk: it leaves the step after its first.
+  for (const double outside : {0.0, 100.0}) {
+    CAPTURE(outside);
+    Scheduler sched({.workers = 2});
+    sched.set_chunk_costs({1, 1});
+    sched.set_outside_rate(outside);
+    constexpr std::size_t kTotal = 40;
+    std::atomic<std::size_t> given{0};
+    std::vector<std::atomic<int>> runs(kTotal);
+    auto source = [&](std::size_t, std::span<ChunkId> out) -> std::size_t {
+      const std::size_t at = given.load();
+      if (at == kTotal) return 0;
+      out[0] = static_cast<ChunkId>(at);
+      given.store(at + 1);
+      return 1;
+    };
+    const std::function<std::uint64_t()> pending = [&]() -> std::uint64_t { return kTotal - given.load(); };
+    std::atomic<int> w0_runs{0};
+    // Worker 1 waits inside its first chunk (5 s at most) until worker 0 has run what the rule should let it run.
+    const int expect = outside > 0 ? 1 : 2;
+    const StepStats st = sched.run_sourced(source, [&](std::size_t w, ChunkId c) {
+      runs[c].fetch_add(1);
+      if (w == 0) sched.set_live_factor(0, 8.0), w0_runs.fetch_add(1);
+      if (w == 1) (void)wait_for([&] { return w0_runs.load() >= expect; }, 5000ms);
+      std::this_thread::sleep_for(200us);
+    }, pending);
+    int wrong = 0;
+    for (auto& r : runs) wrong += r.load() != 1;
+    CHECK(wrong == 0);
+    CHECK(st.chunks == kTotal);
+    if (outside > 0) {
+      CHECK(st.workers[0].chunks_run == 1);
+      CHECK(st.workers[0].endgame_declines == 1);
+    } else {
+      CHECK(st.workers[0].chunks_run >= 2);
+    }
+    CHECK(st.workers[1].endgame_declines == 0);
+  }
 }
 
 TEST_CASE("Scheduler.WhenEveryWorkerSlowsDownTheLastOneStillTakes") {

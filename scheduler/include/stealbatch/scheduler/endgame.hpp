@@ -32,7 +32,9 @@ class EndGameRule {
   bool fastest(std::size_t w) const noexcept { return active() && m_stolen[w] <= kFastestWithin * m_min; }
   std::uint32_t fastest_count() const noexcept;
   // Whether a chunk costing `cost` (the worker's cost for it now) is worth worker w's taking with `left` chunks left.
-  bool worth(std::size_t w, double cost, double left) const noexcept;
+  // `outside` adds the chunk rate (chunks per cost unit) of workers outside this rule that also take from what
+  // `left` counts: the devices of other ranks, which steal from this rank's share once their own is done.
+  bool worth(std::size_t w, double cost, double left, double outside = 0) const noexcept;
   // The most chunks a batch steal may give worker w with `left` left: `cap` for the fastest, else what the rule
   // would still let it take (at least 1).
   std::size_t steal_cap(std::size_t w, std::size_t cap, double left) const noexcept;

@@ -168,6 +168,13 @@ class Scheduler {
   // As above, with separate costs for a chunk from the worker's own deque and for one it steals. Throws ConfigError
   // unless own[w] <= stolen[w].
   void set_chunk_costs(std::vector<double> own, std::vector<double> stolen);
+  // A sourced step whose `pending` counts chunks that workers outside this scheduler also take (every rank's share,
+  // which the other ranks' devices steal from): their summed chunk rate, in chunks per unit of the costs above. The
+  // end game's check on what the source holds then weighs a chunk against the time everyone, these workers and
+  // those, would need to finish it all; the check on the chunks already given stays among these workers. 0 (the
+  // default, and any value not finite or < 0) means none. Call between steps.
+  //   sched.set_outside_rate(other_ranks_samples_per_s / chunk_samples);
+  void set_outside_rate(double chunks_per_unit) noexcept;
   // During a step, from worker w's own thread (inside its chunk callback): its chunks now take `factor` times the
   // cost set above (a device that slowed down in the middle of the step: a throttled GPU, a shared host), and a
   // chunk it takes now starts only after `ahead` (in the costs' unit: the work it has already launched and not
@@ -245,6 +252,7 @@ class Scheduler {
   const ChunkSource* m_source = nullptr;  // set for a sourced step
   const std::function<std::uint64_t()>* m_pending = nullptr;  // a sourced step's chunks not yet given (may be null)
   EndGameRule m_endgame;                       // inactive: no end-game rule
+  double m_outside_rate = 0;                   // set_outside_rate()
   std::chrono::nanoseconds m_watch_period{0};
   std::function<std::exception_ptr()> m_watch_check;
   std::function<void()> m_watch_fail;
