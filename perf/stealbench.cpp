@@ -177,7 +177,8 @@ int main(int argc, char** argv) {
   app.add_flag("--overhead", overhead,
                "also run each row with every simulated cost removed (compute, transfers, AllReduce): what is left is the "
                "runtime's own time, reported as overhead(ms) and a percentage of the step");
-  app.add_option("--trace-dir", trace_dir, "write a Chrome trace of each row's steps to DIR/trace_SCENARIO_POLICY_N.json");
+  app.add_option("--trace-dir", trace_dir, "write a Chrome trace of each row's steps to DIR/trace_SCENARIO_POLICY_N.json (across ranks: one file a rank, "
+                 "trace_SCENARIO_POLICY_N.rankR.json, which perf/merge_traces.py joins)");
   CLI11_PARSE(app, argc, argv);
 
   std::shared_ptr<Cluster> cluster;
@@ -187,7 +188,7 @@ int main(int argc, char** argv) {
     cluster = mpi::MpiCluster::world();
     rank = cluster->rank(), ranks = cluster->size();
     devices = per_rank * static_cast<std::size_t>(ranks);
-    bytes_per_sample = 0, allreduce_mb = 0, overhead = false, trace_dir.clear();
+    bytes_per_sample = 0, allreduce_mb = 0, overhead = false;
     if (rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) return 2;
 #else
     std::fprintf(stderr, "stealbench: --devices-per-rank needs a build with MPI (STEALBATCH_MPI)\n");

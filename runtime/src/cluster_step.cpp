@@ -175,9 +175,12 @@ namespace {
 // victims in order, and what this rank took from the others.
 struct ClusterPlan {
   std::uint16_t tag = 0;
-  std::vector<double> speed;
+  std::vector<double> speed;  // each rank's samples/s
+  bool measured = false;      // else the speeds are equal placeholders
   std::vector<ChunkRange> share;  // each rank's chunk ids
   ChunkTable t;
+  std::vector<std::uint64_t> before;  // the samples of chunks [0, c): a share word's samples at two reads
+  std::size_t full = 1;               // this rank's full chunk, in samples
   std::vector<int> victims;       // the other ranks of this node first, then the rest, each list starting after this rank
   std::uint64_t remote_chunks = 0, remote_steals = 0;
   double leave_s = 0;  // the call for work that found none
@@ -195,7 +198,8 @@ ClusterPlan plan_cluster_step(Runtime::Impl& m, std::size_t batch) {
   p.speed.assign(ranks, 0.0);
   bool known = true;
   for (std::size_t r = 0; r < ranks; ++r) p.speed[r] = median(m.rank_speed_history[r]), known = known && p.speed[r] > 0;
-  if (!known || m.options.policy != SchedulePolicy::kSteal) p.speed.assign(ranks, 1.0);
+  p.measured = known && m.options.policy == SchedulePolicy::kSteal;
+  if (!p.measured) p.speed.assign(ranks, 1.0);
   const std::size_t total_devices = std::accumulate(m.rank_devices.begin(), m.rank_devices.end(), std::size_t{0});
   const std::size_t full = m.options.chunk_size > 0 ? m.options.chunk_size : std::clamp(batch / (kChunksPerDevice * total_devices), kMinAuto, kMaxAuto);
   const double fastest = *std::max_element(p.speed.begin(), p.speed.end());
@@ -221,8 +225,10 @@ ClusterPlan plan_cluster_step(Runtime::Impl& m, std::size_t batch) {
       s += piece;
     }
     p.share[r].end = static_cast<ChunkId>(t.spans.size());
-    if (r == static_cast<std::size_t>(me)) t.own_size.assign(n, size);
+    if (r == static_cast<std::size_t>(me)) t.own_size.assign(n, size), p.full = size;
   }
+  p.before.assign(t.size() + 1, 0);
+  for (std::size_t c = 0; c < t.size(); ++c) p.before[c + 1] = p.before[c] + t.spans[c].size;
   const std::size_t chunks = t.size();
   if (chunks >= detail::ShareWord::kMaxChunk) {
     throw ConfigError("batch = " + std::to_string(batch) + " makes " + std::to_string(chunks) + " chunks across ranks; at most " +
@@ -440,26 +446,35 @@ StepReport cluster_report(Runtime::Impl& m, const ClusterPlan& p, Tally& tally, 
   return rep;
 }
 
-// The end game within the rank, as in one process: with its devices' speeds measured, a device takes one of the
-// rank's last chunks only while the others would not finish everything left sooner, and a device whose chunks now
-// take far longer than its speed says (slowed down mid-step) is weighed at what they take now (run_one()).
+// The end game, as in one process: with its devices' speeds measured, a device takes one more chunk only while the
+// others would not finish everything left sooner, and a device whose chunks now take far longer than its speed says
+// (slowed down mid-step) is weighed at what they take now (run_one()). The chunks this rank's devices hold are
+// weighed against the rank's other devices; what the shares still hold, against every other device of the job (the
+// other ranks' at their ranks' measured speeds), since those steal from this rank's share once their own is done: so
+// a device that slowed down leaves the job's last chunks to the job, not to its rank's other device alone.
 StepPlan local_end_game(Runtime::Impl& m, ClusterPlan& p) {
   StepPlan plan;
   const std::size_t n = m.devices.size();
   plan.speeds = m.throughput_estimates();
   bool known = plan.speeds.size() == n && n > 1;
   for (double v : plan.speeds) known = known && std::isfinite(v) && v > 0;
+  m.sched->set_outside_rate(0);
   if (!known || m.options.endgame != EndGame::kOn || m.options.policy != SchedulePolicy::kSteal) {
     m.sched->set_chunk_costs({});
     return plan;
   }
-  const double size = static_cast<double>(p.t.own_size[0]);  // this rank's full chunk
+  const double size = static_cast<double>(p.full);
   std::vector<double> cost(n);
   for (std::size_t d = 0; d < n; ++d) cost[d] = size / plan.speeds[d];
   m.sched->set_chunk_costs(cost, cost);
+  // The other ranks' devices, in this rank's chunks per second (the rank speeds are measured: else equal placeholders).
+  double outside = 0;
+  for (std::size_t r = 0; r < p.speed.size(); ++r) outside += r == static_cast<std::size_t>(m.cluster->rank()) ? 0.0 : p.speed[r] / size;
+  if (p.measured) m.sched->set_outside_rate(outside);
   plan.known = true;
   plan.rate = plan.speeds;
   plan.watch_speed = true;
+  plan.rank_share = p.share[static_cast<std::size_t>(m.cluster->rank())];
   p.t.chunk_cost.resize(p.t.size());
   for (std::size_t c = 0; c < p.t.size(); ++c) p.t.chunk_cost[c] = static_cast<double>(p.t.spans[c].size);
   p.t.stolen_ratio.assign(p.t.size(), 0.0f);
@@ -482,11 +497,18 @@ StepReport Runtime::Impl::run_cluster_step(std::span<const std::uint32_t> sample
   for (auto& d : devices) d->reset_cancel(), d->begin_step(steps + 1, t_start), d->reserve(largest);
   comm->begin_step();
   StepPlan plan = local_end_game(*this, p);
-  // What the own share still holds, for the end game within the rank (an estimate: a failed read takes more).
+  // What every rank's share still holds, in this rank's full chunks, for the end game (an estimate: a share whose owner
+  // has not written this step's word yet counts whole; a failed read counts as more than any step holds, so the
+  // device takes).
   const std::function<std::uint64_t()> pending = [this, &p]() noexcept -> std::uint64_t {
     try {
-      const detail::ShareWord s = detail::ShareWord::unpack(cluster->read(cluster->rank(), Cluster::kShare));
-      return s.tag == p.tag ? s.left() : 0;
+      std::uint64_t held = 0;
+      for (int r = 0; r < cluster->size(); ++r) {
+        detail::ShareWord s = detail::ShareWord::unpack(cluster->read(r, Cluster::kShare));
+        if (s.tag != p.tag) s = r == cluster->rank() ? detail::ShareWord{p.tag, 0, 0} : p.word_of(static_cast<std::size_t>(r));
+        held += p.before[s.back] - p.before[s.front];
+      }
+      return (held + p.full - 1) / p.full;
     } catch (...) {
       return std::uint64_t{1} << 32;
     }

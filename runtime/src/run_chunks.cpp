@@ -107,13 +107,14 @@ void Runtime::Impl::run_call(std::size_t w, std::span<const ChunkId> chunks, std
     if (!t.compute_s.empty()) t.compute_s[m] = chunks.size() > 1 ? 0.0 : ctx.compute_seconds > 0 ? ctx.compute_seconds : took;
   }
   if (plan.watch_speed) {
-    // The factor from its own chunks only: a stolen one may hold samples of another cost (another device's share of
-    // a batch whose cost varies by position), which says nothing about this device's speed.
+    // The factor from its own chunks only (in a multi-process step, any of its rank's share): a stolen one may hold
+    // samples of another cost (another device's share of a batch whose cost varies by position), which says nothing
+    // about this device's speed.
     const double ratio = took * plan.rate[w] / cost;
     if (t.home[c] != w) {
       for (ChunkId m : chunks) t.stolen_ratio[m] = static_cast<float>(ratio);
     }
-    if (t.home[c] == w) {
+    if (t.home[c] == w || (c >= plan.rank_share.begin && c < plan.rank_share.end)) {
       // Two in a row: one slow chunk is as often a chunk that lost its core for a while as a device that slowed down.
       const bool slow = ratio > kSlowedDown && took * (1.0 - 1.0 / ratio) > kSlowedDownAtLeast;  // took - expected
       r.live_factor = slow && r.last_ratio > kSlowedDown ? std::min(ratio, r.last_ratio) : 1.0;

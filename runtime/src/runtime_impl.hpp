@@ -79,6 +79,9 @@ struct StepPlan {
   bool learn_costs = false;    // the cost profile learns from this step
   bool by_cost = false;        // placed by learnt batch-position costs
   bool watch_speed = false;    // the end game weighs a device at what its chunks take now (set_live_factor)
+  // A multi-process step: the rank's own share. Its chunks hold samples of one share whichever of the rank's devices
+  // claimed them, so each tells the device that ran it its speed, as its own chunks do in one process.
+  ChunkRange rank_share{0, 0};
 };
 
 // The step's chunks and where they were placed and ran (chunk_table.cpp fills the first part; the chunk phase the
