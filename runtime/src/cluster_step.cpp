@@ -180,7 +180,6 @@ struct ClusterPlan {
   std::vector<ChunkRange> share;  // each rank's chunk ids
   ChunkTable t;
   std::vector<std::uint64_t> before;  // the samples of chunks [0, c): a share word's samples at two reads
-  std::size_t full = 1;               // this rank's full chunk, in samples
   std::vector<int> victims;       // the other ranks of this node first, then the rest, each list starting after this rank
   std::uint64_t remote_chunks = 0, remote_steals = 0;
   double leave_s = 0;  // the call for work that found none
@@ -225,7 +224,7 @@ ClusterPlan plan_cluster_step(Runtime::Impl& m, std::size_t batch) {
       s += piece;
     }
     p.share[r].end = static_cast<ChunkId>(t.spans.size());
-    if (r == static_cast<std::size_t>(me)) t.own_size.assign(n, size), p.full = size;
+    if (r == static_cast<std::size_t>(me)) t.own_size.assign(n, size);
   }
   p.before.assign(t.size() + 1, 0);
   for (std::size_t c = 0; c < t.size(); ++c) p.before[c + 1] = p.before[c] + t.spans[c].size;
@@ -458,23 +457,24 @@ StepPlan local_end_game(Runtime::Impl& m, ClusterPlan& p) {
   plan.speeds = m.throughput_estimates();
   bool known = plan.speeds.size() == n && n > 1;
   for (double v : plan.speeds) known = known && std::isfinite(v) && v > 0;
-  m.sched->set_outside_rate(0);
   if (!known || m.options.endgame != EndGame::kOn || m.options.policy != SchedulePolicy::kSteal) {
     m.sched->set_chunk_costs({});
+    m.sched->set_outside_rate(0);
     return plan;
   }
-  const double size = static_cast<double>(p.full);
+  const double size = static_cast<double>(p.t.own_size[0]);  // this rank's full chunk
   std::vector<double> cost(n);
   for (std::size_t d = 0; d < n; ++d) cost[d] = size / plan.speeds[d];
   m.sched->set_chunk_costs(cost, cost);
-  // The other ranks' devices, in this rank's chunks per second (the rank speeds are measured: else equal placeholders).
+  // The other ranks' devices, in this rank's chunks per second (none while the rank speeds are equal placeholders).
+  const std::size_t me = static_cast<std::size_t>(m.cluster->rank());
   double outside = 0;
-  for (std::size_t r = 0; r < p.speed.size(); ++r) outside += r == static_cast<std::size_t>(m.cluster->rank()) ? 0.0 : p.speed[r] / size;
-  if (p.measured) m.sched->set_outside_rate(outside);
+  for (std::size_t r = 0; r < p.speed.size(); ++r) outside += r == me ? 0.0 : p.speed[r] / size;
+  m.sched->set_outside_rate(p.measured ? outside : 0.0);
   plan.known = true;
   plan.rate = plan.speeds;
   plan.watch_speed = true;
-  plan.rank_share = p.share[static_cast<std::size_t>(m.cluster->rank())];
+  plan.rank_share = p.share[me];
   p.t.chunk_cost.resize(p.t.size());
   for (std::size_t c = 0; c < p.t.size(); ++c) p.t.chunk_cost[c] = static_cast<double>(p.t.spans[c].size);
   p.t.stolen_ratio.assign(p.t.size(), 0.0f);
@@ -508,7 +508,8 @@ StepReport Runtime::Impl::run_cluster_step(std::span<const std::uint32_t> sample
         if (s.tag != p.tag) s = r == cluster->rank() ? detail::ShareWord{p.tag, 0, 0} : p.word_of(static_cast<std::size_t>(r));
         held += p.before[s.back] - p.before[s.front];
       }
-      return (held + p.full - 1) / p.full;
+      const std::size_t full = p.t.own_size[0];
+      return (held + full - 1) / full;
     } catch (...) {
       return std::uint64_t{1} << 32;
     }
