@@ -180,6 +180,7 @@ ChunkTable Runtime::Impl::cut_and_place(std::size_t batch, const StepPlan& p) {
 void Runtime::Impl::set_endgame_costs(const ChunkTable& t, StepPlan& p) {
   if (!p.known || options.endgame != EndGame::kOn) {
     sched->set_chunk_costs({});
+    sched->set_chunk_weights({});
     return;
   }
   const std::size_t n = devices.size();
@@ -196,6 +197,13 @@ void Runtime::Impl::set_endgame_costs(const ChunkTable& t, StepPlan& p) {
     stolen[d] = std::max(own[d], static_cast<double>(t.full_chunk) / (p.rate[d] * slowness));  // a stolen chunk is at most a full one
   }
   sched->set_chunk_costs(std::move(own), std::move(stolen));
+  // What is left is weighed in full chunks, the unit of the stolen costs: a step ends on the small pieces of the
+  // shares' ends, and a slow device that counted each as a full chunk of the others' time would start one of its
+  // own chunks with little left, and end the step late.
+  std::vector<double> weight(t.size());
+  const double full = static_cast<double>(std::max<std::size_t>(1, t.full_chunk));
+  for (std::size_t c = 0; c < weight.size(); ++c) weight[c] = std::max(t.chunk_cost[c], 1e-9) / full;
+  sched->set_chunk_weights(std::move(weight));
   // A device whose own chunks take far longer than its measured speed says has slowed down in this step (a throttled
   // GPU, a device that lost speed mid-step): the end game then weighs its chunks at what they take now. Only where a
   // chunk's time is known when its call returns: host devices and simulated ones (their timeline).

@@ -155,6 +155,7 @@ StepStats Scheduler::run_sourced(ChunkSource source, ChunkFn fn, const std::func
   m_refilling.store(false, std::memory_order_relaxed);
   m_source_open.store(true, std::memory_order_relaxed);
   m_pending = pending ? &pending : nullptr;
+  m_weighted = false;  // a sourced step's ids are not known before it, and its pending count is in chunks
   struct Reset {
     const ChunkSource*& p;
     const std::function<std::uint64_t()>*& q;
@@ -165,6 +166,20 @@ StepStats Scheduler::run_sourced(ChunkSource source, ChunkFn fn, const std::func
 
 template <class Fill>
 void Scheduler::place_all(std::uint64_t total, Fill&& fill) {
+  m_weighted = !m_weight_units.empty() && m_options.schedule == SchedulePolicy::kSteal;
+  m_placed_units = 0;
+  // The placed chunks' weight, summed as each worker's list is filled (before anything is pushed, for the central
+  // queue too, so a bad id leaves nothing behind either way).
+  auto weigh = [&] {
+    if (!m_weighted) return;
+    for (ChunkId c : m_scratch) {
+      if (c >= m_weight_units.size()) {
+        throw ConfigError("scheduler: chunk weights: chunk id " + std::to_string(c) + " placed; valid range is [0, " +
+                          std::to_string(m_weight_units.size()) + ") (set_chunk_weights() for this step's chunks, or {})");
+      }
+      m_placed_units += m_weight_units[c];
+    }
+  };
   try {
     if (m_central) {
       // One shared queue, in placement order. reserve() allocates the nodes now (it is not thread-safe, and the
@@ -175,6 +190,7 @@ void Scheduler::place_all(std::uint64_t total, Fill&& fill) {
       }
       for (std::size_t w = 0; w < m_workers.size(); ++w) {
         fill(w);
+        weigh();
         for (auto it = m_scratch.rbegin(); it != m_scratch.rend(); ++it) {
           if (!m_central->queue.bounded_push(*it)) m_central->queue.push(*it);  // out of nodes: allocate one
         }
@@ -183,6 +199,7 @@ void Scheduler::place_all(std::uint64_t total, Fill&& fill) {
     }
     for (std::size_t w = 0; w < m_workers.size(); ++w) {
       fill(w);
+      weigh();
       place_scratch(w, total);
     }
   } catch (...) {
@@ -206,6 +223,7 @@ void Scheduler::discard_all() noexcept {
 StepStats Scheduler::broadcast(WorkerFn fn) {
   // Published to the workers by the release bump in launch(), like the rest of the step state.
   m_broadcast = &fn;
+  m_weighted = false;
   struct Reset {
     const WorkerFn*& p;
     ~Reset() { p = nullptr; }
@@ -227,6 +245,25 @@ void Scheduler::set_outside_rate(double chunks_per_unit) noexcept {
   m_outside_rate = std::isfinite(chunks_per_unit) && chunks_per_unit > 0 ? chunks_per_unit : 0.0;
 }
 
+void Scheduler::set_chunk_weights(std::vector<double> weights) {
+  std::vector<std::uint64_t> units(weights.size());
+  for (std::size_t c = 0; c < weights.size(); ++c) {
+    // Below 2^40 full chunks, so a step's sum of weights cannot overflow 64 bits.
+    if (!std::isfinite(weights[c]) || !(weights[c] > 0) || weights[c] > 0x1p40) {
+      throw ConfigError("scheduler: chunk weight of chunk " + std::to_string(c) + " = " + std::to_string(weights[c]) +
+                        "; need a finite value in (0, 2^40]");
+    }
+    units[c] = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::llround(weights[c] * kWeightUnit)));
+  }
+  m_weight_units = std::move(units);
+}
+
+double Scheduler::left_now() const noexcept {
+  // Relaxed: an estimate (see worth_taking()).
+  if (m_weighted) return static_cast<double>(m_left_units.load(std::memory_order_relaxed)) / kWeightUnit;
+  return static_cast<double>(m_remaining.load(std::memory_order_relaxed));
+}
+
 bool Scheduler::worth_taking(std::size_t w, Source from) noexcept {
   // A sourced step without a count of what its source still holds has no end game: the source decides.
   if (!m_endgame.active() || m_options.schedule != SchedulePolicy::kSteal || (m_source != nullptr && m_pending == nullptr)) return true;
@@ -236,9 +273,10 @@ bool Scheduler::worth_taking(std::size_t w, Source from) noexcept {
   // sourced step's count holds a token while its source is open (relaxed: the same estimate); what the source still
   // holds is added only when what is given does not already make the chunk worth taking: more left never makes it
   // less so, and the count may cost remote reads (the ranks' share words), which the common case then skips. What the
-  // source holds, others outside this scheduler may take too (set_outside_rate()): that check counts their rate.
+  // source holds, others outside this scheduler may take too (set_outside_rate()): that check counts their rate. A
+  // weighted step counts what is left by weight (set_chunk_weights()).
   const double cost = placed * me.live_factor + me.live_ahead;
-  double left = static_cast<double>(m_remaining.load(std::memory_order_relaxed));
+  double left = left_now();
   if (m_source != nullptr) left -= m_source_open.load(std::memory_order_relaxed) ? 1.0 : 0.0;
   bool worth = m_endgame.worth(w, cost, left);
   // One of the fastest as placed. These always take, so the step always ends; one that has slowed down in this
@@ -266,8 +304,7 @@ void Scheduler::set_live_factor(std::size_t w, double factor, double ahead) noex
 
 std::size_t Scheduler::steal_cap(std::size_t w) const noexcept {
   if (m_options.steal == StealPolicy::kOne) return 1;
-  const auto left = static_cast<double>(m_remaining.load(std::memory_order_relaxed));  // relaxed: an estimate
-  return m_endgame.steal_cap(w, m_options.steal_batch_cap, left);
+  return m_endgame.steal_cap(w, m_options.steal_batch_cap, left_now());
 }
 
 void Scheduler::place_scratch(std::size_t w, std::uint64_t total) {
@@ -293,6 +330,7 @@ StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn, const std::functio
   // Relaxed: the release bump of m_step_seq below publishes these, and the deques, to the workers.
   m_abort.store(false, std::memory_order_relaxed);
   m_remaining.store(chunks, std::memory_order_relaxed);
+  m_left_units.store(m_weighted ? m_placed_units : 0, std::memory_order_relaxed);
   for (auto& worker : m_workers) worker->live_factor = 1.0, worker->live_ahead = 0.0, worker->left_takers = false;
   m_takers.store(m_endgame.fastest_count(), std::memory_order_relaxed);
   m_in_step.store(static_cast<std::uint32_t>(m_workers.size()), std::memory_order_relaxed);
@@ -650,6 +688,12 @@ void Scheduler::execute(Worker& me, ChunkId c) {
   me.counters.last_end = t1 - m_step_start;
   me.counters.chunks_run += n;
   me.counters.chunks_merged += n - 1;
+  if (m_weighted) {
+    std::uint64_t units = 0;
+    for (std::size_t i = 0; i < n; ++i) units += m_weight_units[n > 1 ? me.group[i] : c];
+    // Relaxed: an estimate for the end game; every placed chunk runs once, so the count ends at 0, never below.
+    m_left_units.fetch_sub(units, std::memory_order_relaxed);
+  }
   // Relaxed: the RMW alone makes exactly one worker see the count reach zero. The notify_all() that follows is
   // an RMW on the waiter count, which orders the zero before any parked worker's re-check (see EventCount).
   if (m_remaining.fetch_sub(n, std::memory_order_relaxed) == n) m_event.notify_all();

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <functional>
 #include <mutex>
@@ -453,6 +454,62 @@ TEST_CASE("Scheduler.EndGameLeavesTheTailToFastWorkers") {
   sched.set_chunk_costs({});  // off again
   const StepStats st2 = sched.run(place_equal(30, 3), [](std::size_t, ChunkId) {});
   for (const auto& wc : st2.workers) CHECK(wc.endgame_declines == 0);
+}
+
+TEST_CASE("Scheduler.AWeightedEndGameCountsWhatIsLeftByWeight") {
+  // Three equal workers, 12 chunks, 2 placed on worker 0, whose first chunk reports that it now runs 4x slower.
+  // Counted as chunks, the 11 left then make another worth its taking (4 <= 11 / 2). Weighed as quarter chunks (the
+  // small pieces at a share's end), they are 2.75 full chunks of work, which the other two finish in 1.4 units: it
+  // leaves them. Workers 1 and 2 wait inside their first chunk (5 s at most) until worker 0 has taken a second chunk
+  // or, after its first, parked (the others are inside chunks, so a parked worker is worker 0, declining), so no
+  // chunk but worker 0's first ends before it decides.
+  for (const bool weighted : {false, true}) {
+    CAPTURE(weighted);
+    Scheduler sched({.workers = 3});
+    sched.set_chunk_costs({1, 1, 1});
+    sched.set_chunk_weights(weighted ? std::vector<double>(12, 0.25) : std::vector<double>{});
+    std::vector<std::atomic<int>> runs(12);
+    std::atomic<int> w0_started{0}, w0_done{0};
+    const std::vector<std::vector<ChunkId>> placement{{0, 1}, {2, 3, 4, 5, 6}, {7, 8, 9, 10, 11}};
+    const StepStats st = sched.run(placement, [&](std::size_t w, ChunkId c) {
+      runs[c].fetch_add(1);
+      if (w == 0) {
+        w0_started.fetch_add(1);
+        sched.set_live_factor(0, 4.0);
+        w0_done.fetch_add(1);
+      } else {
+        (void)wait_for([&] { return w0_started.load() >= 2 || (w0_done.load() >= 1 && sched.parked_workers() > 0); }, 5000ms);
+      }
+    });
+    int wrong = 0;
+    for (auto& r : runs) wrong += r.load() != 1;
+    CHECK(wrong == 0);
+    if (weighted) {
+      CHECK(st.workers[0].chunks_run == 1);
+      CHECK(st.workers[0].endgame_declines == 1);
+      CHECK(st.workers[1].chunks_run + st.workers[2].chunks_run == 11);
+    } else {
+      CHECK(st.workers[0].chunks_run >= 2);
+    }
+    CHECK(st.workers[1].endgame_declines == 0);
+    CHECK(st.workers[2].endgame_declines == 0);
+  }
+
+  Scheduler sched({.workers = 2});
+  sched.set_chunk_costs({1, 1});
+  CHECK_THROWS_WITH_AS(sched.set_chunk_weights({1, 0}), "scheduler: chunk weight of chunk 1 = 0.000000; need a finite value in (0, 2^40]",
+                       ConfigError);
+  CHECK_THROWS_AS(sched.set_chunk_weights({std::nan("")}), ConfigError);
+  // A step with a chunk past the weights runs nothing and leaves nothing behind for the next.
+  sched.set_chunk_weights({1, 1, 1});
+  std::atomic<int> n{0};
+  CHECK_THROWS_WITH_AS((void)sched.run(place_equal(4, 2), [&](std::size_t, ChunkId) { n.fetch_add(1); }),
+                       "scheduler: chunk weights: chunk id 3 placed; valid range is [0, 3) (set_chunk_weights() for this step's chunks, or {})",
+                       ConfigError);
+  CHECK(n.load() == 0);
+  sched.set_chunk_weights({});
+  (void)sched.run(place_equal(4, 2), [&](std::size_t, ChunkId) { n.fetch_add(1); });
+  CHECK(n.load() == 4);
 }
 
 TEST_CASE("Scheduler.AWorkerThatSlowsDownMidStepLeavesTheEndToTheOthers") {

@@ -175,6 +175,14 @@ class Scheduler {
   // default, and any value not finite or < 0) means none. Call between steps.
   //   sched.set_outside_rate(other_ranks_samples_per_s / chunk_samples);
   void set_outside_rate(double chunks_per_unit) noexcept;
+  // What the end game counts as left, by weight rather than by number (placed steps): weights[c] is chunk c's part
+  // of the chunk that the stolen costs above price (a share-end piece of a quarter of a full chunk weighs 0.25). So
+  // a slow worker weighs a step's last few small pieces as the little work they are, not as a full chunk each, and
+  // leaves them to the others. For the placed steps that follow, until set again; an empty list (the default) counts
+  // every chunk as 1, and sourced steps always count chunks. Call between steps. Throws ConfigError for a weight that
+  // is not finite and > 0; a step that places a chunk id past the list throws ConfigError and runs nothing.
+  //   sched.set_chunk_weights({1, 1, 1, 0.5, 0.25, 0.25});
+  void set_chunk_weights(std::vector<double> weights);
   // During a step, from worker w's own thread (inside its chunk callback): its chunks now take `factor` times the
   // cost set above (a device that slowed down in the middle of the step: a throttled GPU, a shared host), and a
   // chunk it takes now starts only after `ahead` (in the costs' unit: the work it has already launched and not
@@ -204,6 +212,9 @@ class Scheduler {
   struct Worker;
   struct Central;
   enum class Found { kChunk, kStepOver };
+  // A weight of 1 (a full chunk) in m_weight_units: fine enough that a one-sample piece of a 4096-sample chunk
+  // still weighs 16 units.
+  static constexpr double kWeightUnit = 65536.0;
 
   void worker_main(std::size_t w);
   void run_step(Worker& me);
@@ -234,6 +245,8 @@ class Scheduler {
   template <class Fill>
   void place_all(std::uint64_t total, Fill&& fill);
   void discard_all() noexcept;  // the caller, between steps only
+  // What the end game counts as left now: the weight of the chunks not yet finished, or their number.
+  double left_now() const noexcept;
   std::size_t steal_cap(std::size_t w) const noexcept;
   StepStats launch(std::uint64_t chunks, ChunkFn fn, const std::function<void()>& meanwhile = {});
 
@@ -253,6 +266,9 @@ class Scheduler {
   const std::function<std::uint64_t()>* m_pending = nullptr;  // a sourced step's chunks not yet given (may be null)
   EndGameRule m_endgame;                       // inactive: no end-game rule
   double m_outside_rate = 0;                   // set_outside_rate()
+  std::vector<std::uint64_t> m_weight_units;   // set_chunk_weights(), each in units of 1 / kWeightUnit
+  bool m_weighted = false;                     // this step's end game counts m_left_units, not m_remaining
+  std::uint64_t m_placed_units = 0;            // the placed chunks' weight (place_all(), read by launch())
   std::chrono::nanoseconds m_watch_period{0};
   std::function<std::exception_ptr()> m_watch_check;
   std::function<void()> m_watch_fail;
@@ -260,6 +276,7 @@ class Scheduler {
   std::exception_ptr m_error;  // written by the first failing worker only, read by the caller after the step
 
   alignas(detail::kCacheLine) std::atomic<std::uint64_t> m_remaining{0};  // chunks of this step not yet finished
+  std::atomic<std::uint64_t> m_left_units{0};  // their weight (a weighted step); on m_remaining's line: both fall together
   alignas(detail::kCacheLine) std::atomic<bool> m_abort{false};
   std::atomic<std::uint32_t> m_takers{0};
   // A sourced step: the source may still give chunks (while it is, m_remaining holds one extra count, a token, so
