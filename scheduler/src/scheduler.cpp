@@ -673,6 +673,15 @@ bool Scheduler::work_visible(std::size_t self) const noexcept {
 void Scheduler::execute(Worker& me, ChunkId c) {
   const std::size_t n = std::max<std::size_t>(1, std::exchange(me.group_size, 0));
   if (m_abort.load(std::memory_order_relaxed)) return;  // the step has failed: discard (relaxed: as in step_over)
+  // A weighted step's count of what is left: a chunk that has started is, seen at a random moment, half done, so
+  // half its weight leaves the count now and half when it ends. (Counting it whole until it ends made a slow worker
+  // see the chunks the others are finishing as still to do, and start one more of its own at the very end.)
+  // Relaxed: an estimate for the end game; every placed chunk runs once, so the count ends at 0, never below.
+  std::uint64_t units = 0;
+  if (m_weighted) {
+    for (std::size_t i = 0; i < n; ++i) units += m_weight_units[n > 1 ? me.group[i] : c];
+    m_left_units.fetch_sub(units / 2, std::memory_order_relaxed);
+  }
   const auto t0 = Clock::now();
   try {
     if (n > 1) {
@@ -688,12 +697,7 @@ void Scheduler::execute(Worker& me, ChunkId c) {
   me.counters.last_end = t1 - m_step_start;
   me.counters.chunks_run += n;
   me.counters.chunks_merged += n - 1;
-  if (m_weighted) {
-    std::uint64_t units = 0;
-    for (std::size_t i = 0; i < n; ++i) units += m_weight_units[n > 1 ? me.group[i] : c];
-    // Relaxed: an estimate for the end game; every placed chunk runs once, so the count ends at 0, never below.
-    m_left_units.fetch_sub(units, std::memory_order_relaxed);
-  }
+  if (m_weighted) m_left_units.fetch_sub(units - units / 2, std::memory_order_relaxed);  // relaxed: as above
   // Relaxed: the RMW alone makes exactly one worker see the count reach zero. The notify_all() that follows is
   // an RMW on the waiter count, which orders the zero before any parked worker's re-check (see EventCount).
   if (m_remaining.fetch_sub(n, std::memory_order_relaxed) == n) m_event.notify_all();

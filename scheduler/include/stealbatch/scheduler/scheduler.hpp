@@ -178,7 +178,8 @@ class Scheduler {
   // What the end game counts as left, by weight rather than by number (placed steps): weights[c] is chunk c's part
   // of the chunk that the stolen costs above price (a share-end piece of a quarter of a full chunk weighs 0.25). So
   // a slow worker weighs a step's last few small pieces as the little work they are, not as a full chunk each, and
-  // leaves them to the others. For the placed steps that follow, until set again; an empty list (the default) counts
+  // leaves them to the others. A chunk that has started counts half its weight until it ends (on average it is half
+  // done). For the placed steps that follow, until set again; an empty list (the default) counts
   // every chunk as 1, and sourced steps always count chunks. Call between steps. Throws ConfigError for a weight that
   // is not finite and > 0; a step that places a chunk id past the list throws ConfigError and runs nothing.
   //   sched.set_chunk_weights({1, 1, 1, 0.5, 0.25, 0.25});
