@@ -457,37 +457,57 @@ TEST_CASE("Scheduler.EndGameLeavesTheTailToFastWorkers") {
 }
 
 TEST_CASE("Scheduler.AWeightedEndGameCountsWhatIsLeftByWeight") {
-  // Three equal workers, 12 chunks, 2 placed on worker 0, whose first chunk reports that it now runs 4x slower.
-  // Counted as chunks, the 11 left then make another worth its taking (4 <= 11 / 2). Weighed as quarter chunks (the
-  // small pieces at a share's end), they are 2.75 full chunks of work, which the other two finish in 1.4 units: it
-  // leaves them. Workers 1 and 2 wait inside their first chunk (5 s at most) until worker 0 has taken a second chunk
-  // or, after its first, parked (the others are inside chunks, so a parked worker is worker 0, declining), so no
-  // chunk but worker 0's first ends before it decides.
-  for (const bool weighted : {false, true}) {
-    CAPTURE(weighted);
+  // Three equal workers; worker 0's first chunk reports that it now runs `factor` times slower, and it decides on
+  // its second with the other two inside their first chunks: its first chunk ends only once both are inside theirs,
+  // and they wait there (5 s at most each) until worker 0 has taken a second chunk or, after its first, parked (the
+  // others are inside chunks, so a parked worker is worker 0, declining). So what is left when it decides is known
+  // exactly.
+  struct Case {
+    std::string what;
+    std::vector<std::vector<ChunkId>> placement;
+    std::vector<double> weights;
+    double factor;
+    bool leaves;
+  };
+  const std::vector<Case> cases{
+      // 11 chunks left: counted as chunks, another is worth its taking (4 <= 11 / 2). Weighed as quarter chunks (a
+      // share's small end pieces), they are 2.5 full chunks of work (the two running count half), which the other
+      // two finish in 1.25 units: it leaves them.
+      {"counted", {{0, 1}, {2, 3, 4, 5, 6}, {7, 8, 9, 10, 11}}, {}, 4.0, false},
+      {"weighed", {{0, 1}, {2, 3, 4, 5, 6}, {7, 8, 9, 10, 11}}, std::vector<double>(12, 0.25), 4.0, true},
+      // 3 chunks left, 2 of them running: counted whole, 1.25 <= 3 / 2 takes; weighed, a started chunk counts half,
+      // so 1 + 0.5 + 0.5 = 2 and 1.25 > 2 / 2 leaves.
+      {"running count half", {{0, 1}, {2}, {3}}, {1, 1, 1, 1}, 1.25, true},
+      {"running count whole", {{0, 1}, {2}, {3}}, {}, 1.25, false},
+  };
+  for (const Case& k : cases) {
+    CAPTURE(k.what);
     Scheduler sched({.workers = 3});
     sched.set_chunk_costs({1, 1, 1});
-    sched.set_chunk_weights(weighted ? std::vector<double>(12, 0.25) : std::vector<double>{});
-    std::vector<std::atomic<int>> runs(12);
-    std::atomic<int> w0_started{0}, w0_done{0};
-    const std::vector<std::vector<ChunkId>> placement{{0, 1}, {2, 3, 4, 5, 6}, {7, 8, 9, 10, 11}};
-    const StepStats st = sched.run(placement, [&](std::size_t w, ChunkId c) {
+    sched.set_chunk_weights(k.weights);
+    std::size_t total = 0;
+    for (const auto& list : k.placement) total += list.size();
+    std::vector<std::atomic<int>> runs(total);
+    std::atomic<int> w0_started{0}, w0_done{0}, others_inside{0};
+    const StepStats st = sched.run(k.placement, [&](std::size_t w, ChunkId c) {
       runs[c].fetch_add(1);
       if (w == 0) {
         w0_started.fetch_add(1);
-        sched.set_live_factor(0, 4.0);
+        (void)wait_for([&] { return others_inside.load() >= 2; }, 5000ms);
+        sched.set_live_factor(0, k.factor);
         w0_done.fetch_add(1);
       } else {
+        others_inside.fetch_add(1);
         (void)wait_for([&] { return w0_started.load() >= 2 || (w0_done.load() >= 1 && sched.parked_workers() > 0); }, 5000ms);
       }
     });
     int wrong = 0;
     for (auto& r : runs) wrong += r.load() != 1;
     CHECK(wrong == 0);
-    if (weighted) {
+    if (k.leaves) {
       CHECK(st.workers[0].chunks_run == 1);
       CHECK(st.workers[0].endgame_declines == 1);
-      CHECK(st.workers[1].chunks_run + st.workers[2].chunks_run == 11);
+      CHECK(st.workers[1].chunks_run + st.workers[2].chunks_run == total - 1);
     } else {
       CHECK(st.workers[0].chunks_run >= 2);
     }
