@@ -22,19 +22,31 @@ for spec in "torch_mlp 3" "torch_cnn 2"; do
 done
 # The main job's slowdown, 7 interleaved rounds (single runs on 2 vCPUs vary by a third): each example with thieves
 # merging what they steal (the default) and without, then the medians.
+# Each device's utilization under the steal policy is read from the same runs' dashboards.
 ratio() { sed -n 's/^steal vs static: \([0-9.]*\)x.*/\1/p'; }
-declare -A runs
+utils() { awk '/policy steal/ { s = 1 } s && /^\| cpu[0-9]/ { sub(/%/, "", $3); printf "%s%s", sep, $3; sep = "," }'; }
+declare -A runs util
 for round in 1 2 3 4 5 6 7; do
   for ex in torch_mlp mlp; do
     for merge in on off; do
-      r=$("$build/$ex" --compare --devices cpu:4 --slowdown 6.6,6.6,1,1 --epochs 1 --merge-stolen "$merge" 2>/dev/null | ratio)
+      out=$("$build/$ex" --compare --devices cpu:4 --slowdown 6.6,6.6,1,1 --epochs 1 --merge-stolen "$merge" 2>/dev/null)
+      r=$(ratio <<<"$out")
+      u=$(utils <<<"$out")
       runs[$ex.$merge]+="$r "
-      echo "round $round: $ex --merge-stolen $merge: steal ${r}x faster than static"
+      util[$ex.$merge]+="$u "
+      echo "round $round: $ex --merge-stolen $merge: steal ${r}x faster than static, utilization % $u"
     done
   done
 done
 for key in torch_mlp.on torch_mlp.off mlp.on mlp.off; do
-  python3 -c "import statistics as s, sys; v = sorted(float(x) for x in sys.argv[2:]); m = s.median(v); print(f'{sys.argv[1]}: median {m:.2f}x (steal/static {1 / m:.3f}), range {v[0]:.2f}-{v[-1]:.2f}x over {len(v)} runs')" "$key" ${runs[$key]}
+  python3 -c "
+import statistics as s, sys
+v = sorted(float(x) for x in sys.argv[2].split())
+u = [[int(x) for x in run.split(',')] for run in sys.argv[3].split()]
+m = s.median(v)
+per = ', '.join(f'cpu{d} {s.median(run[d] for run in u) / 100:.2f}' for d in range(len(u[0])))
+print(f'{sys.argv[1]}: median {m:.2f}x (steal/static {1 / m:.3f}), range {v[0]:.2f}-{v[-1]:.2f}x over {len(v)} runs; median utilization {per}')
+" "$key" "${runs[$key]}" "${util[$key]}"
 done
 # Accuracy after the default epochs, from the hand-written models' starts.
 for ex in torch_mlp torch_cnn; do
