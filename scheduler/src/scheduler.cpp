@@ -168,9 +168,10 @@ template <class Fill>
 void Scheduler::place_all(std::uint64_t total, Fill&& fill) {
   m_weighted = !m_weight_units.empty() && m_options.schedule == SchedulePolicy::kSteal;
   m_placed_units = 0;
+  m_own_full_units.assign(m_workers.size(), 0);
   // The placed chunks' weight, summed as each worker's list is filled (before anything is pushed, for the central
   // queue too, so a bad id leaves nothing behind either way).
-  auto weigh = [&] {
+  auto weigh = [&](std::size_t w) {
     if (!m_weighted) return;
     for (ChunkId c : m_scratch) {
       if (c >= m_weight_units.size()) {
@@ -178,6 +179,7 @@ void Scheduler::place_all(std::uint64_t total, Fill&& fill) {
                           std::to_string(m_weight_units.size()) + ") (set_chunk_weights() for this step's chunks, or {})");
       }
       m_placed_units += m_weight_units[c];
+      m_own_full_units[w] = std::max(m_own_full_units[w], m_weight_units[c]);
     }
   };
   try {
@@ -190,7 +192,7 @@ void Scheduler::place_all(std::uint64_t total, Fill&& fill) {
       }
       for (std::size_t w = 0; w < m_workers.size(); ++w) {
         fill(w);
-        weigh();
+        weigh(w);
         for (auto it = m_scratch.rbegin(); it != m_scratch.rend(); ++it) {
           if (!m_central->queue.bounded_push(*it)) m_central->queue.push(*it);  // out of nodes: allocate one
         }
@@ -199,7 +201,7 @@ void Scheduler::place_all(std::uint64_t total, Fill&& fill) {
     }
     for (std::size_t w = 0; w < m_workers.size(); ++w) {
       fill(w);
-      weigh();
+      weigh(w);
       place_scratch(w, total);
     }
   } catch (...) {
@@ -268,7 +270,11 @@ bool Scheduler::worth_taking(std::size_t w, Source from) noexcept {
   // A sourced step without a count of what its source still holds has no end game: the source decides.
   if (!m_endgame.active() || m_options.schedule != SchedulePolicy::kSteal || (m_source != nullptr && m_pending == nullptr)) return true;
   Worker& me = *m_workers[w];
-  const double placed = from == Source::kOwn ? m_endgame.own_cost(w) : m_endgame.stolen_cost(w);
+  double placed = from == Source::kOwn ? m_endgame.own_cost(w) : m_endgame.stolen_cost(w);
+  // Weighted, the next own chunk costs the own cost (the worker's largest placed chunk) in proportion to its weight.
+  if (from == Source::kOwn && m_weighted && m_own_full_units[w] > 0) {
+    if (const auto next = me.deque.peek()) placed *= static_cast<double>(m_weight_units[*next]) / static_cast<double>(m_own_full_units[w]);
+  }
   // Relaxed: an estimate; the chunks still running elsewhere are counted as left, which only makes this take more. A
   // sourced step's count holds a token while its source is open (relaxed: the same estimate); what the source still
   // holds is added only when what is given does not already make the chunk worth taking: more left never makes it

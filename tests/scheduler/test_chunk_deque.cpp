@@ -60,6 +60,22 @@ TEST_CASE("ChunkDeque.Smoke") {
   CHECK(s.steal().status == StealStatus::kEmpty);
 }
 
+TEST_CASE("ChunkDeque.PeekShowsWhatPopTakesNext") {
+  ChunkDeque q(2);  // grows on the third push: peek reads the ring in use
+  Stealer s = q.stealer();
+  CHECK_FALSE(q.peek().has_value());
+  q.push_bulk(std::vector<ChunkId>{4, 5, 6});
+  CHECK(q.peek() == 6u);
+  CHECK(q.size() == 3);  // peeking takes nothing
+  CHECK(q.pop() == 6u);
+  CHECK(s.steal().chunk == 4u);
+  CHECK(q.peek() == 5u);
+  CHECK(s.steal().chunk == 5u);  // a thief took what the owner saw
+  CHECK_FALSE(q.peek().has_value());
+  CHECK_FALSE(q.pop().has_value());
+  CHECK_FALSE(q.peek().has_value());  // after an empty pop too
+}
+
 TEST_CASE("ChunkDeque.Empty") {
   ChunkDeque q(2);
   Stealer s = q.stealer();

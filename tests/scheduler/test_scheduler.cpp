@@ -479,6 +479,10 @@ TEST_CASE("Scheduler.AWeightedEndGameCountsWhatIsLeftByWeight") {
       // so 1 + 0.5 + 0.5 = 2 and 1.25 > 2 / 2 leaves.
       {"running count half", {{0, 1}, {2}, {3}}, {1, 1, 1, 1}, 1.25, true},
       {"running count whole", {{0, 1}, {2}, {3}}, {}, 1.25, false},
+      // Its next chunk is a quarter of its largest placed one, so it costs 2 x 0.25 = 0.5, and 0.25 + 0.5 + 0.5 left
+      // take the others 0.625: it takes the piece. A whole chunk there costs 2 against 1 left for the others: it leaves.
+      {"a small piece costs its weight", {{0, 1}, {2}, {3}}, {1, 0.25, 1, 1}, 2.0, false},
+      {"a whole chunk costs it all", {{0, 1}, {2}, {3}}, {1, 1, 1, 1}, 2.0, true},
   };
   for (const Case& k : cases) {
     CAPTURE(k.what);

@@ -220,6 +220,16 @@ class ChunkDeque {
     return c;
   }
 
+  // The chunk pop() would return next, unless a thief takes it first; nothing when the deque looks empty. An
+  // estimate for the owner's planning (a thief may take it at any time). Relaxed throughout: bottom and the slots
+  // below it are written only by this owner, so it reads its own latest values; top is only compared, as a hint.
+  std::optional<ChunkId> peek() const noexcept {
+    const detail::DequeState& d = *m_state;
+    const std::int64_t b = d.bottom.load(std::memory_order_relaxed);
+    if (d.top.load(std::memory_order_relaxed) >= b) return std::nullopt;
+    return d.owned->load(b - 1);
+  }
+
   // Grows the ring now so that holding `n` chunks never grows it later (growth allocates, and may throw).
   void reserve(std::size_t n) {
     detail::DequeState& d = *m_state;

@@ -179,7 +179,8 @@ class Scheduler {
   // of the chunk that the stolen costs above price (a share-end piece of a quarter of a full chunk weighs 0.25). So
   // a slow worker weighs a step's last few small pieces as the little work they are, not as a full chunk each, and
   // leaves them to the others. A chunk that has started counts half its weight until it ends (on average it is half
-  // done). For the placed steps that follow, until set again; an empty list (the default) counts
+  // done). A worker's own cost then prices the largest chunk placed on it, and the next chunk in its deque costs it
+  // that in proportion to its weight, so a share's last small piece is not priced as a whole chunk either. For the placed steps that follow, until set again; an empty list (the default) counts
   // every chunk as 1, and sourced steps always count chunks. Call between steps. Throws ConfigError for a weight that
   // is not finite and > 0; a step that places a chunk id past the list throws ConfigError and runs nothing.
   //   sched.set_chunk_weights({1, 1, 1, 0.5, 0.25, 0.25});
@@ -270,6 +271,7 @@ class Scheduler {
   std::vector<std::uint64_t> m_weight_units;   // set_chunk_weights(), each in units of 1 / kWeightUnit
   bool m_weighted = false;                     // this step's end game counts m_left_units, not m_remaining
   std::uint64_t m_placed_units = 0;            // the placed chunks' weight (place_all(), read by launch())
+  std::vector<std::uint64_t> m_own_full_units;  // per worker, its largest placed chunk's weight: what its own cost prices
   std::chrono::nanoseconds m_watch_period{0};
   std::function<std::exception_ptr()> m_watch_check;
   std::function<void()> m_watch_fail;
