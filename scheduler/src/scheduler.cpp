@@ -275,7 +275,8 @@ bool Scheduler::worth_taking(std::size_t w, Source from) noexcept {
   if (from == Source::kOwn && m_weighted && m_own_full_units[w] > 0) {
     if (const auto next = me.deque.peek()) placed *= static_cast<double>(m_weight_units[*next]) / static_cast<double>(m_own_full_units[w]);
   }
-  // Relaxed: an estimate; the chunks still running elsewhere are counted as left, which only makes this take more. A
+  // Relaxed: an estimate; the chunks still running elsewhere are counted as left (a weighted step counts them at half
+  // their weight: on average, half done), which only makes this take more. A
   // sourced step's count holds a token while its source is open (relaxed: the same estimate); what the source still
   // holds is added only when what is given does not already make the chunk worth taking: more left never makes it
   // less so, and the count may cost remote reads (the ranks' share words), which the common case then skips. What the
