@@ -270,28 +270,29 @@ bool Scheduler::worth_taking(std::size_t w, Source from) noexcept {
   // A sourced step without a count of what its source still holds has no end game: the source decides.
   if (!m_endgame.active() || m_options.schedule != SchedulePolicy::kSteal || (m_source != nullptr && m_pending == nullptr)) return true;
   Worker& me = *m_workers[w];
+  // One of the fastest as placed. These always take, so the step always ends; one that has slowed down in this
+  // step (its live factor) may leave the rest to the others like any slow worker, but only while another fastest
+  // worker still takes: m_takers counts those, and the last one never leaves. Once left, it stays out this step.
+  // One that has not slowed down takes either way, so it needs no cost and no count of what is left: the worker
+  // loop's common case stops here.
+  const bool fastest = m_endgame.fastest(w);
+  if (fastest && me.live_factor <= 1.0) return !me.left_takers;
   double placed = from == Source::kOwn ? m_endgame.own_cost(w) : m_endgame.stolen_cost(w);
   // Weighted, the next own chunk costs the own cost (the worker's largest placed chunk) in proportion to its weight.
   if (from == Source::kOwn && m_weighted && m_own_full_units[w] > 0) {
     if (const auto next = me.deque.peek()) placed *= static_cast<double>(m_weight_units[*next]) / static_cast<double>(m_own_full_units[w]);
   }
-  // Relaxed: an estimate; the chunks still running elsewhere are counted as left (a weighted step counts them at half
-  // their weight: on average, half done), which only makes this take more. A
-  // sourced step's count holds a token while its source is open (relaxed: the same estimate); what the source still
-  // holds is added only when what is given does not already make the chunk worth taking: more left never makes it
-  // less so, and the count may cost remote reads (the ranks' share words), which the common case then skips. What the
-  // source holds, others outside this scheduler may take too (set_outside_rate()): that check counts their rate. A
-  // weighted step counts what is left by weight (set_chunk_weights()).
+  // Relaxed: an estimate; the chunks still running elsewhere are counted as left (a weighted step counts them at
+  // half their weight: on average, half done), which only makes this take more. A weighted step counts what is left
+  // by weight (set_chunk_weights()). A sourced step's count holds a token while its source is open (relaxed: the same
+  // estimate); what the source still holds is added only when what is given does not already make the chunk worth
+  // taking: more left never makes it less so, and the count may cost remote reads (the ranks' share words), which
+  // the common case then skips. What the source holds, others outside this scheduler may take too
+  // (set_outside_rate()): that check counts their rate.
   const double cost = placed * me.live_factor + me.live_ahead;
   double left = left_now();
   if (m_source != nullptr) left -= m_source_open.load(std::memory_order_relaxed) ? 1.0 : 0.0;
   bool worth = m_endgame.worth(w, cost, left);
-  // One of the fastest as placed. These always take, so the step always ends; one that has slowed down in this
-  // step (its live factor) may leave the rest to the others like any slow worker, but only while another fastest
-  // worker still takes: m_takers counts those, and the last one never leaves. Once left, it stays out this step.
-  // (One that has not slowed down takes whatever the rule says: it needs no count of what the source holds.)
-  const bool fastest = m_endgame.fastest(w);
-  if (fastest && me.live_factor <= 1.0) return !me.left_takers;
   if (!worth && m_source != nullptr) worth = m_endgame.worth(w, cost, left + static_cast<double>((*m_pending)()), m_outside_rate);
   if (!fastest) return worth;
   if (worth) return !me.left_takers;

@@ -9,10 +9,11 @@ namespace stealbatch {
 
 // The rule, stated once: with R chunks of the step left (full chunks' worth, where the scheduler weighs them), worker
 // w takes one more only while its cost for that chunk is at most R / (the sum of the other workers' chunk rates): the
-// time the others would need to finish everything left. A worker whose chunks cost at most kFastestWithin times the cheapest is one of the fastest, and always
-// takes, so the step always ends. Costs are per worker and per chunk, in any unit: one for a chunk from its own
-// deque (placement may size a worker's chunks to its speed), one for a stolen chunk (at most a full chunk), on
-// which the rates are stated. A worker's batch steal is capped at the chunks the rule would still let it take.
+// time the others would need to finish everything left. A worker whose chunks cost at most kFastestWithin times the
+// cheapest is one of the fastest, and always takes, so the step always ends. Costs are per worker and per chunk, in
+// any unit: one for a chunk from its own deque (placement may size a worker's chunks to its speed), one for a stolen
+// chunk (at most a full chunk), on which the rates are stated. A worker's batch steal is capped at the chunks the
+// rule would still let it take.
 //
 //   EndGameRule e;
 //   e.set_costs({6.6, 6.6, 1, 1}, {6.6, 6.6, 1, 1});

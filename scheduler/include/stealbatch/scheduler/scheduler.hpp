@@ -180,9 +180,10 @@ class Scheduler {
   // a slow worker weighs a step's last few small pieces as the little work they are, not as a full chunk each, and
   // leaves them to the others. A chunk that has started counts half its weight until it ends (on average it is half
   // done). A worker's own cost then prices the largest chunk placed on it, and the next chunk in its deque costs it
-  // that in proportion to its weight, so a share's last small piece is not priced as a whole chunk either. For the placed steps that follow, until set again; an empty list (the default) counts
-  // every chunk as 1, and sourced steps always count chunks. Call between steps. Throws ConfigError for a weight that
-  // is not finite and > 0; a step that places a chunk id past the list throws ConfigError and runs nothing.
+  // that in proportion to its weight, so a share's last small piece is not priced as a whole chunk either. For the
+  // placed steps that follow, until set again; an empty list (the default) counts every chunk as 1, and sourced steps
+  // always count chunks. Call between steps. Throws ConfigError for a weight that is not finite and > 0; a step that
+  // places a chunk id past the list throws ConfigError and runs nothing.
   //   sched.set_chunk_weights({1, 1, 1, 0.5, 0.25, 0.25});
   void set_chunk_weights(std::vector<double> weights);
   // During a step, from worker w's own thread (inside its chunk callback): its chunks now take `factor` times the
@@ -271,7 +272,7 @@ class Scheduler {
   std::vector<std::uint64_t> m_weight_units;   // set_chunk_weights(), each in units of 1 / kWeightUnit
   bool m_weighted = false;                     // this step's end game counts m_left_units, not m_remaining
   std::uint64_t m_placed_units = 0;            // the placed chunks' weight (place_all(), read by launch())
-  std::vector<std::uint64_t> m_own_full_units;  // per worker, its largest placed chunk's weight: what its own cost prices
+  std::vector<std::uint64_t> m_own_full_units;  // per worker, its largest placed chunk's weight (its own cost's)
   std::chrono::nanoseconds m_watch_period{0};
   std::function<std::exception_ptr()> m_watch_check;
   std::function<void()> m_watch_fail;
@@ -279,7 +280,7 @@ class Scheduler {
   std::exception_ptr m_error;  // written by the first failing worker only, read by the caller after the step
 
   alignas(detail::kCacheLine) std::atomic<std::uint64_t> m_remaining{0};  // chunks of this step not yet finished
-  std::atomic<std::uint64_t> m_left_units{0};  // their weight (a weighted step); on m_remaining's line: both fall together
+  std::atomic<std::uint64_t> m_left_units{0};  // their weight (weighted steps); on m_remaining's line: both fall at once
   alignas(detail::kCacheLine) std::atomic<bool> m_abort{false};
   std::atomic<std::uint32_t> m_takers{0};
   // A sourced step: the source may still give chunks (while it is, m_remaining holds one extra count, a token, so
