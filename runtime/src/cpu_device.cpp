@@ -3,6 +3,8 @@
 #include <stealbatch/runtime/detail/timer_slack.hpp>
 #include <stealbatch/runtime/cpu_device.hpp>
 
+#include <tbb/task_arena.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -50,13 +52,20 @@ void request_short_slice() noexcept {
 
 }  // namespace
 
-CpuDevice::CpuDevice(std::size_t index, int threads, double slowdown)
-    : m_index(index), m_threads(threads), m_slowdown(slowdown), m_arena(threads) {
+struct CpuDevice::Arena {
+  explicit Arena(int threads) : arena(threads) {}
+  tbb::task_arena arena;
+};
+
+CpuDevice::CpuDevice(std::size_t index, int threads, double slowdown) : m_index(index), m_threads(threads), m_slowdown(slowdown) {
   if (threads < 1) throw ConfigError("cpu device: threads = " + std::to_string(threads) + "; need at least 1");
   if (!std::isfinite(slowdown) || slowdown < 1.0) {
     throw ConfigError("cpu device: slowdown = " + std::to_string(slowdown) + "; need a finite factor >= 1");
   }
+  m_arena = std::make_unique<Arena>(threads);
 }
+
+CpuDevice::~CpuDevice() = default;
 
 void CpuDevice::bind() {
   detail::tighten_timer_slack();
@@ -78,14 +87,14 @@ void CpuDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   // at HZ=250), unless a running thread enters the kernel; entering it once per chunk hands the core over at the
   // chunk boundary instead.
   if (m_slowdown <= 1.0 && !m_compute_time) {
-    m_arena.execute([&] { fn(ctx); });
+    m_arena->arena.execute([&] { fn(ctx); });
     if (m_preemption_point) (void)thread_cpu_time();
     return;
   }
   const bool cpu_clock = m_threads == 1;
   const auto w0 = std::chrono::steady_clock::now();
   const auto c0 = cpu_clock ? thread_cpu_time() : std::chrono::nanoseconds(0);
-  m_arena.execute([&] { fn(ctx); });
+  m_arena->arena.execute([&] { fn(ctx); });
   const auto compute = cpu_clock ? thread_cpu_time() - c0 : std::chrono::steady_clock::now() - w0;
   ctx.compute_seconds = std::chrono::duration<double>(compute).count() * m_slowdown;
   if (m_slowdown > 1.0) {

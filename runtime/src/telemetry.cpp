@@ -2,10 +2,16 @@
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/telemetry.hpp>
 
+#include <boost/lockfree/spsc_queue.hpp>
+
 #include <algorithm>
 #include <cstdio>
 
 namespace stealbatch {
+
+struct TraceWriter::Queue {
+  boost::lockfree::spsc_queue<TraceEvent> events{1 << 16};
+};
 
 StepReport accumulate(std::span<const StepReport> steps) {
   StepReport sum;
@@ -66,7 +72,7 @@ TraceWriter::TraceWriter(const std::string& path, std::vector<std::string> devic
     : m_out(path), m_names(std::move(device_names)), m_worker_dropped(m_names.size(), 0), m_pid(std::max(pid, 0)), m_offset_ns(offset_ns) {
   if (!m_out) throw ConfigError("trace_path = '" + path + "': cannot open it for writing");
   for (std::size_t i = 0; i < m_names.size(); ++i) {
-    m_queues.push_back(std::make_unique<boost::lockfree::spsc_queue<TraceEvent>>(1 << 16));
+    m_queues.push_back(std::make_unique<Queue>());
   }
   m_out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
   if (pid >= 0) {
@@ -92,13 +98,13 @@ TraceWriter::~TraceWriter() {
 }
 
 void TraceWriter::push(std::size_t worker, const TraceEvent& e) noexcept {
-  if (!m_queues[worker]->push(e)) ++m_worker_dropped[worker];
+  if (!m_queues[worker]->events.push(e)) ++m_worker_dropped[worker];
 }
 
 void TraceWriter::add(const TraceEvent& e) { write(e); }
 
 void TraceWriter::drain() {
-  for (auto& q : m_queues) q->consume_all([this](const TraceEvent& e) { write(e); });
+  for (auto& q : m_queues) q->events.consume_all([this](const TraceEvent& e) { write(e); });
   m_dropped = 0;
   for (std::uint64_t d : m_worker_dropped) m_dropped += d;
 }

@@ -3,7 +3,7 @@
 
 #include <stealbatch/runtime/device.hpp>
 
-#include <tbb/task_arena.h>
+#include <memory>
 
 namespace stealbatch {
 
@@ -18,6 +18,7 @@ namespace stealbatch {
 class CpuDevice final : public Device {
  public:
   CpuDevice(std::size_t index, int threads, double slowdown);
+  ~CpuDevice() override;
   std::string name() const override;
   void bind() override;
   void run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override;
@@ -35,7 +36,8 @@ class CpuDevice final : public Device {
   std::size_t m_index;
   int m_threads;
   double m_slowdown;
-  tbb::task_arena m_arena;
+  struct Arena;  // a tbb::task_arena of `threads` (cpu_device.cpp: the installed headers need no TBB)
+  std::unique_ptr<Arena> m_arena;
   bool m_preemption_point = false;
   bool m_compute_time = false;
 };

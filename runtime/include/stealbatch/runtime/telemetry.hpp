@@ -1,8 +1,6 @@
 // What a step did, per device: the step report, an nvidia-smi-style dashboard, and a Chrome trace.
 #pragma once
 
-#include <boost/lockfree/spsc_queue.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
@@ -95,7 +93,10 @@ class TraceWriter {
   void write(const TraceEvent& e);
   std::ofstream m_out;
   std::vector<std::string> m_names;
-  std::vector<std::unique_ptr<boost::lockfree::spsc_queue<TraceEvent>>> m_queues;
+  // A worker's single-producer queue (Boost.Lockfree's spsc_queue, defined in telemetry.cpp: the installed headers
+  // need neither Boost nor TBB).
+  struct Queue;
+  std::vector<std::unique_ptr<Queue>> m_queues;
   std::vector<std::uint64_t> m_worker_dropped;  // written by each worker only
   std::uint64_t m_dropped = 0;
   int m_pid = 0;
