@@ -65,15 +65,6 @@ void sgemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const 
   if (s != dnnl_success) throw std::runtime_error("dnnl_sgemm failed with status " + std::to_string(static_cast<int>(s)));
 }
 
-double max_relative_error(std::span<const float> a, std::span<const float> b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::abs(static_cast<double>(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
-
 void dense_forward(std::span<const float> x, std::size_t b, std::size_t in, std::size_t out, std::span<const float> weight,
                    std::span<const float> bias, std::vector<float>& y) {
   y.resize(b * out);

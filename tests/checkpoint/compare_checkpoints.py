@@ -5,6 +5,7 @@ difference relative to each tensor's largest magnitude. Standard library only.
   compare_checkpoints.py A.safetensors B.safetensors [--bitwise]   exit 1 when --bitwise and they differ
 """
 import json
+import math
 import struct
 import sys
 
@@ -38,6 +39,9 @@ def main():
         same = False
         va = struct.unpack(f"<{len(a[name]) // 4}f", a[name])
         vb = struct.unpack(f"<{len(b[name]) // 4}f", b[name])
+        if not all(math.isfinite(x) for x in va + vb):  # max() passes over a NaN: a non-finite value is the worst
+            worst = math.inf
+            continue
         scale = max(max(abs(x) for x in va), 1e-30)
         worst = max(worst, max(abs(x - y) for x, y in zip(va, vb)) / scale)
     print(f"parameters: {'bit-identical' if same else f'largest difference {worst:.3g} of the tensor scale'}"

@@ -1,6 +1,7 @@
 // The building blocks the example models share, on oneDNN: GEMM, dense layers, ReLU, softmax cross-entropy, accuracy.
 #pragma once
 
+#include <stealbatch/models/compare.hpp>
 #include <stealbatch/models/dense_data.hpp>
 
 #include <cstddef>
@@ -24,10 +25,6 @@ void use_arena_threads();
 // sgemm, on the calling thread's arena threads. Throws std::runtime_error when oneDNN reports a failure.
 void sgemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta,
            float* c, std::size_t ldc);
-
-// max |a - b| / max |b|: how far a gradient is from a reference, relative to the reference's scale (the measure
-// every gradient check of the tests and perf tools uses).
-double max_relative_error(std::span<const float> a, std::span<const float> b);
 
 // y (b x out) = x (b x in) * W^T + bias, with W stored row-major [out][in].
 //
