@@ -132,10 +132,42 @@ cudaStream_t Partition::create_stream() const {
   return reinterpret_cast<cudaStream_t>(s);
 }
 
+namespace {
+
+// The SM count of one group: what the driver says a partition must be a multiple of, at least 8 SMs on compute
+// capability 9.x (Hopper's granule: cuda.h, cuDevSmResourceSplitByCount), and never 0, which some drivers leave in
+// minSmPartitionSize.
+unsigned granule_of(const CUdevResource& all, int gpu) {
+  unsigned g = std::max(all.sm.minSmPartitionSize, all.sm.smCoscheduledAlignment);
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, gpu) != cudaSuccess) (void)cudaGetLastError();
+  if (major == 9) g = std::max(g, 8u);
+  return std::max(g, 1u);
+}
+
+}  // namespace
+
 SmInfo sm_info(int gpu) {
   CUdevice dev{};
   const CUdevResource all = device_sms(gpu, dev);
-  return {static_cast<int>(all.sm.smCount), static_cast<int>(std::max(all.sm.minSmPartitionSize, all.sm.smCoscheduledAlignment))};
+  return {static_cast<int>(all.sm.smCount), static_cast<int>(granule_of(all, gpu))};
+}
+
+std::vector<std::size_t> assign_sm_groups(const std::vector<unsigned>& group_sms, const std::vector<int>& sm_counts) {
+  std::vector<std::size_t> out;
+  std::size_t at = 0;
+  for (int want : sm_counts) {
+    if (want <= 0) throw ConfigError("vgpu: a part of " + std::to_string(want) + " SMs; each part needs at least 1");
+    unsigned got = 0;
+    std::size_t k = 0;
+    while (got < static_cast<unsigned>(want)) {
+      if (at + k >= group_sms.size()) return {};
+      got += group_sms[at + k++];
+    }
+    out.push_back(k);
+    at += k;
+  }
+  return out;
 }
 
 std::vector<std::shared_ptr<Partition>> make_partitions(int gpu, const std::vector<int>& sm_counts) {
@@ -148,30 +180,30 @@ std::vector<std::shared_ptr<Partition>> make_partitions(int gpu, const std::vect
     CUdevice dev;
     ~Release() { (void)driver().primary_release(dev); }
   } release{dev};
-  const unsigned granule = std::max(1u, std::max(all.sm.minSmPartitionSize, all.sm.smCoscheduledAlignment));
-  // Split the whole GPU into groups of one granule, then give each part as many groups as its count needs: one
-  // split instance, so the groups may be combined into one descriptor per part.
+  const unsigned granule = granule_of(all, gpu);
+  // Split the whole GPU into groups of (at least) one granule, then give each part groups until their summed SM count
+  // reaches its request: one split instance, so the groups may be combined into one descriptor per part. The groups'
+  // sizes are read from what the driver returned, not assumed to be the granule.
   unsigned groups = 0;
   check(driver().split(nullptr, &groups, &all, nullptr, 0, granule), "cuDevSmResourceSplitByCount (query)");
   std::vector<CUdevResource> pieces(groups);
   CUdevResource rest{};
   check(driver().split(pieces.data(), &groups, &all, &rest, 0, granule), "cuDevSmResourceSplitByCount");
   pieces.resize(groups);
-  std::size_t need = 0;
+  std::vector<unsigned> group_sms;
+  unsigned usable = 0;
+  for (const CUdevResource& p : pieces) group_sms.push_back(p.sm.smCount), usable += p.sm.smCount;
   std::string asked;
-  for (int c : sm_counts) {
-    need += (static_cast<unsigned>(c) + granule - 1) / granule;
-    asked += (asked.empty() ? "" : ",") + std::to_string(c);
-  }
-  if (need > pieces.size()) {
-    throw ConfigError("devices = 'vgpu:" + asked + "': needs " + std::to_string(need * granule) + " SMs after rounding each part up to a multiple of " +
-                      std::to_string(granule) + ", but GPU " + std::to_string(gpu) + " has " + std::to_string(pieces.size() * granule) +
-                      " SMs in partitionable groups (of " + std::to_string(all.sm.smCount) + ")");
+  for (int c : sm_counts) asked += (asked.empty() ? "" : ",") + std::to_string(c);
+  const std::vector<std::size_t> take = assign_sm_groups(group_sms, sm_counts);
+  if (take.empty()) {
+    throw ConfigError("devices = 'vgpu:" + asked + "': GPU " + std::to_string(gpu) + " has " + std::to_string(usable) + " SMs in " +
+                      std::to_string(group_sms.size()) + " partitionable groups of about " + std::to_string(granule) + " (of " +
+                      std::to_string(all.sm.smCount) + " SMs), too few to give each part at least its count");
   }
   std::vector<std::shared_ptr<Partition>> out;
   std::size_t at = 0;
-  for (int c : sm_counts) {
-    const std::size_t k = (static_cast<unsigned>(c) + granule - 1) / granule;
+  for (const std::size_t k : take) {
     CUdevResourceDesc desc = nullptr;
     check(driver().generate_desc(&desc, pieces.data() + at, static_cast<unsigned>(k)), "cuDevResourceGenerateDesc");
     unsigned sms = 0;

@@ -1,5 +1,6 @@
 // CUDA basics: discovery without a driver, the NCCL library, RAII handles and a kernel launch on a real GPU.
 #include <stealbatch/cuda/device_info.hpp>
+#include <stealbatch/cuda/green.hpp>
 #include <stealbatch/cuda/handles.hpp>
 
 #include <doctest/doctest.h>
@@ -61,4 +62,19 @@ TEST_CASE("CudaCheck.ErrorsNameTheCallAndLocation") {
     CHECK(what.find("cudaSetDevice(1 << 20)") != std::string::npos);
     CHECK(what.find("test_cuda_basics.cpp") != std::string::npos);
   }
+}
+
+// vgpu parts get the GPU's SM groups in order until their SM counts reach the request, whatever size the driver made
+// the groups (no GPU needed: the arithmetic of make_partitions).
+TEST_CASE("Vgpu.PartsTakeGroupsUntilTheirCountIsReached") {
+  using V = std::vector<std::size_t>;
+  // Hopper: 132 SMs as 16 groups of 8 (4 left over); vgpu:64,16,16,16 takes 8 + 2 + 2 + 2 groups.
+  const std::vector<unsigned> h200(16, 8);
+  CHECK(cuda::assign_sm_groups(h200, {64, 16, 16, 16}) == V{8, 2, 2, 2});
+  CHECK(cuda::assign_sm_groups(h200, {9}) == V{2});  // rounded up to whole groups
+  CHECK(cuda::assign_sm_groups(h200, {120, 16}).empty());  // 17 groups asked of 16
+  // Groups of other sizes than the granule: a part takes groups until the sum reaches its count.
+  CHECK(cuda::assign_sm_groups({16, 16, 8, 8, 4}, {20, 8, 12}) == V{2, 1, 2});
+  CHECK(cuda::assign_sm_groups({16, 16, 8, 8, 4}, {20, 8, 13}).empty());
+  CHECK_THROWS_AS(cuda::assign_sm_groups(h200, {0}), ConfigError);
 }

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,10 +57,17 @@ class ContextScope {
   bool m_active = false;
 };
 
-// Splits GPU `gpu` into parts of at least sm_counts[i] SMs each. Each count is rounded up to the GPU's partition
-// granularity (8 SMs on Hopper); the parts' actual counts are in Partition::sm_count(). Throws ConfigError when
+// Splits GPU `gpu` into parts of at least sm_counts[i] SMs each: each part gets whole SM groups of the GPU's partition
+// granularity (at least 8 SMs on Hopper) until their SM counts reach its request; the parts' actual counts are in
+// Partition::sm_count(). Throws ConfigError when
 // the counts do not fit (naming what fits), and CudaError where green contexts are unavailable (driver or GPU).
 std::vector<std::shared_ptr<Partition>> make_partitions(int gpu, const std::vector<int>& sm_counts);
+
+// How many of the GPU's SM groups (their SM counts in order) each part takes: groups in order until their summed SM
+// count reaches the part's request. Empty when the groups run out. Pure arithmetic, for make_partitions and its test;
+// throws ConfigError for a request under 1 SM.
+//   assign_sm_groups({8, 8, 8, 8, 8}, {16, 9})  ->  {2, 2}
+std::vector<std::size_t> assign_sm_groups(const std::vector<unsigned>& group_sms, const std::vector<int>& sm_counts);
 
 // The GPU's SM partition granularity and usable SM count, for messages; throws CudaError without a GPU.
 struct SmInfo {
