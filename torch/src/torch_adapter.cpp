@@ -97,10 +97,16 @@ void settle(::torch::nn::Module& module, const ParameterLayout& layout, std::spa
 }
 
 ::torch::Tensor rows(const ::torch::Tensor& data, std::span<const std::uint32_t> samples) {
-  ::torch::Tensor ids = ::torch::empty({static_cast<std::int64_t>(samples.size())}, ::torch::kLong);
+  // For data on a GPU the ids are staged in pinned memory and copied without blocking, on the current stream (the
+  // chunk's, under run_gpu_chunk's guard): a copy from pageable memory would block the host and synchronise the stream
+  // at every chunk, which defeats the device's chunks in flight. torch's pinned allocator records the copy on the
+  // stream and does not hand the block out again until the copy is done.
+  const bool on_gpu = !data.is_cpu();
+  ::torch::Tensor ids =
+      ::torch::empty({static_cast<std::int64_t>(samples.size())}, ::torch::TensorOptions().dtype(::torch::kLong).pinned_memory(on_gpu));
   auto* p = ids.data_ptr<std::int64_t>();
   for (std::size_t i = 0; i < samples.size(); ++i) p[i] = samples[i];
-  return data.index_select(0, data.is_cpu() ? ids : ids.to(data.device()));
+  return data.index_select(0, on_gpu ? ids.to(data.device(), ::torch::kLong, /*non_blocking=*/true) : ids);
 }
 
 ::torch::Tensor DeviceData::on(const ::torch::Device& device) const {
