@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # Every GPU check in one run, on the verification machine (one H200, PyTorch and pip's NCCL and cuBLAS, no TBB,
-# oneDNN or apt). Build and pack here first (bash perf/pack_device_check.sh), carry .devpack, then:
+# oneDNN, Boost or apt). Build and pack here first (bash perf/pack_device_check.sh), carry .devpack, then:
 #
 #   bash perf/device_check.sh [.devpack]
 #
-# Steps: 1 nvidia-smi and the GPU tests; 2 gpu_check: GPU-vs-CPU gradient equivalence (MLP, CNN), samples/s on one
-# GPU with each way of waiting for it, vgpu with unequal parts (static vs steal vs the ideal), the NCCL AllReduce
-# time; 3 the same models in PyTorch (perf/torch_ref.py, same batch and precision, same run); 4 the examples on the
-# GPU; 4b checkpoints across GPU and CPU; 4c the libtorch adapter on the GPU, built here against this machine's
-# PyTorch; 5 stealbench at 16 and 32 simulated devices on this machine's cores (no GPU: the build machine has two
-# cores for 32 device threads). Writes device_check.log, steps.tsv, gpu_check.json, torch_ref.json,
-# torch_gpu_check.json, stealbench16/32.json and device_check.json under $OUT (or ./device_check_out).
+# Steps: 1 nvidia-smi and the GPU tests; 2 gpu_check, one process a section (a sticky CUDA error loses only its own
+# section): GPU-vs-CPU gradient equivalence (the MLP, then the CNN), samples/s on one GPU with each way of waiting
+# for it, vgpu with unequal parts (static vs steal vs the ideal), the chunk curve, the reduction; 3 the same models
+# in PyTorch (perf/torch_ref.py, same batch and precision, same run); 4 the examples on the GPU; 4b checkpoints
+# across GPU and CPU; 4c the libtorch adapter on the GPU, built here against this machine's PyTorch (the build starts
+# in the background as soon as the libraries are unpacked); 5 stealbench at 16 and 32 simulated devices on this
+# machine's cores (no GPU: the build machine has two cores for 32 device threads).
+#
+# What comes back: the device tool returns at most 8 files from $OUT, at most two folders down. $OUT (or
+# ./device_check_out) gets three: device_check.log (everything printed), steps.tsv (each step's status, seconds and
+# first error line) and device_check.json (the summary's rows, each section's own JSON embedded, and every missing
+# figure with its reason). Everything else, checkpoints included, is scratch under DEVICE_CHECK_SCRATCH
+# (/tmp/stealbatch-device-check).
 #
 # The whole run keeps to one deadline, DEVICE_CHECK_DEADLINE_S (480 s: the device tool allows 600 s a command and
 # 900 s of device time in all, start-up included). Each step's limit is cut to the time left, a step with less than
@@ -20,10 +26,12 @@ set -uo pipefail
 PACK=$(cd "${1:-.devpack}" 2>/dev/null && pwd) || { echo "device_check: no pack at ${1:-.devpack} (run perf/pack_device_check.sh here first)"; exit 2; }
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$PWD/device_check_out}
-export OUT  # the steps run through bash -c read it
+SCRATCH=${DEVICE_CHECK_SCRATCH:-/tmp/stealbatch-device-check}
+export OUT SCRATCH  # the steps run through bash -c read them
 DEADLINE_S=${DEVICE_CHECK_DEADLINE_S:-480}
 MIN_STEP_S=${DEVICE_CHECK_MIN_STEP_S:-20}
 mkdir -p "$OUT"
+rm -rf "$SCRATCH" && mkdir -p "$SCRATCH/log" "$SCRATCH/json"
 # A limit that signals the whole process group must not take the log's tee with it: the summary still has to get out.
 trap '' PIPE
 exec > >(trap '' INT TERM; exec tee "$OUT/device_check.log") 2>&1
@@ -32,46 +40,97 @@ elapsed() { echo $(( $(date +%s) - T0 )); }
 say() { printf '\n== [%3ds] %s\n' "$(elapsed)" "$*"; }
 fails=0
 STEP_PID=
-printf 'step\tstatus\tseconds\n' > "$OUT/steps.tsv"
-note_step() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$OUT/steps.tsv"; }
-
-run() {  # run NAME LIMIT_S CMD...: a step that must not hang the script, nor outlive the deadline
-  local name=$1 limit=$2; shift 2
-  local left=$(( DEADLINE_S - $(elapsed) ))
-  if [ "$left" -lt "$MIN_STEP_S" ]; then
-    echo "device_check: SKIPPED $name: ${left} s left of the ${DEADLINE_S} s deadline (a step needs ${MIN_STEP_S} s)"
-    note_step "$name" skipped 0
-    fails=$((fails + 1))
-    return 125
-  fi
-  [ "$limit" -gt "$left" ] && limit=$left
-  local start rc
-  start=$(date +%s)
-  # In the background, so that a signal to this script runs its trap now, not when the step ends.
-  timeout --kill-after=5 "$limit" "$@" &
-  STEP_PID=$!
-  wait "$STEP_PID"
-  rc=$?
-  STEP_PID=
-  local took=$(( $(date +%s) - start ))
+declare -A BG_PID=() BG_START=() BG_LIMIT=()
+printf 'step\tstatus\tseconds\tfirst_error\n' > "$OUT/steps.tsv"
+# The first line of a failed step's output that names an error (else its last line), for the summary.
+first_error() {
+  local log=$1 l
+  l=$(grep -a -m1 -i -A3 -E "error|fail|what\(\)|abort|terminat|illegal|exception|not found|cannot|no such|no gpu|denied|killed" "$log" 2>/dev/null |
+    grep -v '^[[:space:]]*$' | head -n 2)
+  # A line that ends in ':' (CMake's "CMake Error at ...:") is followed by what it is about: keep both.
+  case $l in *:$'\n'*) l=${l//$'\n'/ } ;; *) l=${l%%$'\n'*} ;; esac
+  [ -n "$l" ] || l=$(grep -a -v '^[[:space:]]*$' "$log" 2>/dev/null | tail -n 1)
+  printf '%s' "$l" | tr '\t\r' '  ' | cut -c1-200
+}
+note_step() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" >> "$OUT/steps.tsv"; }
+finish_step() {  # NAME RC LIMIT TOOK: the step's line in steps.tsv, and a count of the failures
+  local name=$1 rc=$2 limit=$3 took=$4 err=
+  [ $rc -eq 0 ] || { sleep 0.2; err=$(first_error "$SCRATCH/log/$name.log"); }  # let the step's tee write its last lines
   if [ $rc -eq 0 ]; then
     note_step "$name" ok "$took"
   elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
     echo "device_check: $name timed out after $limit s"
-    note_step "$name" "timed out ($limit s)" "$took"
+    note_step "$name" "timed out ($limit s)" "$took" "$err"
     fails=$((fails + 1))
   else
     echo "device_check: $name exited $rc"
-    note_step "$name" "exit $rc" "$took"
+    note_step "$name" "exit $rc" "$took" "$err"
     fails=$((fails + 1))
   fi
+}
+# The limit a step may have: its own, cut to the deadline, in STEP_LIMIT; fails (and the step is reported skipped)
+# when too little is left.
+step_limit() {
+  local name=$1 left=$(( DEADLINE_S - $(elapsed) ))
+  STEP_LIMIT=$2
+  if [ "$left" -lt "$MIN_STEP_S" ]; then
+    echo "device_check: SKIPPED $name: ${left} s left of the ${DEADLINE_S} s deadline (a step needs ${MIN_STEP_S} s)"
+    note_step "$name" skipped 0 "${left} s left of the ${DEADLINE_S} s deadline"
+    fails=$((fails + 1))
+    return 1
+  fi
+  [ "$STEP_LIMIT" -gt "$left" ] && STEP_LIMIT=$left
+  return 0
+}
+
+run() {  # run NAME LIMIT_S CMD...: a step that must not hang the script, nor outlive the deadline
+  local name=$1 limit start rc
+  step_limit "$1" "$2" || return 125
+  limit=$STEP_LIMIT
+  shift 2
+  start=$(date +%s)
+  # In the background, so that a signal to this script runs its trap now, not when the step ends; its output goes to
+  # the log as it comes, and to the step's own scratch log for its first error line.
+  timeout --kill-after=5 "$limit" "$@" > >(tee "$SCRATCH/log/$name.log") 2>&1 &
+  STEP_PID=$!
+  wait "$STEP_PID"
+  rc=$?
+  STEP_PID=
+  finish_step "$name" "$rc" "$limit" $(( $(date +%s) - start ))
+  return $rc
+}
+
+bg_start() {  # bg_start NAME LIMIT_S CMD...: a step that runs while the others do; bg_wait NAME collects it
+  local name=$1 limit
+  step_limit "$1" "$2" || return 125
+  limit=$STEP_LIMIT
+  shift 2
+  BG_START[$name]=$(date +%s)
+  BG_LIMIT[$name]=$limit
+  timeout --kill-after=5 "$limit" "$@" > "$SCRATCH/log/$name.log" 2>&1 &
+  BG_PID[$name]=$!
+  echo "device_check: $name started in the background (limit $limit s)"
+}
+bg_wait() {
+  local name=$1 rc
+  [ -n "${BG_PID[$name]:-}" ] || return 125  # never started: already reported skipped
+  STEP_PID=${BG_PID[$name]}
+  wait "$STEP_PID"
+  rc=$?
+  STEP_PID=
+  unset "BG_PID[$name]"
+  echo "device_check: $name (in the background) ended after $(( $(date +%s) - BG_START[$name] )) s; the last lines of its output:"
+  tail -n 40 "$SCRATCH/log/$name.log"
+  finish_step "$name" "$rc" "${BG_LIMIT[$name]}" $(( $(date +%s) - BG_START[$name] ))
   return $rc
 }
 
 summary() {  # on every exit: the figures that came, and a line for each that did not
   trap - EXIT INT TERM
+  local p
+  for p in "${BG_PID[@]}"; do kill "$p" 2>/dev/null; done
   say "summary"
-  python3 "$REPO/perf/device_check_summary.py" "$OUT" || fails=$((fails + 1))
+  python3 "$REPO/perf/device_check_summary.py" "$OUT" "$SCRATCH/json" || fails=$((fails + 1))
   say "done: $fails failed or skipped step(s) and failed target(s), $(elapsed) s of the ${DEADLINE_S} s deadline"
   [ "$fails" -eq 0 ]
   exit $?
@@ -79,10 +138,12 @@ summary() {  # on every exit: the figures that came, and a line for each that di
 trap summary EXIT
 interrupted() {
   echo "device_check: interrupted by SIG$1"
-  if [ -n "$STEP_PID" ]; then
-    kill "$STEP_PID" 2>/dev/null
-    wait "$STEP_PID" 2>/dev/null  # timeout forwards the signal and kills its step 5 s later at the latest
-  fi
+  local p
+  for p in $STEP_PID "${BG_PID[@]}"; do
+    kill "$p" 2>/dev/null
+    wait "$p" 2>/dev/null  # timeout forwards the signal and kills its step 5 s later at the latest
+  done
+  BG_PID=()
   fails=$((fails + 1))
   exit 1
 }
@@ -118,43 +179,56 @@ export LD_LIBRARY_PATH
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 ldd "$PACK/bin/gpu_check" 2>&1 | grep -E "not found|nccl|cublas|tbb|dnnl|gomp|OpenCL|not a dynamic"
 
+# The libtorch adapter and its check, compiled with PyTorch's CMake config and C++ ABI, linked with the packed static
+# stealbatch libraries (perf/device_torch). PyTorch's config enables CUDA and torch/torch.h compiles twice: started
+# now, in the background, and collected at step 4c. nvcc is named, not looked up on PATH.
+TORCH_PREFIX=$(LD_LIBRARY_PATH="$ORIG_LD" python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+NVCC=$(command -v nvcc 2>/dev/null || true)
+[ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
+echo "torch cmake prefix: ${TORCH_PREFIX:-(none: python3 has no torch)}; nvcc: ${NVCC:-(not found)}"
+bg_start torch_build 240 bash -c 'cmake -S "$0/perf/device_torch" -B "$1" -G Ninja -DCMAKE_PREFIX_PATH="$2" -DSB_PACK="$3" -DSB_LIBS="$4" \
+  ${5:+-DCMAKE_CUDA_COMPILER="$5"} > "$1.configure.log" 2>&1 || { tail -40 "$1.configure.log"; exit 1; }
+  cmake --build "$1" --parallel "$(nproc)" 2>&1 | tail -40; exit "${PIPESTATUS[0]}"' \
+  "$REPO" "$SCRATCH/device-torch" "$TORCH_PREFIX" "$PACK" "$LIB;${NCCL_LIB:-};${CUBLAS_LIB:-}" "$NVCC"
+
 say "1. nvidia-smi and the GPU tests"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv || echo "device_check: nvidia-smi failed"
 run test_cuda_basics 60 "$PACK/bin/test_cuda_basics" --duration=true
 run test_cuda_runtime 120 "$PACK/bin/test_cuda_runtime" --duration=true
 
-say "2. gpu_check: equivalence, throughput (spin and blocking waits), vgpu, AllReduce"
-run gpu_check 180 "$PACK/bin/gpu_check" --data "$PACK/data" --json "$OUT/gpu_check.json" ${GPU_CHECK_ARGS:-}
+say "2. gpu_check, a process a section: equivalence (MLP, then CNN), throughput, vgpu, the chunk curve, the reduction"
+for section in equivalence-mlp:30 equivalence-cnn:30 throughput-mlp:60 throughput-cnn:60 vgpu:90 curve:60 reduce:45; do
+  run "gpu_check:${section%%:*}" "${section##*:}" "$PACK/bin/gpu_check" --data "$PACK/data" --section "${section%%:*}" \
+    --json "$SCRATCH/json/gpu_check.${section%%:*}.json" ${GPU_CHECK_ARGS:-}
+done
 
 say "3. PyTorch reference (same models, batch 256, fp32)"
-LD_LIBRARY_PATH="$ORIG_LD" PYTHONUNBUFFERED=1 run torch_ref 120 python3 "$REPO/perf/torch_ref.py" --data "$PACK/data" --json "$OUT/torch_ref.json"
+LD_LIBRARY_PATH="$ORIG_LD" PYTHONUNBUFFERED=1 run torch_ref 120 python3 "$REPO/perf/torch_ref.py" --data "$PACK/data" --json "$SCRATCH/json/torch_ref.json"
 
 say "4. examples on the GPU"
-run mlp_cuda 90 "$PACK/bin/mlp" --data "$PACK/data" --devices cuda:0 --epochs 10 --json "$OUT/mlp_gpu.json"
+run mlp_cuda 90 "$PACK/bin/mlp" --data "$PACK/data" --devices cuda:0 --epochs 10 --json "$SCRATCH/json/mlp_gpu.json"
 run mlp_vgpu 90 "$PACK/bin/mlp" --data "$PACK/data" --devices vgpu:64,16,16,16 --hidden 2048,2048 --batch 8192 --epochs 1 --compare
-run cnn_cuda 120 "$PACK/bin/cnn" --data "$PACK/data" --devices cuda:0 --json "$OUT/cnn_gpu.json"
+run cnn_cuda 120 "$PACK/bin/cnn" --data "$PACK/data" --devices cuda:0 --json "$SCRATCH/json/cnn_gpu.json"
 
-say "4b. a checkpoint saved on cuda:0 and resumed on cpu:2, and one saved on cpu:2 and resumed on cuda:0 (mlp, 4 epochs)"
+say "4b. checkpoints: saved on cuda:0 and resumed on cpu:2, saved on cpu:2 and resumed on cuda:0 (mlp, 4 epochs), each against a straight run on the device it ends on"
+# Summation orders differ between devices and between stealing runs, so a round trip is compared with a straight run
+# of the device that finishes it, within a tolerance measured on straight runs (device_check_summary.py).
 ck=(--data "$PACK/data" --epochs 4)
-run ckpt_gpu_cpu 60 bash -c '"$0" "${@:1:4}" --devices cuda:0 --stop-after 2 --save "$OUT/ckpt_gc" >/dev/null &&
-  "$0" "${@:1:4}" --devices cpu:2 --resume "$OUT/ckpt_gc" --json "$OUT/ckpt_gpu_cpu.json"' "$PACK/bin/mlp" "${ck[@]}"
-run ckpt_cpu_gpu 60 bash -c '"$0" "${@:1:4}" --devices cpu:2 --stop-after 2 --save "$OUT/ckpt_cg" >/dev/null &&
-  "$0" "${@:1:4}" --devices cuda:0 --resume "$OUT/ckpt_cg" --json "$OUT/ckpt_cpu_gpu.json"' "$PACK/bin/mlp" "${ck[@]}"
-run ckpt_straight 60 "$PACK/bin/mlp" "${ck[@]}" --devices cpu:2 --json "$OUT/ckpt_straight.json"
+run ckpt_gpu_cpu 60 bash -c '"$0" "${@:1:4}" --devices cuda:0 --stop-after 2 --save "$SCRATCH/ckpt_gc" &&
+  "$0" "${@:1:4}" --devices cpu:2 --resume "$SCRATCH/ckpt_gc" --json "$SCRATCH/json/ckpt_gpu_cpu.json"' "$PACK/bin/mlp" "${ck[@]}"
+run ckpt_cpu_gpu 60 bash -c '"$0" "${@:1:4}" --devices cpu:2 --stop-after 2 --save "$SCRATCH/ckpt_cg" &&
+  "$0" "${@:1:4}" --devices cuda:0 --resume "$SCRATCH/ckpt_cg" --json "$SCRATCH/json/ckpt_cpu_gpu.json"' "$PACK/bin/mlp" "${ck[@]}"
+run ckpt_straight_cpu 60 "$PACK/bin/mlp" "${ck[@]}" --devices cpu:2 --json "$SCRATCH/json/ckpt_straight_cpu.json"
+run ckpt_straight_gpu 60 "$PACK/bin/mlp" "${ck[@]}" --devices cuda:0 --json "$SCRATCH/json/ckpt_straight_gpu.json"
 
 say "4c. the libtorch adapter on cuda:0, built against this machine's PyTorch (perf/device_torch)"
-# The adapter and its check compiled here with PyTorch's CMake config and C++ ABI, linked with the packed static
-# stealbatch libraries; then the adapter's gradient on cuda:0 against cpu:1 and its samples/s against libtorch eager.
-TORCH_PREFIX=$(LD_LIBRARY_PATH="$ORIG_LD" python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
-echo "torch cmake prefix: ${TORCH_PREFIX:-(none: python3 has no torch)}"
-run torch_build 150 bash -c 'cmake -S "$0/perf/device_torch" -B "$1" -G Ninja -DCMAKE_PREFIX_PATH="$2" -DSB_PACK="$3" -DSB_LIBS="$4" > "$1.configure.log" 2>&1 ||
-  { tail -40 "$1.configure.log"; exit 1; }; cmake --build "$1" --parallel "$(nproc)" 2>&1 | tail -40; exit "${PIPESTATUS[0]}"' \
-  "$REPO" /tmp/stealbatch-device-torch "$TORCH_PREFIX" "$PACK" "$LIB;${NCCL_LIB:-};${CUBLAS_LIB:-}"
+# The adapter's gradient on cuda:0 against cpu:1 and its samples/s against libtorch eager.
 TORCH_LIB=$(dirname "$TORCH_PREFIX" 2>/dev/null)/../lib
-run torch_gpu_check 120 env LD_LIBRARY_PATH="$TORCH_LIB:$LD_LIBRARY_PATH" /tmp/stealbatch-device-torch/torch_gpu_check --json "$OUT/torch_gpu_check.json"
+bg_wait torch_build || { note_step torch_gpu_check "not run" 0 "torch_build failed"; false; } &&
+  run torch_gpu_check 120 env LD_LIBRARY_PATH="$TORCH_LIB:$LD_LIBRARY_PATH" "$SCRATCH/device-torch/torch_gpu_check" --json "$SCRATCH/json/torch_gpu_check.json"
 
 say "5. stealbench: 16 and 32 simulated devices on $(nproc) cores (no GPU)"
 for n in 16 32; do  # 256 samples per device, as in the performance document's tables
   run "stealbench$n" 90 "$PACK/bin/stealbench" --scenario seed-slow,seed-skew,hetero,varcost,slowdown --policy static,lbbsp,steal-adaptive \
-    --devices "$n" --batch $((n * 256)) --overhead --json "$OUT/stealbench$n.json" 2>/dev/null
+    --devices "$n" --batch $((n * 256)) --overhead --json "$SCRATCH/json/stealbench$n.json" 2>/dev/null
 done

@@ -1,9 +1,12 @@
-// gpu_check: the GPU half of perf/device_check.sh. On a machine with a GPU it measures, in one process:
-//   equivalence  the GPU gradient against the CPU device's, MLP and CNN, on fixed Fashion-MNIST batches
-//   throughput   MLP and CNN training samples/s on one GPU (to set against perf/torch_ref.py)
-//   vgpu         static against steal against the ideal on unequal green-context parts of one GPU
-//   allreduce    the NCCL AllReduce of each model's flat gradient buffer
-// and writes one JSON. Without a GPU it says so and exits 2.
+// gpu_check: the GPU half of perf/device_check.sh. On a machine with a GPU it measures, in sections:
+//   equivalence-mlp, equivalence-cnn  the GPU gradient against the CPU device's on fixed Fashion-MNIST batches
+//   throughput-mlp, throughput-cnn    training samples/s on one GPU (to set against perf/torch_ref.py)
+//   vgpu      static against steal against the ideal on unequal green-context parts of one GPU
+//   curve     samples/s against chunk size on one GPU
+//   reduce    the reduction phase of real steps (cuda:0, and across vgpu parts), and NCCL's AllReduce over every GPU
+//             (on one GPU an in-place AllReduce of one rank, which moves no data: labelled so)
+// and writes one JSON. `--section NAME` runs one section (the device check runs each in its own process, so that a
+// sticky CUDA error loses only its own section). Without a GPU it says so and exits 2.
 #include <stealbatch/models/cnn_model.hpp>
 #include <stealbatch/models/layers.hpp>
 #include <stealbatch/models/mlp_model.hpp>
@@ -66,7 +69,7 @@ std::vector<float> mean_gradient(RuntimeOptions o, const ParameterLayout& layout
 
 // Median step time and samples/s of `steps` training steps after `warmup`, over consecutive batches.
 struct Timing {
-  double step_ms = 0, samples_per_s = 0;
+  double step_ms = 0, samples_per_s = 0, reduce_ms = 0;
   std::uint64_t steals = 0;
   std::size_t chunk_samples = 0;  // device 0's, in the last step
   std::vector<double> util;
@@ -74,7 +77,7 @@ struct Timing {
 
 Timing time_steps(Runtime& rt, const DenseData& d, std::size_t batch, std::size_t warmup, std::size_t steps, const ChunkFunction& fn) {
   std::vector<std::uint32_t> idx(batch);
-  std::vector<double> step_s;
+  std::vector<double> step_s, reduce_s;
   Timing t;
   std::vector<std::vector<double>> util(rt.device_count());
   StepReport last;
@@ -84,14 +87,22 @@ Timing time_steps(Runtime& rt, const DenseData& d, std::size_t batch, std::size_
     last = r;
     if (i < warmup) continue;
     step_s.push_back(r.step_s);
+    reduce_s.push_back(r.reduce_s);
     t.steals += r.steals;
     for (std::size_t dv = 0; dv < r.devices.size(); ++dv) util[dv].push_back(r.devices[dv].utilization);
   }
   t.step_ms = median(step_s) * 1e3;
+  t.reduce_ms = median(reduce_s) * 1e3;
   t.samples_per_s = static_cast<double>(batch) / median(step_s);
   t.chunk_samples = last.devices.empty() ? 0 : last.devices[0].chunk_samples;
   for (auto& u : util) t.util.push_back(median(u));
   return t;
+}
+
+// A figure for the JSON: nlohmann writes a NaN or an infinity as null, which would read as "missing"; say what it was.
+json figure(double x) {
+  if (std::isfinite(x)) return x;
+  return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
 }
 
 void line(const char* fmt, auto... args) {
@@ -103,12 +114,15 @@ void line(const char* fmt, auto... args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"gpu_check: GPU gradient equivalence, throughput, virtual-GPU balance and AllReduce time, as one JSON"};
-  std::string data = "/usr/share/datasets/fashion-mnist", out = "gpu_check.json", vgpu = "64,16,16,16";
+  CLI::App app{"gpu_check: GPU gradient equivalence, throughput, virtual-GPU balance, the chunk curve and the reduction, as one JSON"};
+  std::string data = "/usr/share/datasets/fashion-mnist", out = "gpu_check.json", vgpu = "64,16,16,16", only;
   std::size_t steps = 100, vgpu_steps = 20, vgpu_batch = 16384, vgpu_chunk = 512, vgpu_hidden = 2048;
   bool quick = false;
+  const std::vector<std::string> kSections = {"equivalence-mlp", "equivalence-cnn", "throughput-mlp", "throughput-cnn", "vgpu", "curve", "reduce"};
   app.add_option("--data", data, "Fashion-MNIST folder (the IDX .gz files)");
   app.add_option("--json", out, "where to write the figures");
+  app.add_option("--section", only, "run this section only (equivalence-mlp, equivalence-cnn, throughput-mlp, throughput-cnn, vgpu, curve, reduce)")
+      ->check(CLI::IsMember(kSections));
   app.add_option("--steps", steps, "timed steps per throughput figure (after 20 warm-up steps)");
   app.add_option("--vgpu", vgpu, "SM counts of the virtual GPUs (rounded up to the GPU's partition granularity)");
   app.add_option("--vgpu-steps", vgpu_steps, "timed steps per vgpu policy");
@@ -125,6 +139,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpu_check: no GPU: %s\n", cuda::no_device_reason().c_str());
     return 2;
   }
+  const auto write = [&] {
+    std::ofstream f(out);
+    f << j.dump(2) << "\n";
+    if (!f) std::fprintf(stderr, "gpu_check: cannot write %s\n", out.c_str());
+  };
   try {
     cudaDeviceProp prop{};
     SB_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -151,72 +170,55 @@ int main(int argc, char** argv) {
     auto mlp_fn = [&](ChunkContext& c) { mlp_gpu.accumulate(c); };
     auto cnn_fn = [&](ChunkContext& c) { cnn_gpu.accumulate(c); };
 
-    int failed_sections = 0;
-    // Each section runs on its own: a failure is recorded in the JSON and the next section still runs.
-    auto section = [&](const char* name, const std::function<void()>& body) {
-      try {
-        body();
-      } catch (const std::exception& e) {
-        ++failed_sections;
-        j["errors"][name] = e.what();
-        line("%s: FAILED: %s", name, e.what());
-      }
-    };
     // 1. Equivalence: the same batch, parameters and chunking on the CPU device and on the GPU.
-    section("equivalence", [&] {
-      const auto pm = mlp.initial_parameters(1);
-      const auto ref = mean_gradient(options("cpu:1", SchedulePolicy::kSteal, 64, train), mlp.layout(), pm, 1024, mlp_cpu_fn);
-      const auto g = mean_gradient(options("cuda:0", SchedulePolicy::kSteal, 64, train), mlp.layout(), pm, 1024, mlp_fn);
-      const double e_mlp = max_relative_error(g, ref);
-      const auto pc = cnn.initial_parameters(1);
-      const auto refc = mean_gradient(options("cpu:1", SchedulePolicy::kSteal, 64, train), cnn.layout(), pc, 256, cnn_cpu_fn);
-      const auto gc = mean_gradient(options("cuda:0", SchedulePolicy::kSteal, 64, train), cnn.layout(), pc, 256, cnn_fn);
-      const double e_cnn = max_relative_error(gc, refc);
-      j["equivalence"] = {{"mlp_rel_err", e_mlp}, {"mlp_batch", 1024}, {"cnn_rel_err", e_cnn}, {"cnn_batch", 256}, {"target", 1e-4}};
-      line("equivalence: MLP rel err %.3g (batch 1024), CNN rel err %.3g (batch 256); target <= 1e-4: %s", e_mlp, e_cnn,
-           e_mlp <= 1e-4 && e_cnn <= 1e-4 ? "PASS" : "FAIL");
-    });
+    const auto equivalence = [&](const char* name, const ParameterLayout& layout, const std::vector<float>& p, std::size_t batch,
+                                 const ChunkFunction& cpu_fn, const ChunkFunction& gpu_fn) {
+      const auto ref = mean_gradient(options("cpu:1", SchedulePolicy::kSteal, 64, train), layout, p, batch, cpu_fn);
+      const auto g = mean_gradient(options("cuda:0", SchedulePolicy::kSteal, 64, train), layout, p, batch, gpu_fn);
+      const double e = max_relative_error(g, ref);  // +infinity when either side holds a NaN or an infinity
+      j["equivalence"][std::string(name) + "_rel_err"] = figure(e);
+      j["equivalence"][std::string(name) + "_batch"] = batch;
+      j["equivalence"]["target"] = 1e-4;
+      line("equivalence: %s rel err %.3g (batch %zu); target <= 1e-4: %s", name, e, batch, e <= 1e-4 ? "PASS" : "FAIL");
+      if (!(e <= 1e-4)) throw Error(std::string("equivalence: ") + name + " GPU gradient differs from the CPU's by " + std::to_string(e));
+    };
 
     // 2. Throughput on one GPU: batch 256, one chunk per step (what a one-GPU trainer would do), SGD; with each way
     // of waiting for the GPU (GpuWait), interleaved, so that the default can be the faster one.
-    section("throughput", [&] {
-      json t;
-      for (const auto& [name, layout, params, fn] :
-           {std::tuple{std::string("mlp"), mlp.layout(), mlp.initial_parameters(2), ChunkFunction(mlp_fn)},
-            std::tuple{std::string("cnn"), cnn.layout(), cnn.initial_parameters(2), ChunkFunction(cnn_fn)}}) {
-        // chunk 256 (one chunk a step) with each wait, and the automatic size (after its ladder is explored).
-        std::vector<double> rate[3];
-        std::size_t chosen = 0;
-        for (int round = 0; round < 3; ++round) {
-          for (int run = 0; run < 3; ++run) {
-            const GpuWait w = run == 1 ? GpuWait::kBlock : GpuWait::kSpin;
-            Runtime rt(options("cuda:0", SchedulePolicy::kSteal, run == 2 ? 0 : 256, train, w));
-            rt.register_parameters(layout, params);
-            const Timing tm = time_steps(rt, train, 256, run == 2 ? 60 : 10, steps / 2, fn);
-            rate[run].push_back(tm.samples_per_s);
-            if (run == 2) chosen = tm.chunk_samples;
-          }
+    const auto throughput = [&](const std::string& name, const ParameterLayout& layout, const std::vector<float>& params, const ChunkFunction& fn) {
+      // chunk 256 (one chunk a step) with each wait, and the automatic size (after its ladder is explored).
+      std::vector<double> rate[3];
+      std::size_t chosen = 0;
+      for (int round = 0; round < 3; ++round) {
+        for (int run = 0; run < 3; ++run) {
+          const GpuWait w = run == 1 ? GpuWait::kBlock : GpuWait::kSpin;
+          Runtime rt(options("cuda:0", SchedulePolicy::kSteal, run == 2 ? 0 : 256, train, w));
+          rt.register_parameters(layout, params);
+          const Timing tm = time_steps(rt, train, 256, run == 2 ? 60 : 10, steps / 2, fn);
+          rate[run].push_back(tm.samples_per_s);
+          if (run == 2) chosen = tm.chunk_samples;
         }
-        const double spin = median(rate[0]), block = median(rate[1]), automatic = median(rate[2]);
-        t[name] = {{"batch", 256}, {"chunk", 256}, {"steps", steps / 2 * 3}, {"samples_per_s", spin}, {"samples_per_s_block", block},
-                   {"wait_default", "spin"}, {"spin_over_block", spin / block}, {"samples_per_s_auto", automatic}, {"auto_chunk", chosen}};
-        line("throughput: %s batch 256 on 1 GPU: %.0f samples/s at chunk 256 waiting by spinning (the default), %.0f with blocking-sync "
-             "events (spin/block %.3f); %.0f at the automatic chunk (%zu); medians of 3 interleaved runs of %zu steps",
-             name.c_str(), spin, block, spin / block, automatic, chosen, steps / 2);
       }
-      j["throughput"] = t;
-    });
+      const double spin = median(rate[0]), block = median(rate[1]), automatic = median(rate[2]);
+      j["throughput"][name] = {{"batch", 256}, {"chunk", 256}, {"steps", steps / 2 * 3}, {"samples_per_s", spin}, {"samples_per_s_block", block},
+                               {"wait_default", "spin"}, {"spin_over_block", spin / block}, {"samples_per_s_auto", automatic}, {"auto_chunk", chosen}};
+      line("throughput: %s batch 256 on 1 GPU: %.0f samples/s at chunk 256 waiting by spinning (the default), %.0f with blocking-sync "
+           "events (spin/block %.3f); %.0f at the automatic chunk (%zu); medians of 3 interleaved runs of %zu steps",
+           name.c_str(), spin, block, spin / block, automatic, chosen, steps / 2);
+    };
+
+    // The wide MLP the vgpu parts run: large enough to fill their SMs.
+    const std::vector<std::size_t> wide_sizes = {784, vgpu_hidden, vgpu_hidden, 10};
+    const examples::MlpModel wide(wide_sizes);
+    const examples::MlpCuda wide_gpu(wide_sizes);
+    auto wide_fn = [&](ChunkContext& c) { wide_gpu.accumulate(c); };
 
     // 3. Virtual GPUs: unequal parts, static vs steal vs the ideal from each part's measured speed alone.
-    section("vgpu", [&] {
+    const auto vgpu_section = [&] {
       const cuda::SmInfo sm = cuda::sm_info(0);  // throws where green contexts are unavailable: this section fails alone
       j["gpu"]["sm_granularity"] = sm.granularity;
       line("vgpu: %d SMs in partitionable groups of %d", sm.total, sm.granularity);
-      const std::vector<std::size_t> sizes = {784, vgpu_hidden, vgpu_hidden, 10};
-      const examples::MlpModel wide(sizes);
-      const examples::MlpCuda wide_gpu(sizes);
       const auto p = wide.initial_parameters(3);
-      auto fn = [&](ChunkContext& c) { wide_gpu.accumulate(c); };
       const std::vector<double> req = parse_number_list(vgpu, "vgpu");
       // Samples/s of each part alone, from its whole step (median): on a GPU the chunk phase ends when the last chunk is
       // launched, so the chunk phase alone would leave out that chunk's run, the reduction and the update.
@@ -225,7 +227,7 @@ int main(int argc, char** argv) {
       for (double r : req) {
         Runtime rt(options("vgpu:" + std::to_string(static_cast<int>(r)), SchedulePolicy::kStatic, vgpu_chunk, train));
         rt.register_parameters(wide.layout(), p);
-        const Timing tm = time_steps(rt, train, vgpu_batch, 3, std::max<std::size_t>(3, vgpu_steps / 2), fn);
+        const Timing tm = time_steps(rt, train, vgpu_batch, 3, std::max<std::size_t>(3, vgpu_steps / 2), wide_fn);
         speed.push_back(static_cast<double>(vgpu_batch) / (tm.step_ms * 1e-3));
         const std::string nm = rt.device(0).name();
         sms.push_back(std::stoi(nm.substr(nm.find('(') + 1)));
@@ -242,10 +244,10 @@ int main(int argc, char** argv) {
       for (const auto& [pname, pol] : {std::pair{std::string("static"), SchedulePolicy::kStatic}, std::pair{std::string("steal"), SchedulePolicy::kSteal}}) {
         Runtime rt(options("vgpu:" + vgpu, pol, vgpu_chunk, train));
         rt.register_parameters(wide.layout(), p);
-        const Timing tm = time_steps(rt, train, vgpu_batch, 5, vgpu_steps, fn);
+        const Timing tm = time_steps(rt, train, vgpu_batch, 5, vgpu_steps, wide_fn);
         (pol == SchedulePolicy::kStatic ? t_static : t_steal) = tm.step_ms;
         v[pname] = {{"step_ms_median", tm.step_ms}, {"efficiency", ideal_ms / tm.step_ms}, {"steals_per_step", static_cast<double>(tm.steals) / vgpu_steps},
-                    {"utilization", tm.util}};
+                    {"utilization", tm.util}, {"reduce_ms_median", tm.reduce_ms}};
         std::string us;
         for (double u : tm.util) us += (us.empty() ? "" : ",") + std::to_string(u).substr(0, 4);
         line("vgpu: %-6s %.2f ms/step (ideal %.2f), efficiency %.3f, util %s", pname.c_str(), tm.step_ms, ideal_ms, ideal_ms / tm.step_ms, us.c_str());
@@ -255,11 +257,11 @@ int main(int argc, char** argv) {
       line("vgpu: steal %.2fx faster than static; ideal speedup %.2fx (ratio %.3f; target >= 0.9); steal efficiency %.3f (target >= 0.9)",
            t_static / t_steal, static_ideal_ms / ideal_ms, (t_static / t_steal) / (static_ideal_ms / ideal_ms), ideal_ms / t_steal);
       j["vgpu"] = v;
-    });
+    };
 
     // The efficiency curve on one GPU: samples/s against chunk size, the MLP at batch 4096, and the automatic choice
     // with the runtime's own measured curve.
-    section("curve", [&] {
+    const auto curve = [&] {
       json c = json::array();
       for (std::size_t chunk : {16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 0}) {
         Runtime rt(options("cuda:0", SchedulePolicy::kSteal, chunk, train));
@@ -272,18 +274,41 @@ int main(int argc, char** argv) {
                                                                                     : std::to_string(chunk).c_str(), tm.samples_per_s);
       }
       j["curve"] = c;
-    });
+    };
 
-    // 4. The NCCL AllReduce of each flat buffer, over every GPU of this machine (one rank per GPU).
-    section("allreduce", [&] {
+    // 4. The reduction. What one GPU can measure honestly is the reduction phase of real steps: on cuda:0 alone (one
+    // device: nothing to reduce, so the phase is the runtime's own bookkeeping) and across the vgpu parts (a reduction
+    // over four buffers of the wide MLP on the device). Then NCCL's AllReduce of each flat buffer over every GPU of
+    // this machine, one rank per GPU: with one GPU that is an in-place AllReduce of one rank, which moves no data
+    // (a launch and a synchronisation, not a reduction), and it is labelled so.
+    const auto reduce = [&] {
+      json r;
+      {
+        Runtime rt(options("cuda:0", SchedulePolicy::kSteal, 256, train));
+        rt.register_parameters(mlp.layout(), mlp.initial_parameters(5));
+        const Timing tm = time_steps(rt, train, 1024, 5, 30, mlp_fn);
+        r["cuda0_mlp"] = {{"devices", "cuda:0"}, {"floats", mlp.layout().size()}, {"reduce_ms_median", tm.reduce_ms}, {"step_ms_median", tm.step_ms}};
+        line("reduce: mlp on cuda:0 alone: reduction phase %.3f ms of a %.3f ms step (one device: nothing to reduce)", tm.reduce_ms, tm.step_ms);
+      }
+      {
+        Runtime rt(options("vgpu:" + vgpu, SchedulePolicy::kSteal, vgpu_chunk, train));
+        rt.register_parameters(wide.layout(), wide.initial_parameters(5));
+        const Timing tm = time_steps(rt, train, vgpu_batch, 3, std::max<std::size_t>(5, vgpu_steps / 2), wide_fn);
+        r["vgpu_wide"] = {{"devices", "vgpu:" + vgpu}, {"floats", wide.layout().size()}, {"reduce_ms_median", tm.reduce_ms}, {"step_ms_median", tm.step_ms}};
+        line("reduce: wide mlp (%zu floats) across vgpu:%s: reduction phase %.3f ms of a %.3f ms step", wide.layout().size(), vgpu.c_str(), tm.reduce_ms,
+             tm.step_ms);
+      }
+      j["reduce"] = r;
       const int n = cuda::device_count();
       std::vector<ncclComm_t> comms(static_cast<std::size_t>(n));
       std::vector<int> devs(static_cast<std::size_t>(n));
       std::iota(devs.begin(), devs.end(), 0);
       SB_NCCL_CHECK(ncclCommInitAll(comms.data(), n, devs.data()));
+      const std::string what = n == 1 ? "in-place AllReduce of 1 rank: moves no data (launch and sync only, not a reduction)"
+                                      : "AllReduce over " + std::to_string(n) + " GPUs, one rank each";
       json a = json::array();
       for (const auto& [name, floats] : {std::pair{std::string("mlp"), mlp.layout().size() + 1}, std::pair{std::string("cnn"), cnn.layout().size() + 1},
-                                         std::pair{std::string("mlp-wide"), std::size_t{784 * 2048 + 2048 * 2048 + 2048 * 10 + 4106 + 1}}}) {
+                                         std::pair{std::string("mlp-wide"), wide.layout().size() + 1}}) {
         std::vector<cuda::DeviceBuffer<float>> bufs;
         std::vector<cuda::Stream> streams;
         for (int d = 0; d < n; ++d) {
@@ -302,24 +327,41 @@ int main(int argc, char** argv) {
           for (int d = 0; d < n; ++d) SB_CUDA_CHECK(cudaStreamSynchronize(streams[d].get()));
           if (it >= 10) us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
         }
-        a.push_back({{"buffer", name}, {"floats", floats}, {"ranks", n}, {"us_median", median(us)}});
-        line("allreduce: %s buffer %zu floats over %d rank(s): %.1f us (median of 50, host-timed incl. sync)", name.c_str(), floats, n, median(us));
+        a.push_back({{"buffer", name}, {"floats", floats}, {"ranks", n}, {"us_median", median(us)}, {"what", what}});
+        line("allreduce: %s buffer %zu floats, %s: %.1f us (median of 50, host-timed incl. sync)", name.c_str(), floats, what.c_str(), median(us));
       }
       for (ncclComm_t c : comms) ncclCommDestroy(c);
       j["allreduce"] = a;
-    });
-    if (failed_sections > 0) {
-      std::ofstream(out) << j.dump(2) << "\n";
-      line("wrote %s (%d section(s) failed)", out.c_str(), failed_sections);
-      return 1;
+    };
+
+    const std::vector<std::pair<std::string, std::function<void()>>> sections = {
+        {"equivalence-mlp", [&] { equivalence("mlp", mlp.layout(), mlp.initial_parameters(1), 1024, mlp_cpu_fn, mlp_fn); }},
+        {"equivalence-cnn", [&] { equivalence("cnn", cnn.layout(), cnn.initial_parameters(1), 256, cnn_cpu_fn, cnn_fn); }},
+        {"throughput-mlp", [&] { throughput("mlp", mlp.layout(), mlp.initial_parameters(2), mlp_fn); }},
+        {"throughput-cnn", [&] { throughput("cnn", cnn.layout(), cnn.initial_parameters(2), cnn_fn); }},
+        {"vgpu", vgpu_section},
+        {"curve", curve},
+        {"reduce", reduce}};
+    int failed_sections = 0;
+    for (const auto& [name, body] : sections) {
+      if (!only.empty() && name != only) continue;
+      // Each section runs on its own: a failure is recorded in the JSON and the next section still runs (in this
+      // process; a sticky CUDA error fails the later ones too, which is why the device check runs one a process).
+      try {
+        body();
+      } catch (const std::exception& e) {
+        ++failed_sections;
+        j["errors"][name] = e.what();
+        line("%s: FAILED: %s", name.c_str(), e.what());
+      }
     }
+    write();
+    line("wrote %s%s", out.c_str(), failed_sections > 0 ? (" (" + std::to_string(failed_sections) + " section(s) failed)").c_str() : "");
+    return failed_sections > 0 ? 1 : 0;
   } catch (const std::exception& e) {
-    j["error"] = e.what();
+    j["errors"][only.empty() ? "setup" : only] = e.what();
     std::fprintf(stderr, "gpu_check: %s\n", e.what());
-    std::ofstream(out) << j.dump(2) << "\n";
+    write();
     return 1;
   }
-  std::ofstream(out) << j.dump(2) << "\n";
-  line("wrote %s", out.c_str());
-  return 0;
 }

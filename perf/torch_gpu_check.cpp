@@ -7,6 +7,7 @@
 //
 //   torch_gpu_check [--json FILE] [--rounds N] [--steps N]
 #include <stealbatch/cuda/backend.hpp>
+#include <stealbatch/models/compare.hpp>
 #include <stealbatch/models/torch_modules.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 #include <stealbatch/torch.hpp>
@@ -60,13 +61,6 @@ std::vector<std::uint32_t> order(std::uint64_t seed) {
   std::iota(o.begin(), o.end(), 0u);
   std::shuffle(o.begin(), o.end(), std::mt19937_64(seed));
   return o;
-}
-
-// max |a - b| / max |b|.
-double relative_error(std::span<const float> a, std::span<const float> b) {
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i]))), scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-  return scale > 0 ? diff / scale : diff;
 }
 
 // The mean gradient over `batch` samples through the adapter on `devices`, from `weights`.
@@ -147,7 +141,7 @@ Figures check(const char* name, const std::function<std::shared_ptr<Net>()>& mak
   Figures f{name, batch};
   ::torch::manual_seed(1);
   const std::vector<float> weights = libtorch::values_of(*make());
-  f.gradient_error = relative_error(gradient<Net>("cuda:0", make, d, weights, batch), gradient<Net>("cpu:1", make, d, weights, batch));
+  f.gradient_error = examples::max_relative_error(gradient<Net>("cuda:0", make, d, weights, batch), gradient<Net>("cpu:1", make, d, weights, batch));
   std::printf("%s: gradient on cuda:0 against cpu:1, batch %zu: max relative error %.3g (target 1e-4)\n", name, batch, f.gradient_error);
   std::fflush(stdout);
   std::vector<double> ratios, ours, eager;
@@ -193,20 +187,43 @@ int main(int argc, char** argv) {
     const Data d = synthetic();
     const std::function<std::shared_ptr<TorchMlpImpl>()> mlp = [] { return std::make_shared<TorchMlpImpl>(std::vector<std::int64_t>{784, 256, 128, 10}); };
     const std::function<std::shared_ptr<TorchCnnImpl>()> cnn = [] { return std::make_shared<TorchCnnImpl>(); };
-    const std::vector<Figures> all{check<TorchMlpImpl>("torch_mlp", mlp, d, 1024, rounds, steps), check<TorchCnnImpl>("torch_cnn", cnn, d, 256, rounds, steps)};
-    bool ok = true;
+    // Each model on its own: a failure in one (an exception, a CUDA error that torch reports) is recorded, and the
+    // other still runs.
+    std::vector<Figures> all;
+    std::string errors;
+    const auto attempt = [&](const char* name, const std::function<Figures()>& body) {
+      try {
+        all.push_back(body());
+      } catch (const std::exception& e) {
+        std::string what = e.what();
+        what = what.substr(0, what.find('\n'));  // torch's messages carry a backtrace after the first line
+        for (char& c : what) c = (c == '"' || c == '\\') ? '\'' : (static_cast<unsigned char>(c) < 0x20 ? ' ' : c);  // a JSON string
+        errors += std::string(errors.empty() ? "" : ", ") + "\"" + name + "\": \"" + what + "\"";
+        std::fprintf(stderr, "torch_gpu_check: %s: %s\n", name, what.c_str());
+      }
+    };
+    attempt("torch_mlp", [&] { return check<TorchMlpImpl>("torch_mlp", mlp, d, 1024, rounds, steps); });
+    attempt("torch_cnn", [&] { return check<TorchCnnImpl>("torch_cnn", cnn, d, 256, rounds, steps); });
+    bool ok = errors.empty();
+    // A figure in JSON: a NaN or an infinity (a broken gradient) as a string, which no gate reads as a pass.
+    const auto figure = [](double x) {
+      char b[64];
+      if (std::isfinite(x)) std::snprintf(b, sizeof b, "%.6g", x);
+      else std::snprintf(b, sizeof b, "\"%s\"", std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf"));
+      return std::string(b);
+    };
     std::string out = "{\"torch\": \"" TORCH_VERSION "\", \"models\": [";
     for (std::size_t i = 0; i < all.size(); ++i) {
       const Figures& f = all[i];
       ok = ok && f.gradient_error >= 0 && f.gradient_error <= 1e-4;
       char row[512];
       std::snprintf(row, sizeof row,
-                    "%s{\"model\": \"%s\", \"batch\": %zu, \"chunk\": %zu, \"gradient_error\": %.6g, \"adapter_samples_per_s\": %.1f, "
+                    "%s{\"model\": \"%s\", \"batch\": %zu, \"chunk\": %zu, \"gradient_error\": %s, \"adapter_samples_per_s\": %.1f, "
                     "\"eager_samples_per_s\": %.1f, \"ratio\": %.4f}",
-                    i ? ", " : "", f.model.c_str(), f.batch, f.chunk, f.gradient_error, f.ours, f.eager, f.ratio);
+                    i ? ", " : "", f.model.c_str(), f.batch, f.chunk, figure(f.gradient_error).c_str(), f.ours, f.eager, f.ratio);
       out += row;
     }
-    out += "]}\n";
+    out += "], \"errors\": {" + errors + "}}\n";
     if (!json.empty()) {
       if (std::FILE* fp = std::fopen(json.c_str(), "w")) {
         std::fputs(out.c_str(), fp);

@@ -179,6 +179,7 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
       saving += res.save_seconds.back();
     }
     res.epoch_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count() - saving);
+    res.epoch_loss.push_back(done > 0 ? loss_sum / static_cast<double>(done) : 0);
     if (to_terminal() && !quiet_rank()) std::fprintf(stderr, "\n");
   }
   res.total = stealbatch::accumulate(all);
@@ -297,7 +298,7 @@ void report(const TrainerFlags& f, const std::vector<RunResult>& runs) {
       std::vector<double> util;
       std::vector<std::size_t> sizes;
       for (const DeviceReport& d : r.total.devices) util.push_back(d.utilization), sizes.push_back(d.chunk_samples);
-      j["runs"].push_back({{"policy", r.policy}, {"epoch_seconds", r.epoch_seconds}, {"samples_per_s", r.samples_per_s}, {"steals", r.steals},
+      j["runs"].push_back({{"policy", r.policy}, {"epoch_seconds", r.epoch_seconds}, {"epoch_loss", r.epoch_loss}, {"samples_per_s", r.samples_per_s}, {"steals", r.steals},
                            {"utilization", util}, {"chunk_samples", sizes}, {"chunk_curves", r.chunk_curves}, {"test_accuracy", r.test_accuracy},
                            {"checkpoint_save_seconds", r.save_seconds}, {"checkpoint_load_seconds", r.load_seconds}});
     }

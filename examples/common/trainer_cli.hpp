@@ -99,6 +99,7 @@ TrainerModel trainer_model(const Model& model, const TrainingData& data, std::ui
 struct RunResult {
   std::string policy;
   std::vector<double> epoch_seconds;
+  std::vector<double> epoch_loss;  // each epoch's mean training loss (this process's epochs: after --resume, from there)
   double samples_per_s = 0;
   std::uint64_t steals = 0;
   double test_accuracy = 0;

@@ -1,22 +1,83 @@
 #!/usr/bin/env bash
-# The device check's time keeping, rehearsed without a GPU: a pack of stand-in binaries in which one GPU test hangs.
-# The run must cut that step at the deadline, skip every later step with a line that says so, still print the
-# summary naming each missing figure, write device_check.json, and exit non-zero, all within the deadline; and a run
-# stopped by SIGTERM must print its summary at once.
+# The device check rehearsed without a GPU, with a pack of stand-in binaries:
+#   1. every GPU step fails fast: every step still runs within the deadline, $OUT holds the three files that come
+#      back (at most 8, at most two folders down, is the device tool's limit), device_check.json parses and names
+#      every missing figure with its reason (the step's first error line);
+#   2. one GPU test hangs: the run cuts that step at the deadline, skips every later step with a line that says so,
+#      still prints the summary naming each missing figure, and exits non-zero, all within the deadline;
+#   3. a run stopped by SIGTERM, or by SIGTERM to its whole process group, prints its summary at once.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
+export DEVICE_CHECK_SCRATCH="$WORK/scratch"
 mkdir -p "$WORK/pack/bin" "$WORK/pack/lib" "$WORK/pack/data"
-for b in test_cuda_basics mlp cnn stealbench; do printf '#!/bin/sh\necho "%s: no GPU here"\nexit 1\n' "$b" > "$WORK/pack/bin/$b"; done
-printf '#!/bin/sh\necho "test_cuda_runtime: hangs"\nexec sleep 1017\n' > "$WORK/pack/bin/test_cuda_runtime"
-printf '#!/bin/sh\nexit 2\n' > "$WORK/pack/bin/gpu_check"
+for b in test_cuda_basics test_cuda_runtime mlp cnn stealbench gpu_check; do printf '#!/bin/sh\necho "%s: no GPU here"\nexit 1\n' "$b" > "$WORK/pack/bin/$b"; done
 chmod +x "$WORK/pack/bin/"*
 fail() { echo "rehearsal: FAIL: $*"; sed 's/^/  | /' "$WORK/out/device_check.log" 2>/dev/null | tail -60; exit 1; }
 
 # The log's tee may still be writing its last lines when the script exits: wait for its final line (10 s at most).
 wait_for_log() { for _ in $(seq 100); do grep -q "$1" "$2" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 
+# What comes back from the device machine: at most 8 files, at most two folders down; this check writes 3.
+check_out() {
+  local n deep
+  n=$(find "$WORK/out" -type f | wc -l)
+  deep=$(find "$WORK/out" -mindepth 4 | wc -l)
+  [ "$n" -le 8 ] || fail "\$OUT holds $n files; at most 8 come back: $(find "$WORK/out" -type f | tr '\n' ' ')"
+  [ "$deep" -eq 0 ] || fail "\$OUT has entries more than two folders down"
+  for f in device_check.log steps.tsv device_check.json; do [ -s "$WORK/out/$f" ] || fail "no $f in \$OUT"; done
+  [ "$n" -eq 3 ] || fail "\$OUT holds $n files, not the 3 expected: $(find "$WORK/out" -type f | tr '\n' ' ')"
+}
+# device_check.json is strict JSON, and names every missing figure with a reason that contains $1.
+check_json() {
+  python3 - "$WORK/out/device_check.json" "$1" "${@:2}" <<'PY' || fail "device_check.json: see above"
+import json, sys
+path, needle, expected = sys.argv[1], sys.argv[2], sys.argv[3:]
+def strict(c):
+    raise ValueError(f"not strict JSON: {c}")
+j = json.load(open(path), parse_constant=strict)
+missing = {m["check"]: m["reason"] for m in j["missing"]}
+for check in expected:
+    hits = [c for c in missing if check in c]
+    if not hits:
+        sys.exit(f"device_check.json does not name '{check}' as missing (missing: {sorted(missing)})")
+    for c in hits:
+        if not missing[c] or needle not in missing[c]:
+            sys.exit(f"'{c}' is missing with reason '{missing[c]}', which does not say '{needle}'")
+for row in j["rows"]:
+    if row["figure"].startswith("missing") and not row["reason"]:
+        sys.exit(f"row '{row['check']}' is missing with no reason")
+print(f"rehearsal: device_check.json parses: {len(j['rows'])} rows, {len(missing)} missing figures, each with its reason")
+PY
+}
+ROWS=("mlp GPU vs CPU gradient" "cnn GPU vs CPU gradient" "mlp samples/s vs PyTorch" "vgpu static/steal/ideal" "NCCL allreduce" "curve"
+      "mlp example on cuda:0" "cnn example on cuda:0" "checkpoint cuda:0 -> cpu:2" "checkpoint cpu:2 -> cuda:0" "torch_mlp adapter on cuda:0"
+      "torch_cnn adapter on cuda:0" "stealbench 16 devices" "stealbench 32 devices")
+STEPS=(test_cuda_basics test_cuda_runtime gpu_check:equivalence-mlp gpu_check:equivalence-cnn gpu_check:throughput-mlp gpu_check:throughput-cnn
+       gpu_check:vgpu gpu_check:curve gpu_check:reduce torch_ref mlp_cuda mlp_vgpu cnn_cuda ckpt_gpu_cpu ckpt_cpu_gpu ckpt_straight_cpu
+       ckpt_straight_gpu torch_build torch_gpu_check stealbench16 stealbench32)
+
+# 1. Every GPU step fails fast: every step runs, and the reasons are the steps' own first error lines.
+start=$(date +%s)
+OUT="$WORK/out" DEVICE_CHECK_DEADLINE_S=120 DEVICE_CHECK_MIN_STEP_S=2 bash "$REPO/perf/device_check.sh" "$WORK/pack" > "$WORK/stdout" 2>&1
+rc=$?
+took=$(( $(date +%s) - start ))
+wait_for_log "] done:" "$WORK/out/device_check.log" || fail "no summary"
+echo "rehearsal: every step failing fast: device_check.sh exited $rc after $took s (deadline 120 s)"
+[ $rc -ne 0 ] || fail "exit status 0 although every step failed"
+[ $took -le 120 ] || fail "took $took s: the deadline did not hold"
+for s in "${STEPS[@]}"; do
+  grep -q -P "^\Q$s\E\t(exit|timed out|not run)" "$WORK/out/steps.tsv" || fail "step $s did not run and fail (steps.tsv: $(grep -P "^\Q$s\E\t" "$WORK/out/steps.tsv"))"
+done
+grep -q -P "^gpu_check:vgpu\texit 1\t[0-9]+\tgpu_check: no GPU here" "$WORK/out/steps.tsv" || fail "steps.tsv lacks gpu_check:vgpu's first error line"
+check_out
+check_json "no GPU here" "mlp GPU vs CPU gradient" "cnn GPU vs CPU gradient" "vgpu static/steal/ideal" "mlp example on cuda:0" "stealbench 16 devices"
+check_json "" "${ROWS[@]}"
+rm -rf "$WORK/out"
+
+# 2. One GPU test hangs.
+printf '#!/bin/sh\necho "test_cuda_runtime: hangs"\nexec sleep 1017\n' > "$WORK/pack/bin/test_cuda_runtime"
 start=$(date +%s)
 OUT="$WORK/out" DEVICE_CHECK_DEADLINE_S=12 DEVICE_CHECK_MIN_STEP_S=2 bash "$REPO/perf/device_check.sh" "$WORK/pack" > "$WORK/stdout" 2>&1
 rc=$?
@@ -27,16 +88,18 @@ echo "rehearsal: device_check.sh exited $rc after $took s (deadline 12 s)"
 [ $rc -ne 0 ] || fail "exit status 0 although every step failed"
 [ $took -le 30 ] || fail "took $took s: the deadline did not hold"
 grep -q "test_cuda_runtime timed out" "$log" || fail "the hanging step was not cut at the deadline"
-for s in gpu_check torch_ref mlp_cuda mlp_vgpu cnn_cuda ckpt_gpu_cpu ckpt_cpu_gpu ckpt_straight torch_build torch_gpu_check stealbench16 stealbench32; do
-  grep -q "SKIPPED $s:" "$log" || fail "step $s was neither run nor reported as skipped"
+for s in "${STEPS[@]:2}"; do
+  [ "$s" = torch_build ] && continue  # started in the background before the GPU tests, and cut at the deadline
+  # torch_gpu_check is not run when its build did not finish
+  grep -q -P "^\Q$s\E\t(skipped|not run)\t" "$WORK/out/steps.tsv" || fail "step $s was neither run nor reported as skipped"
 done
+grep -q "SKIPPED stealbench32:" "$log" || fail "no SKIPPED line in the log"
 grep -q "== \[ *[0-9]*s\] summary" "$log" || fail "no summary"
-for row in "mlp GPU vs CPU gradient" "cnn GPU vs CPU gradient" "mlp samples/s vs PyTorch" "vgpu static/steal/ideal" "allreduce" \
-           "mlp example on cuda:0" "cnn example on cuda:0" "checkpoint cuda:0 -> cpu:2" "torch_mlp adapter on cuda:0" "torch_cnn adapter on cuda:0" \
-           "stealbench 16 devices" "stealbench 32 devices" "step test_cuda_basics"; do
+for row in "${ROWS[@]}" "step test_cuda_basics"; do
   grep "$row" "$log" | grep -q -E "missing|exit|skipped" || fail "the summary does not name '$row' as missing"
 done
-[ -s "$WORK/out/device_check.json" ] || fail "no device_check.json"
+check_out
+check_json "" "${ROWS[@]}"
 
 # A run killed from outside (SIGTERM, as a command limit would) still prints its summary, at once.
 rm -rf "$WORK/out"
@@ -54,6 +117,7 @@ echo "rehearsal: after SIGTERM, device_check.sh exited $rc in $took s"
 [ $took -le 5 ] || fail "took $took s to stop after SIGTERM"
 grep -q "interrupted by SIGTERM" "$WORK/out/device_check.log" || fail "no line for the signal"
 grep -q "mlp GPU vs CPU gradient *missing" "$WORK/out/device_check.log" || fail "no summary after SIGTERM"
+check_out
 
 # A limit that signals the whole process group (as `timeout` and the device tool do) takes the log's tee along too:
 # the summary must still reach the log.
