@@ -25,6 +25,33 @@ std::span<const std::byte> as_bytes_of(std::span<const float> v) { return std::a
   throw CheckpointError(CheckpointError::Reason::kLayout, source, "tensor '" + std::string(name) + "' " + why);
 }
 
+// What the checksum covers besides the data: every tensor's name, dtype, shape and offsets in data order, and every
+// metadata entry but the checksum's own, in key order, each length-prefixed so that no two headers read the same.
+// A canonical form, not the header's bytes, so that it does not depend on how the JSON is spaced.
+std::string covered_header(std::span<const SafetensorsTensor> tensors, const SafetensorsMetadata& metadata) {
+  std::string out = "stealbatch checkpoint v2\n";
+  const auto field = [&out](std::string_view s) { out.append(std::to_string(s.size())).append(":").append(s); };
+  for (const SafetensorsTensor& t : tensors) {
+    field(t.name);
+    field(t.dtype);
+    out += "[";
+    for (std::uint64_t d : t.shape) out += std::to_string(d) + ",";
+    out += "]" + std::to_string(t.begin) + "-" + std::to_string(t.end) + "\n";
+  }
+  for (const auto& [key, value] : metadata) {
+    if (key == kCrcKey) continue;
+    field(key);
+    field(value);
+    out += "\n";
+  }
+  return out;
+}
+
+std::uint32_t header_crc(std::span<const SafetensorsTensor> tensors, const SafetensorsMetadata& metadata) {
+  const std::string h = covered_header(tensors, metadata);
+  return crc32_of(std::as_bytes(std::span<const char>(h)));
+}
+
 }  // namespace
 
 std::uint32_t crc32_of(std::span<const std::byte> bytes, std::uint32_t crc) noexcept {
@@ -42,7 +69,7 @@ void write_checkpoint_file(const std::filesystem::path& path, std::span<const Ch
   if (metadata.count(kCrcKey)) throw CheckpointError(CheckpointError::Reason::kFormat, path.string(), std::string("the metadata key '") + kCrcKey + "' is the checksum's");
   std::vector<SafetensorsTensor> entries;
   std::vector<std::span<const std::byte>> pieces(1);
-  std::uint32_t crc = 0;
+  std::uint64_t at = 0;
   for (const CheckpointTensor& t : tensors) {
     std::uint64_t count = 1;
     for (std::uint64_t d : t.shape) count *= d;
@@ -50,10 +77,13 @@ void write_checkpoint_file(const std::filesystem::path& path, std::span<const Ch
       throw CheckpointError(CheckpointError::Reason::kFormat, path.string(),
                             "tensor '" + t.name + "': a shape of " + std::to_string(count) + " elements for " + std::to_string(t.values.size()) + " values");
     }
-    entries.push_back({t.name, "F32", t.shape, 0, 0});
+    entries.push_back({t.name, "F32", t.shape, at, at + t.values.size() * sizeof(float)});
+    at = entries.back().end;
     pieces.push_back(as_bytes_of(t.values));
-    crc = crc32_of(pieces.back(), crc);
   }
+  // The header as the reader will see it (its offsets included), then the data.
+  std::uint32_t crc = header_crc(entries, metadata);
+  for (std::size_t i = 1; i < pieces.size(); ++i) crc = crc32_of(pieces[i], crc);
   metadata.emplace(kCrcKey, hex8(crc));
   const std::string header = safetensors_header(entries, metadata);
   pieces[0] = std::as_bytes(std::span<const char>(header));
@@ -71,10 +101,15 @@ CheckpointFile CheckpointFile::parse(std::vector<std::byte> bytes, const std::st
   if (it == f.m_contents.metadata().end()) {
     throw CheckpointError(CheckpointError::Reason::kChecksum, source, std::string("no checksum: the metadata has no '") + kCrcKey + "'");
   }
-  f.m_crc = crc32_of(f.m_contents.data());
+  f.m_crc = crc32_of(f.m_contents.data(), header_crc(f.m_contents.tensors(), f.m_contents.metadata()));
   const std::string actual = hex8(f.m_crc);
   if (it->second != actual) {
-    throw CheckpointError(CheckpointError::Reason::kChecksum, source, "checksum mismatch: the header says crc32 " + it->second + ", the data's is " + actual);
+    const bool data_only = it->second == hex8(crc32_of(f.m_contents.data()));
+    throw CheckpointError(CheckpointError::Reason::kChecksum, source,
+                          data_only ? "its checksum covers the tensor data only (written by an older stealbatch): its header and metadata "
+                                      "cannot be verified; resume from a checkpoint written by this version"
+                                    : "checksum mismatch: the file says crc32 " + it->second + ", its header and data give " + actual +
+                                          " (a changed byte in the tensors, their shapes or the metadata)");
   }
   return f;
 }

@@ -10,9 +10,11 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -152,6 +154,63 @@ TEST_CASE("CheckpointFile.RoundTripsAndCatchesEveryFlippedByte") {
   CHECK_THROWS_AS(write_checkpoint_file(dir.path / "d.safetensors", wrong, {}), CheckpointError);
   CHECK_THROWS_AS(write_checkpoint_file(dir.path / "d.safetensors", tensors, {{kCrcKey, "0"}}), CheckpointError);
   CHECK_FALSE(fs::exists(dir.path / "d.safetensors"));
+}
+
+// The checksum covers the header too: a changed byte in any metadata field (what a resumed run reads to know where it
+// stands: the epoch, the position, Adam's step count, the devices' speeds), in a tensor's name or shape, is caught.
+TEST_CASE("CheckpointFile.AFlippedByteInAnyMetadataFieldFailsTheChecksum") {
+  TempDir dir;
+  const std::vector<float> w{1, 2, 3, 4, 5, 6};
+  const fs::path p = dir.path / "c.safetensors";
+  const std::map<std::string, std::string, std::less<>> meta{
+      {"epoch", "3"}, {"position", "1024"}, {"stealbatch.optimizer.steps", "57"}, {"stealbatch.speeds", "1523.5,2210.25"}};
+  write_checkpoint_file(p, std::vector<CheckpointTensor>{{"w", {2, 3}, w}}, SafetensorsMetadata(meta.begin(), meta.end()));
+  const std::vector<std::byte> good = read_whole_file(p);
+  REQUIRE_NOTHROW((void)CheckpointFile::parse(good, "good"));
+  const std::string text(reinterpret_cast<const char*>(good.data()), good.size());
+  for (const auto& [key, value] : meta) {
+    // Each character of the value, changed to another digit or letter: still well-formed JSON, so only the checksum
+    // can tell.
+    const std::size_t at = text.find("\"" + key + "\":\"" + value + "\"");
+    REQUIRE(at != std::string::npos);
+    const std::size_t first = at + key.size() + 4;
+    for (std::size_t i = first; i < first + value.size(); ++i) {
+      std::vector<std::byte> bad = good;
+      const char c = static_cast<char>(bad[i]);
+      bad[i] = static_cast<std::byte>(c == '9' ? '8' : (c == '.' || c == ',') ? '0' : c + 1);
+      std::string msg;
+      CAPTURE(key);
+      CAPTURE(i - first);
+      CHECK(reason_of(bad, &msg) == CheckpointError::Reason::kChecksum);
+      CHECK_MESSAGE(msg.find("checksum mismatch") != std::string::npos, msg);
+    }
+  }
+  // Every byte of the header flipped in turn: never loads (a checksum or a format error).
+  std::uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, good.data(), 8);  // little-endian, as safetensors stores it (x86-64 here)
+  const std::size_t header_end = 8 + static_cast<std::size_t>(header_bytes);
+  for (std::size_t i = 8; i < header_end; ++i) {
+    std::vector<std::byte> bad = good;
+    bad[i] ^= std::byte{0x01};
+    const auto r = reason_of(bad);
+    CAPTURE(i);
+    CHECK((r == CheckpointError::Reason::kChecksum || r == CheckpointError::Reason::kFormat));
+  }
+}
+
+// A file whose checksum covers only its data (as stealbatch wrote them before the header was covered) is refused
+// with a message that says so.
+TEST_CASE("CheckpointFile.AChecksumOfTheDataAloneIsRefusedByName") {
+  const std::vector<float> v{1.0f, 2.0f};
+  std::vector<std::byte> data(8);
+  std::memcpy(data.data(), v.data(), 8);
+  char crc[9];
+  std::snprintf(crc, sizeof crc, "%08x", crc32_of(data));
+  const std::vector<std::byte> f =
+      file_of(std::string(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"stealbatch.crc32":")") + crc + "\"}}", data);
+  std::string msg;
+  CHECK(reason_of(f, &msg) == CheckpointError::Reason::kChecksum);
+  CHECK_MESSAGE(msg.find("covers the tensor data only") != std::string::npos, msg);
 }
 
 TEST_CASE("DurableFile.ReplacesWholeAndLeavesNoTemporaryFile") {

@@ -1,5 +1,7 @@
-// A stealbatch checkpoint file: safetensors holding F32 tensors, with the crc32 (zlib) of its data section in the
-// metadata under "stealbatch.crc32" (8 hex digits), checked on every read.
+// A stealbatch checkpoint file: safetensors holding F32 tensors, with a crc32 (zlib) in the metadata under
+// "stealbatch.crc32" (8 hex digits), checked on every read. It covers the whole file but itself: every tensor's name,
+// dtype, shape and offsets, every other metadata entry (the epoch, the position, the optimizer's step count...), and
+// the data.
 #pragma once
 
 #include <stealbatch/checkpoint/safetensors.hpp>
@@ -38,7 +40,7 @@ class CheckpointFile {
 
   const Safetensors& contents() const noexcept { return m_contents; }
   const std::string& source() const noexcept { return m_source; }
-  std::uint32_t crc32() const noexcept { return m_crc; }  // the data's, checked equal to the header's
+  std::uint32_t crc32() const noexcept { return m_crc; }  // the header's and the data's, checked equal to the one recorded
   // The F32 tensor `name` with `count` elements, copied out; CheckpointError (kLayout) naming the tensor when it is
   // missing, of another dtype or of another size.
   std::vector<float> floats(std::string_view name, std::size_t count) const;
