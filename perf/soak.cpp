@@ -298,7 +298,7 @@ int main(int argc, char** argv) {
         ++t.unexpected;
         std::fprintf(stderr, "\nsoak: rank %d, step %llu: %s (fault fired: %d)\n", rank, static_cast<unsigned long long>(t.steps),
                      error_kind.empty() ? "?" : error_kind.c_str(), fired);
-        if (cluster) cluster->abort("soak: ending the job on an unexpected outcome");
+        if (cluster) cluster->abort("soak: ending the job on an unexpected outcome", 1);
         break;
       }
       if (cluster && fired_anywhere && !fired) {

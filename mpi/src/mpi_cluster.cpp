@@ -227,11 +227,11 @@ void MpiCluster::barrier() {
   check(MPI_Barrier(m->comm), "MPI_Barrier");
 }
 
-void MpiCluster::abort(const std::string& why) noexcept {
+void MpiCluster::abort(const std::string& why, int exit_code) noexcept {
   std::fprintf(stderr, "%s\n", why.c_str());
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 3);
-  std::_Exit(3);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
 }
 
 }  // namespace stealbatch::mpi

@@ -16,6 +16,7 @@
 // counts and device tallies, so every rank checks exactly-once over the whole job and learns the same speeds.
 #include "runtime_impl.hpp"
 
+#include <stealbatch/runtime/detail/agreement.hpp>
 #include <stealbatch/runtime/detail/speed_shares.hpp>
 
 #include <algorithm>
@@ -165,7 +166,7 @@ void Runtime::Impl::watch_cluster() {
                     "stall_timeout = %g s): ending the job",
                     r, quiet * 1e3, static_cast<unsigned long long>(cluster_steps), options.stall_timeout);
     }
-    cluster->abort(msg);
+    cluster->abort(msg, 1);
   }
 }
 
@@ -485,6 +486,17 @@ StepPlan local_end_game(Runtime::Impl& m, ClusterPlan& p) {
 
 StepReport Runtime::Impl::run_cluster_step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to) {
   const auto t_start = Clock::now();
+  // Before the step's first collective, whose size follows the batch: every rank must be at the same step, with the
+  // same batch and learning rate, or the job would corrupt the MPI library's buffers, hang, or train wrongly.
+  {
+    char lr[32];
+    std::snprintf(lr, sizeof lr, "%.9g", static_cast<double>(options.optimizer.lr));
+    detail::check_agreement(*cluster,
+                            {{"step", std::to_string(cluster_steps + 1)}, {"call", reduce_to == Reduce::kUpdate ? "step()" : reduce_to == Reduce::kMean ? "compute_gradient()" : "a summed gradient"},
+                             {"batch size", std::to_string(samples.size())},
+                             {"batch (hash of its sample ids)", detail::hex16(detail::fnv1a(std::as_bytes(samples)))}, {"learning rate", lr}},
+                            "at a step");
+  }
   for (auto& seen : peers_seen) seen.since = {};  // each step's watch starts afresh
   ClusterPlan p = plan_cluster_step(*this, samples.size());
   publish_share(*cluster, p);

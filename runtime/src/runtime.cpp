@@ -2,6 +2,7 @@
 #include "runtime_impl.hpp"
 
 #include <stealbatch/error.hpp>
+#include <stealbatch/runtime/detail/agreement.hpp>
 #include <stealbatch/runtime/detail/speed_shares.hpp>
 
 #include <algorithm>
@@ -43,6 +44,34 @@ std::shared_ptr<DeviceBackend> backend_for(const DeviceSpec& spec) {
 
 }  // namespace
 
+// What the ranks of a job must share: the options that shape a step (how chunks are cut, placed, stolen and ended,
+// the optimizer), then the trainer's own (RuntimeOptions::agree_on). Not the devices, which each rank has its own of.
+static detail::AgreementFields agreement_fields(const RuntimeOptions& o) {
+  const auto num = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.9g", v);
+    return std::string(b);
+  };
+  detail::AgreementFields f{{"policy", std::to_string(static_cast<int>(o.policy))},
+                            {"placement", std::to_string(static_cast<int>(o.placement))},
+                            {"endgame", std::to_string(static_cast<int>(o.endgame))},
+                            {"chunk_sizing", std::to_string(static_cast<int>(o.chunk_sizing))},
+                            {"chunk_size", std::to_string(o.chunk_size)},
+                            {"merge_stolen", o.merge_stolen ? "on" : "off"},
+                            {"cost_by_position", o.cost_by_position ? "on" : "off"},
+                            {"throughput_window", std::to_string(o.throughput_window)},
+                            {"optimizer", std::to_string(static_cast<int>(o.optimizer.kind))},
+                            {"optimizer lr", num(o.optimizer.lr)},
+                            {"optimizer momentum", num(o.optimizer.momentum)},
+                            {"optimizer betas", num(o.optimizer.beta1) + "," + num(o.optimizer.beta2)},
+                            {"optimizer eps", num(o.optimizer.eps)},
+                            {"optimizer weight_decay", num(o.optimizer.weight_decay)},
+                            {"stall_timeout", num(o.stall_timeout)},
+                            {"on_device_failure", std::to_string(static_cast<int>(o.on_device_failure))}};
+  for (const auto& field : o.agree_on) f.push_back(field);
+  return f;
+}
+
 Runtime::Impl::Impl(RuntimeOptions o) : options(std::move(o)), epoch(Clock::now()) {
   if (options.devices.empty()) options.devices = default_devices();
   validate(options);
@@ -50,7 +79,10 @@ Runtime::Impl::Impl(RuntimeOptions o) : options(std::move(o)), epoch(Clock::now(
   kind = spec.kind;
   cluster = options.cluster;
   DeviceSpec resolved = spec;
-  if (cluster) join_cluster(resolved);  // cluster_step.cpp: every rank's device count; slowdown, threads, cuda:local for this rank
+  if (cluster) {
+    join_cluster(resolved);  // cluster_step.cpp: every rank's device count; slowdown, threads, cuda:local for this rank
+    detail::check_agreement(*cluster, agreement_fields(options), "when they join");
+  }
   if (!cluster && resolved.local_gpu) resolved.ids = {0};  // one process: the first GPU
   backend = backend_for(spec);
   devices = backend->make_devices(resolved, options);
@@ -137,7 +169,7 @@ std::exception_ptr Runtime::Impl::check_stalls() {
       // Across ranks a stalled device ends the job: the other ranks wait for this one's share of the reduction.
       cluster->abort("stealbatch: rank " + std::to_string(cluster->rank()) + ": device " + devices[w]->name() + " made no progress for " + ms +
                      " ms in step " + std::to_string(steps + 1) + " (stuck " + where + "; stall_timeout = " + std::to_string(options.stall_timeout) +
-                     " s): ending the job");
+                     " s): ending the job", 1);
     }
     return std::make_exception_ptr(TimeoutError(
         "device " + devices[w]->name() + " made no progress for " + ms + " ms in step " + std::to_string(steps + 1) + " (stuck " + where +
@@ -176,6 +208,18 @@ void Runtime::register_parameters(ParameterLayout layout, std::span<const float>
   if (initial.size() != layout.size()) {
     throw ConfigError("register_parameters: " + std::to_string(initial.size()) + " initial values for a layout of " + std::to_string(layout.size()) +
                       " floats");
+  }
+  if (m->cluster) {
+    // Every rank's replicas must start from the same parameters: the same layout (names and sizes) and values.
+    std::uint64_t names = detail::fnv1a({});
+    for (const auto& t : layout.tensors()) {
+      names = detail::fnv1a(std::as_bytes(std::span<const char>(t.name.data(), t.name.size() + 1)), names);
+      names = detail::fnv1a(std::as_bytes(std::span<const std::size_t>(&t.size, 1)), names);
+    }
+    detail::check_agreement(*m->cluster,
+                            {{"parameter count", std::to_string(layout.size())}, {"parameter layout (hash of names and sizes)", detail::hex16(names)},
+                             {"initial parameters (hash of their bytes)", detail::hex16(detail::fnv1a(std::as_bytes(initial)))}},
+                            "at register_parameters");
   }
   m->layout = std::move(layout);
   if (m->host_devices) {

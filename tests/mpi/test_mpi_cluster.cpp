@@ -396,6 +396,51 @@ void config_errors() {
   if (g_cluster->rank() == 0) std::printf("config: the cluster's impossible configurations fail with their reasons\n");
 }
 
+// Ranks that disagree, where it would corrupt the job: rank 1 differs from the others in one thing at a time. Every
+// rank gets the same ConfigError naming the field, the ranks and both values, and the runtime stays usable.
+void ranks_disagree() {
+  const int me = g_cluster->rank();
+  const bool odd = me == 1;
+  const auto fails_with = [&](const char* what, const std::function<void()>& body, const std::string& want) {
+    std::string got;
+    try {
+      body();
+    } catch (const ConfigError& e) {
+      got = e.what();
+    }
+    if (got.find(want) == std::string::npos) {
+      std::fprintf(stderr, "rank %d: %s: got '%s', want '%s'\n", me, what, got.c_str(), want.c_str());
+      ++g_failures;
+    }
+  };
+  fails_with("chunk_size", [&] { Runtime rt(on_cluster("sim:1", odd ? 16 : 8)); },
+             "disagree when they join on 'chunk_size': rank 0 has 8, rank 1 has 16 (ranks that differ from rank 0: 1)");
+  fails_with("agree_on", [&] {
+    RuntimeOptions o = on_cluster("sim:1", 8);
+    o.agree_on = {{"--epochs", "10"}, {"--seed", odd ? "2" : "1"}};
+    Runtime rt(o);
+  }, "on '--seed': rank 0 has 1, rank 1 has 2");
+  Runtime rt(on_cluster(odd ? "sim:1,1" : "sim:1", 8));  // the devices may differ
+  fails_with("initial values", [&] {
+    std::vector<float> p = initial();
+    if (odd) p[3] += 1.0f;
+    rt.register_parameters(layout(), p);
+  }, "at register_parameters on 'initial parameters (hash of their bytes)'");
+  rt.register_parameters(layout(), initial());
+  fails_with("batch size", [&] { rt.step(batch_of(odd ? 128 : 256, 0), linear_chunk); },
+             "at a step on 'batch size': rank 0 has 256, rank 1 has 128");
+  fails_with("batch ids", [&] { rt.step(batch_of(256, odd ? 1 : 0), linear_chunk); }, "at a step on 'batch (hash of its sample ids)'");
+  fails_with("learning rate", [&] {
+    rt.set_learning_rate(odd ? 0.02f : 0.01f);
+    rt.step(batch_of(256, 0), linear_chunk);
+  }, "on 'learning rate': rank 0 has 0.00999999978, rank 1 has 0.0199999996");
+  // The job goes on once they agree again.
+  rt.set_learning_rate(0.01f);
+  const StepReport r = rt.step(batch_of(256, 0), linear_chunk);
+  EXPECT(r.samples == 256);
+  if (me == 0) std::printf("disagree: every rank named the field, the ranks and both values, and the runtime went on\n");
+}
+
 // These end the job: the launcher's exit status and the message are checked by expect_abort.sh. The fault tests run
 // the static policy across ranks, so that the faulty rank runs chunks of its own in the faulty step whatever the
 // timing (under stealing, the others may take its whole share).
@@ -444,14 +489,15 @@ void hang_or_die(bool die) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|trace|config|stall|hang|die\n", argv[0]);
+    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|trace|config|disagree|stall|hang|die\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
   const std::map<std::string, std::function<void()>> cases = {
       {"exactly-once", exactly_once}, {"gradient", gradient},         {"identical", identical_parameters}, {"checkpoint", checkpoint},
       {"throw", chunk_throws},       {"remote-steal", remote_steal_while_victim_computes}, {"stall", stall},
-      {"hang", [] { hang_or_die(false); }}, {"die", [] { hang_or_die(true); }}, {"trace", trace_across_ranks}, {"config", config_errors}};
+      {"hang", [] { hang_or_die(false); }}, {"die", [] { hang_or_die(true); }}, {"trace", trace_across_ranks}, {"config", config_errors},
+      {"disagree", ranks_disagree}};
   const auto it = cases.find(which);
   if (it == cases.end()) {
     std::fprintf(stderr, "unknown case '%s'\n", which.c_str());

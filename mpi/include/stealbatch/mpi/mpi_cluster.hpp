@@ -45,7 +45,7 @@ class MpiCluster final : public Cluster {
   void allreduce_sum(std::span<float> data, const std::function<void()>& waiting) override;
   void allreduce_sum(std::span<double> data) override;
   void broadcast(std::span<char> data, int root) override;
-  [[noreturn]] void abort(const std::string& why) noexcept override;
+  [[noreturn]] void abort(const std::string& why, int exit_code) noexcept override;
   void barrier();
 
  private:

@@ -35,8 +35,9 @@ class Cluster {
   virtual void allreduce_sum(std::span<float> data, const std::function<void()>& waiting) = 0;
   virtual void allreduce_sum(std::span<double> data) = 0;
   virtual void broadcast(std::span<char> data, int root) = 0;
-  // Ends the whole job at once, every rank (MPI_Abort), after printing `why` on this rank's standard error.
-  [[noreturn]] virtual void abort(const std::string& why) noexcept = 0;
+  // Ends the whole job at once, every rank (MPI_Abort), after printing `why` on this rank's standard error; the job's
+  // exit status is `exit_code` (the launcher's, as MPI_Abort passes it on).
+  [[noreturn]] virtual void abort(const std::string& why, int exit_code) noexcept = 0;
 };
 
 namespace detail {

@@ -125,6 +125,12 @@ struct RuntimeOptions {
   // rank's parameters stay the same. slowdown may then give one factor per device of the whole job (rank order).
   // CPU and simulated devices. Empty: this process alone.
   std::shared_ptr<Cluster> cluster{};
+  // Across ranks: the trainer's own settings that every rank must share (its seed, epochs, data...), as name and
+  // value. The runtime checks them with its own (the options that shape a step) when the ranks join, the parameter
+  // layout and initial values at register_parameters(), and each step's batch (a hash of its sample ids) and learning
+  // rate before the step's first collective: a disagreement throws ConfigError on every rank, naming the field, the
+  // ranks and both values.
+  std::vector<std::pair<std::string, std::string>> agree_on{};
 };
 
 // Checks every option against its range (and the ones that depend on each other) before anything is built; throws
