@@ -2,8 +2,14 @@
 #include <stealbatch/checkpoint/checkpoint_dir.hpp>
 #include <stealbatch/error.hpp>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <system_error>
 
@@ -23,8 +29,14 @@ std::optional<std::uint64_t> step_of(const std::string& name) {
 
 }  // namespace
 
-CheckpointDir::CheckpointDir(std::filesystem::path dir) : m_dir(std::move(dir)) {
+CheckpointDir::CheckpointDir(std::filesystem::path dir, Open open) : m_dir(std::move(dir)) {
   std::error_code ec;
+  if (open == Open::kExisting) {
+    if (!std::filesystem::is_directory(m_dir, ec)) {
+      throw CheckpointError(CheckpointError::Reason::kIo, m_dir.string(), "no such checkpoint folder" + (ec ? ": " + ec.message() : std::string()));
+    }
+    return;
+  }
   std::filesystem::create_directories(m_dir, ec);
   if (ec || !std::filesystem::is_directory(m_dir)) {
     throw CheckpointError(CheckpointError::Reason::kIo, m_dir.string(), "cannot create the checkpoint folder" + (ec ? ": " + ec.message() : std::string()));
@@ -64,6 +76,46 @@ void CheckpointDir::prune(std::size_t keep) const {
     const std::string name = e.path().filename().string();
     if (name.starts_with(".step-") && name.find(".safetensors.tmp.") != std::string::npos) std::filesystem::remove(e.path(), ec);
   }
+}
+
+void CheckpointDir::remove_all() const {
+  for (const auto& [step, path] : list()) {
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+    if (ec) throw CheckpointError(CheckpointError::Reason::kIo, path.string(), "cannot remove it: " + ec.message());
+  }
+}
+
+CheckpointDir::Lock::Lock(Lock&& other) noexcept : m_fd(other.m_fd) { other.m_fd = -1; }
+
+CheckpointDir::Lock::~Lock() {
+  if (m_fd >= 0) ::close(m_fd);  // releases the flock
+}
+
+CheckpointDir::Lock CheckpointDir::lock() const {
+  const std::string path = (m_dir / ".lock").string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw CheckpointError(CheckpointError::Reason::kIo, path, std::string("cannot open the folder's lock: ") + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char holder[32] = {};
+    const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
+    ::close(fd);
+    if (err == EWOULDBLOCK) {
+      std::string pid = n > 0 ? std::string(holder, static_cast<std::size_t>(n)) : std::string();
+      pid = pid.substr(0, pid.find_first_not_of("0123456789"));
+      throw CheckpointError(CheckpointError::Reason::kIo, m_dir.string(),
+                            "another live process (pid " + (pid.empty() ? std::string("unknown") : pid) +
+                                ") is saving checkpoints into this folder; two runs in one folder would replace each other's files");
+    }
+    throw CheckpointError(CheckpointError::Reason::kIo, path, std::string("cannot lock the folder: ") + std::strerror(err));
+  }
+  // Ours: record who holds it.
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    // The pid is only for the other writer's message; the lock holds without it.
+  }
+  return Lock(fd);
 }
 
 }  // namespace stealbatch

@@ -115,7 +115,10 @@ std::vector<std::uint8_t> read_gzip(const std::filesystem::path& path) {
     if (n < 0) {
       int err = Z_OK;
       const std::string msg = gz_message(f.get(), name, err);
-      fail(name, "corrupt gzip stream after " + std::to_string(at) + " decompressed bytes: " + msg);
+      // zlib fails the whole read: the fault lies somewhere in the next kGzChunk decompressed bytes, or in the
+      // stream's CRC and length trailer after them.
+      fail(name, "corrupt gzip stream (" + msg + "), past the first " + std::to_string(at) + " decompressed bytes" +
+                     (msg.find("data check") != std::string::npos ? ": the data does not match its CRC, so the file is damaged" : ""));
     }
     out.resize(at + static_cast<std::size_t>(n));
     if (n == 0) break;
@@ -229,6 +232,7 @@ Dataset load_fashion_mnist(const std::filesystem::path& dir, DataSplit split) {
   Dataset out;
   out.count = images.count;
   out.features = images.rows * images.cols;
+  out.rows = images.rows, out.cols = images.cols;
   out.x.resize(images.pixels.size());
   for (std::size_t i = 0; i < images.pixels.size(); ++i) out.x[i] = scale[images.pixels[i]];
   out.y = std::move(labels.labels);

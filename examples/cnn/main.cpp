@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   TrainerFlags f{.epochs = 4, .batch = 64, .lr = 0.002f, .optimizer = "adam"};
   CLI::App app{"cnn: train a CNN on Fashion-MNIST with stealbatch"};
   add_trainer_options(app, f);
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = parse_command_line("cnn", app, f, argc, argv); rc >= 0) return rc;
 
   return run_reporting_errors("cnn", [&] {
     const TrainingData data(f);

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -64,11 +65,47 @@ std::size_t meta_count(const CheckpointMetadata& meta, const char* key, const st
   return static_cast<std::size_t>(std::stoull(it->second));
 }
 
+// What makes a run the run it is, as "key=value" words: what a checkpoint records (metadata "run") and what --resume
+// compares. Not the devices or the policy, which a run may move between, nor --epochs, which a resumed run may extend.
+std::string run_identity(const TrainerFlags& f, const ParameterLayout& layout, std::size_t train_count) {
+  std::uint64_t h = 1469598103934665603ULL;  // FNV-1a over the layout's names and sizes
+  for (const auto& t : layout.tensors()) {
+    for (const char c : t.name + "=" + std::to_string(t.size) + ";") h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+  }
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "seed=%llu batch=%zu lr=%g optimizer=%s schedule=%s train_samples=%zu parameters=%zu layout=%016llx",
+                static_cast<unsigned long long>(f.seed), f.batch, static_cast<double>(f.lr), f.optimizer.c_str(), f.schedule.c_str(), train_count,
+                layout.size(), static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// The words of two identities that differ, as "lr: 0.003 there, 0.01 here".
+std::string identity_difference(const std::string& theirs, const std::string& mine) {
+  const auto words = [](const std::string& s) {
+    std::map<std::string, std::string> m;
+    std::size_t at = 0;
+    while (at < s.size()) {
+      const std::size_t end = std::min(s.find(' ', at), s.size()), eq = s.find('=', at);
+      if (eq < end) m[s.substr(at, eq - at)] = s.substr(eq + 1, end - eq - 1);
+      at = end + 1;
+    }
+    return m;
+  };
+  const auto a = words(theirs), b = words(mine);
+  std::string out;
+  for (const auto& [k, v] : b) {
+    const auto it = a.find(k);
+    const std::string there = it == a.end() ? "(none)" : it->second;
+    if (there != v) out += (out.empty() ? "" : ", ") + k + ": " + there + " there, " + v + " here";
+  }
+  return out.empty() ? "(no word differs: '" + theirs + "')" : out;
+}
+
 // Loads --resume's newest checkpoint into rt and returns where the run stood; ConfigError when it is another run's.
 RunPosition resume_from(const TrainerFlags& f, Runtime& rt, std::size_t train_count, RunResult& res) {
-  const CheckpointDir dir(f.resume);
+  const CheckpointDir dir(f.resume, CheckpointDir::Open::kExisting);
   const auto latest = dir.latest();
-  if (!latest) throw ConfigError("resume = '" + f.resume + "': no checkpoint (step-N.safetensors) in that folder");
+  if (!latest) throw CheckpointError(CheckpointError::Reason::kIo, f.resume, "no checkpoint (step-N.safetensors) in that folder");
   const auto t0 = Clock::now();
   const CheckpointMetadata meta = rt.load_checkpoint(*latest);
   res.load_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -81,6 +118,14 @@ RunPosition resume_from(const TrainerFlags& f, Runtime& rt, std::size_t train_co
   same("seed", static_cast<std::size_t>(f.seed), "--seed");
   same("batch", f.batch, "--batch");
   same("train_samples", train_count, "a training set of");
+  // The whole identity: a resumed run must be the run that saved it (--lr, --optimizer, --epochs, the model...).
+  const std::string mine = run_identity(f, rt.layout(), train_count);
+  const auto run = meta.find("run");
+  if (run == meta.end()) throw CheckpointError(CheckpointError::Reason::kFormat, path, "it records no run identity (metadata 'run')");
+  if (run->second != mine) {
+    throw ConfigError("resume = '" + path + "': it is another run's checkpoint (" + identity_difference(run->second, mine) +
+                      "); resume with that run's flags, or start a new run");
+  }
   RunPosition at{meta_count(meta, "epoch", path), meta_count(meta, "position", path), meta_count(meta, "step", path)};
   if (at.epoch > f.epochs) throw ConfigError("resume = '" + path + "': its run is at epoch " + std::to_string(at.epoch) + ", past --epochs " + std::to_string(f.epochs) + " (a longer --epochs continues it)");
   if (!quiet_rank()) {
@@ -95,9 +140,22 @@ double save_to(const TrainerFlags& f, const Runtime& rt, const CheckpointDir& di
   const auto t0 = Clock::now();
   rt.save_checkpoint(dir.path_for(at.step), {{"epoch", std::to_string(at.epoch)}, {"position", std::to_string(at.position)},
                                              {"step", std::to_string(at.step)}, {"seed", std::to_string(f.seed)},
-                                             {"batch", std::to_string(f.batch)}, {"train_samples", std::to_string(train_count)}});
+                                             {"batch", std::to_string(f.batch)}, {"train_samples", std::to_string(train_count)},
+                                             {"run", run_identity(f, rt.layout(), train_count)}});
   if (!quiet_rank()) dir.prune(f.keep);  // across ranks, rank 0 wrote it
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Warns once, on standard error, when the training loss is not finite or has grown a thousandfold over the first
+// step's: a learning rate too large for the model, most likely.
+void warn_if_diverging(double loss, std::size_t step, double& first_loss) {
+  static bool warned = false;
+  if (warned || quiet_rank()) return;
+  if (first_loss == 0 && std::isfinite(loss) && loss > 0) first_loss = loss;
+  if (std::isfinite(loss) && !(first_loss > 0 && loss > 1e3 * first_loss)) return;
+  warned = true;
+  std::fprintf(stderr, "%swarning: the training loss is %g at step %zu (%g at this run's first step): training is diverging; a smaller --lr may help\n",
+               to_terminal() ? "\n" : "", loss, step, first_loss);
 }
 
 std::size_t chunk_size(const TrainerFlags& f) { return f.chunk == "auto" ? 0 : static_cast<std::size_t>(std::stoull(f.chunk)); }
@@ -116,6 +174,11 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
   ro.merge_stolen = f.merge_stolen == "on";
   const DeviceSpec spec = parse_device_spec(f.devices);
   ro.cluster = g_cluster;
+  // What every rank must share besides the runtime's own options: the flags that shape the run.
+  ro.agree_on = {{"--seed", std::to_string(f.seed)},       {"--epochs", std::to_string(f.epochs)}, {"--batch", std::to_string(f.batch)},
+                 {"--data", f.data},                        {"--limit", std::to_string(f.limit)},   {"training samples", std::to_string(train_set.count)},
+                 {"--schedule", f.schedule},                {"--save-every", std::to_string(f.save_every)},
+                 {"--resume", f.resume},                    {"--stop-after", std::to_string(f.stop_after)}};
   // Across ranks the factors may name every device of the job, in rank order (the runtime keeps this rank's).
   ro.slowdown = g_cluster ? (f.slowdown.empty() ? std::vector<double>{} : parse_number_list(f.slowdown, "slowdown"))
                           : parse_slowdown_list(f.slowdown, spec.count);
@@ -140,8 +203,27 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
   res.policy = policy == SchedulePolicy::kSteal ? "steal" : policy == SchedulePolicy::kStatic ? "static" : "central";
   const RunPosition from = f.resume.empty() ? RunPosition{} : resume_from(f, rt, train_set.count, res);
   std::optional<CheckpointDir> save_dir;
-  if (!f.save.empty()) save_dir.emplace(f.save);
+  std::optional<CheckpointDir::Lock> save_lock;
+  if (!f.save.empty()) {
+    save_dir.emplace(f.save);
+    if (!quiet_rank()) {  // across ranks rank 0 writes
+      // One writer a folder, and one run: a folder that holds checkpoints is continued (--resume from it) or replaced
+      // when asked to, never mixed into.
+      save_lock.emplace(save_dir->lock());
+      const auto held = save_dir->list();
+      std::error_code ec;
+      const bool resuming_here = !f.resume.empty() && std::filesystem::equivalent(f.resume, f.save, ec);
+      if (!held.empty() && f.save_overwrite) {
+        save_dir->remove_all();
+      } else if (!held.empty() && !resuming_here) {
+        throw ConfigError("save = '" + f.save + "': the folder holds " + std::to_string(held.size()) + " checkpoint(s) already (the newest at step " +
+                          std::to_string(held.back().first) + "): continue that run with --resume " + f.save +
+                          ", save elsewhere, or pass --save-overwrite to replace them");
+      }
+    }
+  }
   std::size_t step_no = from.step;
+  double first_loss = 0;  // the first step's loss of this process, for warn_if_diverging
   std::vector<std::uint32_t> order;
   std::vector<StepReport> all;
   const std::size_t last_epoch = f.stop_after ? std::min(f.epochs, from.epoch + f.stop_after - 1) : f.epochs;
@@ -160,6 +242,7 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
       }
       ++step_no;
       const StepReport r = rt.step(std::span<const std::uint32_t>(order).subspan(start, b), fn);
+      warn_if_diverging(r.loss, step_no, first_loss);
       loss_sum += r.loss * static_cast<double>(r.samples);
       done += b;
       all.push_back(r);
@@ -200,13 +283,20 @@ double mean(const std::vector<double>& v) { return v.empty() ? 0 : std::accumula
 void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<void(CLI::App&)>& model_options) {
   app.add_option("--data", f.data, "directory with the Fashion-MNIST IDX .gz files")->capture_default_str();
   app.add_option("--devices", f.devices, "cpu:N, cuda:all, cuda:I[,J...] or vgpu:SM1,SM2,... (parts of GPU 0); GPU specs need a CUDA build")->capture_default_str();
-  app.add_option("--epochs", f.epochs, "epochs to train")->check(CLI::Range(1, 1000))->capture_default_str();
-  app.add_option("--batch", f.batch, "samples per step (mini-batch)")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  // Every numeric flag's range, here in one place: an unsigned flag given a negative number would otherwise wrap to
+  // 2^64 - 1 in CLI11's conversion.
+  const auto count = [&app](const std::string& flag, auto& value, const std::string& what, double lo, double hi) {
+    return app.add_option(flag, value, what)->check(CLI::Range(lo, hi))->capture_default_str();
+  };
+  // A path flag given "" would be silently ignored: it must name something.
+  const CLI::Validator a_path([](const std::string& v) { return v.empty() ? std::string("an empty path; name a file or folder") : std::string(); }, "PATH");
+  count("--epochs", f.epochs, "epochs to train", 1, 1000);
+  count("--batch", f.batch, "samples per step (mini-batch)", 1, 1 << 20);
   app.add_option("--chunk", f.chunk, "samples per chunk, 1 to 1048576; auto: each device's chunk is the smallest size that reaches 95% of its best measured throughput")
       ->check([](const std::string& v) { return v == "auto" || (!v.empty() && v.find_first_not_of("0123456789") == std::string::npos && std::stoull(v) >= 1 && std::stoull(v) <= (1u << 20)) ? std::string() : std::string("expected auto or a size in [1, 1048576]"); })
       ->capture_default_str();
-  app.add_option("--limit", f.limit, "train on the first N training samples only (0 = all)")->capture_default_str();
-  app.add_option("--lr", f.lr, "learning rate")->capture_default_str();
+  count("--limit", f.limit, "train on the first N training samples only (0 = all)", 0, 1e9);
+  count("--lr", f.lr, "learning rate", 1e-12, 1e6);
   app.add_option("--optimizer", f.optimizer, "sgd (momentum 0.9) or adam")->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
   app.add_option("--policy", f.policy, "static (equal split, no stealing: the DDP baseline), steal, or central (one shared queue)")
       ->check(CLI::IsMember({"static", "steal", "central"}))->capture_default_str();
@@ -223,15 +313,41 @@ void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<voi
   app.add_option("--gpu-wait", f.gpu_wait, "GPU devices: spin (CUDA's default scheduling, as PyTorch waits) or block (blocking-sync events: no CPU, a wake-up per wait)")
       ->check(CLI::IsMember({"spin", "block"}))->capture_default_str();
   app.add_flag("--compare", f.compare, "run static and steal on the same work and print both dashboards and the speedup");
-  app.add_option("--json", f.json, "write the results as JSON to this file");
-  app.add_option("--trace", f.trace, "write a Chrome trace (with --compare: FILE.static.json and FILE.steal.json)");
-  app.add_option("--seed", f.seed, "seed for initialization, shuffling and victim choice")->capture_default_str();
-  app.add_option("--save", f.save, "write checkpoints (DIR/step-N.safetensors, crash-safe) at each epoch's end and every --save-every steps");
-  app.add_option("--save-every", f.save_every, "steps between checkpoints with --save (0 = at each epoch's end only)")->capture_default_str();
-  app.add_option("--keep", f.keep, "checkpoints kept in --save, the newest")->check(CLI::Range(1, 1000000))->capture_default_str();
-  app.add_option("--resume", f.resume, "continue from DIR's newest checkpoint (the same --seed, --batch and data; --epochs counts the whole run)");
-  app.add_option("--stop-after", f.stop_after, "end this process after this many epochs, the schedule still spanning --epochs (runs in time slots, with --save and --resume; 0 = never)")
-      ->capture_default_str();
+  app.add_option("--json", f.json, "write the results as JSON to this file")->check(a_path);
+  app.add_option("--trace", f.trace, "write a Chrome trace (with --compare: FILE.static.json and FILE.steal.json)")->check(a_path);
+  count("--seed", f.seed, "seed for initialization, shuffling and victim choice", 0, 9007199254740992.0);
+  app.add_option("--save", f.save, "write checkpoints (DIR/step-N.safetensors, crash-safe) at each epoch's end and every --save-every steps")->check(a_path);
+  count("--save-every", f.save_every, "steps between checkpoints with --save (0 = at each epoch's end only)", 0, 1e12);
+  count("--keep", f.keep, "checkpoints kept in --save, the newest", 1, 1000000);
+  app.add_flag("--save-overwrite", f.save_overwrite, "let --save replace the checkpoints already in its folder (another run's, or this one's when not resuming from it)");
+  app.add_option("--resume", f.resume, "continue from DIR's newest checkpoint (the same --seed, --batch and data; --epochs counts the whole run)")->check(a_path);
+  count("--stop-after", f.stop_after, "end this process after this many epochs, the schedule still spanning --epochs (runs in time slots, with --save and --resume; 0 = never)", 0, 1000);
+}
+
+int parse_command_line(const char* program, CLI::App& app, const TrainerFlags& f, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints the help (0) or the error, with CLI11's hint
+    return rc == 0 ? 0 : 2;     // a usage error exits 2 (the README's table), whatever CLI11's own code
+  }
+  try {
+    // What no single flag's check can see.
+    if (f.compare && app.count("--policy") > 0) {
+      throw ConfigError("--compare runs static and then steal on the same work; --policy " + f.policy + " does not apply to it (drop one of the two)");
+    }
+    (void)parse_device_spec(f.devices);  // also where a variant (--plain) never builds a runtime from it
+    if (!f.json.empty()) {
+      // An unwritable --json is found now, not after the training: open it for appending, and leave no file behind.
+      const bool existed = std::filesystem::exists(f.json);
+      if (!std::ofstream(f.json, std::ios::app)) throw ConfigError("json = '" + f.json + "': cannot open it for writing");
+      if (!existed) std::filesystem::remove(f.json);
+    }
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "%s: bad configuration: %s\n", program, e.what());
+    return 2;
+  }
+  return -1;
 }
 
 TrainingData::TrainingData(const TrainerFlags& f)
@@ -240,6 +356,13 @@ TrainingData::TrainingData(const TrainerFlags& f)
   train = {n_train, train_full.features, std::span<const float>(train_full.x).first(n_train * train_full.features),
            std::span<const std::uint8_t>(train_full.y).first(n_train)};
   test = {test_full.count, test_full.features, test_full.x, test_full.y};
+  // Every split must be what the model reads: images of one size. Checked here, before any training, so that a
+  // mismatched test set is not found after the last epoch (or read out of bounds).
+  if (test_full.rows != train_full.rows || test_full.cols != train_full.cols) {
+    throw DataError("data = '" + f.data + "': the test images are " + std::to_string(test_full.rows) + "x" + std::to_string(test_full.cols) +
+                    ", the training images " + std::to_string(train_full.rows) + "x" + std::to_string(train_full.cols) +
+                    ": every split must have the training set's size");
+  }
 }
 
 std::vector<RunResult> train_policies(const TrainerFlags& f, const TrainerModel& model, const DenseData& train_set) {
@@ -314,7 +437,7 @@ int run_reporting_errors(const char* program, const std::function<void()>& body)
   const auto fail = [program](const char* what, const char* text, int rc) {
     char line[2048];
     std::snprintf(line, sizeof line, "%s%s: %s%s", g_cluster ? ("rank " + std::to_string(g_cluster->rank()) + ": ").c_str() : "", program, what, text);
-    if (g_cluster && g_cluster->size() > 1) g_cluster->abort(line);
+    if (g_cluster && g_cluster->size() > 1) g_cluster->abort(line, rc);  // the same exit status as one process
     std::fprintf(stderr, "%s\n", line);
     g_cluster.reset();
     return rc;

@@ -45,6 +45,7 @@ struct TrainerFlags {
   std::size_t save_every = 0;    // steps between checkpoints (0 = at each epoch's end only)
   std::size_t keep = 3;          // checkpoints kept in --save
   std::string resume{};          // checkpoint folder to continue from
+  bool save_overwrite = false;   // --save may replace the checkpoints of another run in its folder
   std::size_t stop_after = 0;    // epochs this process runs before it ends (0 = to --epochs)
 };
 
@@ -55,6 +56,13 @@ struct TrainerFlags {
 //   CLI::App app{"cnn: ..."};
 //   add_trainer_options(app, f, [&](CLI::App& a) { a.add_option("--hidden", hidden, "..."); });
 void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<void(CLI::App&)>& model_options = {});
+
+// Parses the command line into app's flags and checks what no single flag's check can see (--compare with --policy,
+// the device spec, that --json can be written). Returns -1 to go on, else the exit status: 0 after --help, 2 for a
+// usage error (CLI11's own codes are not the README's), with the message printed.
+//
+//   if (const int rc = parse_command_line("mlp", app, f, argc, argv); rc >= 0) return rc;
+int parse_command_line(const char* program, CLI::App& app, const TrainerFlags& f, int argc, char** argv);
 
 // Fashion-MNIST from --data, the training set cut to --limit. Not movable: train and test view the Datasets.
 struct TrainingData {

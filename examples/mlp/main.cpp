@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   std::string hidden = "256,128";
   CLI::App app{"mlp: train an MLP on Fashion-MNIST with stealbatch"};
   add_trainer_options(app, f, [&](CLI::App& a) { a.add_option("--hidden", hidden, "hidden layer sizes")->capture_default_str(); });
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = parse_command_line("mlp", app, f, argc, argv); rc >= 0) return rc;
 
   return run_reporting_errors("mlp", [&] {
     const TrainingData data(f);

@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
     a.add_flag("--plain", plain, "train with plain libtorch instead (no stealbatch), for comparison");
     a.add_option("--plain-threads", plain_threads, "--plain: torch's intra-op threads")->check(CLI::Range(1, 256))->capture_default_str();
   });
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = parse_command_line("torch_mlp", app, f, argc, argv); rc >= 0) return rc;
 
   return run_reporting_errors("torch_mlp", [&] {
     const TrainingData data(f);

@@ -225,9 +225,7 @@ std::vector<float> CnnModel::initial_parameters(std::uint64_t seed) const {
 }
 
 void CnnModel::forward(std::span<const float> params, const DenseData& data, std::span<const std::uint32_t> samples, Workspace& ws) const {
-  if (data.features != kSide * kSide) {
-    throw ConfigError("cnn: data has " + std::to_string(data.features) + " features per sample; the CNN reads 28x28 = 784");
-  }
+  check_input(data, kSide * kSide, samples, "cnn (28x28 images)");
   use_arena_threads();
   Workspace::Kernels& k = *ws.kernels;
   const std::size_t b = samples.size(), half = kSide / 2, quarter = kSide / 4;

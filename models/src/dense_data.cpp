@@ -1,11 +1,30 @@
 // A sample as a GPU chunk receives it (features, then the label as a float), and the epochs' sample order.
 #include <stealbatch/models/dense_data.hpp>
 
+#include <stealbatch/error.hpp>
+
 #include <cstring>
+#include <string>
 #include <numeric>
 #include <utility>
 
 namespace stealbatch::examples {
+
+void check_input(const DenseData& data, std::size_t features, std::span<const std::uint32_t> samples, const char* model) {
+  if (data.features != features) {
+    throw DataError(std::string(model) + ": the data has " + std::to_string(data.features) + " features per sample; the model's input takes " +
+                    std::to_string(features) + " (images of another size than the model was built for?)");
+  }
+  if (data.x.size() < data.count * data.features || data.y.size() < data.count) {
+    throw DataError(std::string(model) + ": the data holds " + std::to_string(data.x.size()) + " floats and " + std::to_string(data.y.size()) +
+                    " labels, too few for " + std::to_string(data.count) + " samples of " + std::to_string(data.features) + " features");
+  }
+  for (const std::uint32_t s : samples) {
+    if (s >= data.count) {
+      throw DataError(std::string(model) + ": sample " + std::to_string(s) + " is past the data's " + std::to_string(data.count) + " samples");
+    }
+  }
+}
 
 std::size_t gpu_input_bytes(const DenseData& data) { return (data.features + 1) * sizeof(float); }
 

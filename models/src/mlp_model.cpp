@@ -32,6 +32,7 @@ std::vector<float> MlpModel::initial_parameters(std::uint64_t seed) const {
 
 void MlpModel::forward(std::span<const float> params, const DenseData& data, std::span<const std::uint32_t> samples,
                        Workspace& ws) const {
+  check_input(data, m_sizes[0], samples, "mlp");
   const std::size_t layers = m_weight.size(), b = samples.size();
   ws.act.resize(layers + 1);
   ws.delta.resize(layers + 1);

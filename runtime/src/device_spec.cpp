@@ -54,7 +54,7 @@ std::vector<double> parse_number_list(std::string_view list, std::string_view fi
 
 DeviceSpec parse_device_spec(std::string_view spec) {
   constexpr std::string_view kRule =
-      "expected cpu:N (1..256), cuda:all, cuda:local, cuda:I[,J...], vgpu:SM1[,SM2...] (SM counts >= 1) or sim:S1[,S2...] (speeds > 0)";
+      "expected cpu:N (1..256), cuda:all, cuda:local, cuda:I[,J...], vgpu:SM1[,SM2...] (SM counts >= 1) or sim:S1[,S2...] (speeds in [0.001, 1000000])";
   DeviceSpec out;
   out.text = std::string(spec);
   const auto colon = spec.find(':');
@@ -96,7 +96,10 @@ DeviceSpec parse_device_spec(std::string_view spec) {
     out.kind = DeviceKind::kSim;
     out.speeds = parse_number_list(rest, "devices");
     for (double s : out.speeds) {
-      if (!(s > 0)) bad("devices", spec, kRule);
+      // A speed of 1e-9 would make a step last for days, and 1e-300 overflows the simulated chunk's duration.
+      if (!(s >= kMinSimSpeed && s <= kMaxSimSpeed)) {
+        bad("devices", spec, "simulated speeds must lie in [0.001, 1000000]");
+      }
     }
     if (out.speeds.size() > 4096) bad("devices", spec, "at most 4096 simulated devices");
     out.count = out.speeds.size();

@@ -16,8 +16,10 @@ namespace stealbatch {
 //   if (auto last = dir.latest()) rt.load_checkpoint(*last);
 class CheckpointDir {
  public:
-  // Creates the folder when it does not exist; CheckpointError (kIo) when it cannot.
-  explicit CheckpointDir(std::filesystem::path dir);
+  // kCreate: a folder to save into, made when it does not exist; kExisting: a folder to resume from, never made.
+  enum class Open { kCreate, kExisting };
+  // CheckpointError (kIo) when the folder cannot be made (kCreate) or is not there (kExisting).
+  explicit CheckpointDir(std::filesystem::path dir, Open open = Open::kCreate);
   const std::filesystem::path& path() const noexcept { return m_dir; }
   std::filesystem::path path_for(std::uint64_t step) const;
   // The complete checkpoints (a file is only ever there whole: write_file_durably renames it into place), oldest
@@ -27,6 +29,26 @@ class CheckpointDir {
   // Removes all but the newest `keep` (>= 1) checkpoints, and the temporary files of saves that never finished (a
   // process killed while saving). Not for a folder that another process saves into at the same time.
   void prune(std::size_t keep) const;
+  // Removes every checkpoint (a run that replaces another's, asked to).
+  void remove_all() const;
+
+  // The folder's one writer: an exclusive lock (flock) on DIR/.lock, held while the Lock lives and released by the
+  // kernel however the process ends, so a crashed writer leaves no stale lock. The lock file records the holder's
+  // pid for the message another writer gets.
+  class Lock {
+   public:
+    Lock(Lock&& other) noexcept;
+    Lock& operator=(Lock&&) = delete;
+    Lock(const Lock&) = delete;
+    ~Lock();
+
+   private:
+    friend class CheckpointDir;
+    explicit Lock(int fd) noexcept : m_fd(fd) {}
+    int m_fd;
+  };
+  // Takes the folder's lock; CheckpointError (kIo) naming the holder when another live process has it.
+  Lock lock() const;
 
  private:
   std::filesystem::path m_dir;

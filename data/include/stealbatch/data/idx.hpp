@@ -46,7 +46,8 @@ enum class DataSplit { kTrain, kTest };
 //   std::span<const float> item0(train.x.data(), train.features);  // train.y[0] in 0..9
 struct Dataset {
   std::size_t count = 0;
-  std::size_t features = 0;
+  std::size_t features = 0;  // rows * cols
+  std::size_t rows = 0, cols = 0;
   std::vector<float> x;
   std::vector<std::uint8_t> y;
 };

@@ -18,6 +18,13 @@ struct DenseData {
   std::span<const std::uint8_t> y;     // count
 };
 
+// Throws DataError unless `data` is what a model of `features` inputs can read at `samples`: its feature count is the
+// model's, its rows and labels hold `count` samples, and every sample id is below the count. `model` names the model in
+// the message. Every example model calls it where samples enter (forward, accuracy).
+//
+//   check_input(data, 784, samples, "mlp");
+void check_input(const DenseData& data, std::size_t features, std::span<const std::uint32_t> samples, const char* model);
+
 // What a GPU chunk receives of each sample (RuntimeOptions::input_bytes and ::gather): its features, then its
 // label as a float.
 //

@@ -18,13 +18,18 @@ enum class DeviceKind { kCpu, kCuda, kSim, kVgpu };
 //   DeviceSpec l = parse_device_spec("cuda:local");   // under mpirun: GPU k for the k-th rank of its node
 //   DeviceSpec v = parse_device_spec("sim:1,1,0.5");  // three simulated devices of those relative speeds
 //   DeviceSpec p = parse_device_spec("vgpu:64,16");   // GPU 0 as two parts of 64 and 16 SMs
+// The range of a simulated device's relative speed ("sim:S1,S2,..."): slower would make a step last for hours at the
+// default 100 us a sample, faster is below the timer's resolution.
+inline constexpr double kMinSimSpeed = 1e-3;
+inline constexpr double kMaxSimSpeed = 1e6;
+
 struct DeviceSpec {
   DeviceKind kind = DeviceKind::kCpu;
   std::vector<int> ids;        // kCuda: the GPU ordinals (empty with all_gpus); kVgpu: the SM count of each part
   bool all_gpus = false;       // kCuda: "cuda:all"
   bool local_gpu = false;      // kCuda: "cuda:local", one GPU: the rank's index among the ranks of its node (with a cluster)
   std::size_t count = 0;       // the number of devices (kCuda with all_gpus: 0 until the GPUs are counted)
-  std::vector<double> speeds;  // kSim: relative speeds, one per device
+  std::vector<double> speeds;  // kSim: relative speeds, one per device, in [kMinSimSpeed, kMaxSimSpeed]
   std::string text;            // the spec as given, for messages
 };
 

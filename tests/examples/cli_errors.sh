@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# What a user can get wrong on the examples' command line and data, each answered with the README's exit status
+# (2 configuration, 3 data, 4 checkpoint) and a message that names the problem, before any training where it can be
+# known then; and nothing created that was not asked for.
+# Usage: cli_errors.sh MLP CNN [TORCH_MLP]      (MPIRUN=... adds the same codes on two ranks)
+set -uo pipefail
+mlp=$1 cnn=$2 torch_mlp=${3:-}
+read -r -a mpirun <<<"${MPIRUN:-}"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fails=0
+
+# Small synthetic Fashion-MNIST-shaped sets: train 28x28; test 28x28, 27x27 or 29x28.
+python3 - "$work" <<'PY'
+import gzip, os, random, struct, sys
+root = sys.argv[1]
+random.seed(5)
+def images(path, n, rows, cols):
+    with gzip.open(path, "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, n, rows, cols) + bytes(random.randrange(256) for _ in range(n * rows * cols)))
+def labels(path, n):
+    with gzip.open(path, "wb") as f:
+        f.write(struct.pack(">II", 0x801, n) + bytes(random.randrange(10) for _ in range(n)))
+for name, (r, c) in {"good": (28, 28), "test27": (27, 27), "test29": (29, 28)}.items():
+    d = os.path.join(root, name)
+    os.makedirs(d)
+    images(os.path.join(d, "train-images-idx3-ubyte.gz"), 512, 28, 28)
+    labels(os.path.join(d, "train-labels-idx1-ubyte.gz"), 512)
+    images(os.path.join(d, "t10k-images-idx3-ubyte.gz"), 64, r, c)
+    labels(os.path.join(d, "t10k-labels-idx1-ubyte.gz"), 64)
+# A gzip file whose CRC trailer does not match its data.
+d = os.path.join(root, "badcrc")
+os.makedirs(d)
+for f in os.listdir(os.path.join(root, "good")):
+    data = open(os.path.join(root, "good", f), "rb").read()
+    if f.startswith("t10k-images"):
+        data = data[:-8] + bytes(b ^ 0xFF for b in data[-8:-4]) + data[-4:]
+    open(os.path.join(d, f), "wb").write(data)
+PY
+
+# expect RC PATTERN -- COMMAND...: the command exits RC and its output matches PATTERN (grep -E), and trained nothing
+# when RC is not 0 ("epoch 1/" never printed).
+expect() {
+  local want=$1 pattern=$2 rc out
+  shift 3
+  out=$("$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne "$want" ] || ! grep -q -E -- "$pattern" <<<"$out"; then
+    echo "FAIL: $* exited $rc (want $want), output lacks /$pattern/:"
+    sed 's/^/  | /' <<<"$out" | tail -8
+    fails=$((fails + 1))
+    return
+  fi
+  if [ "$want" -ne 0 ] && grep -q "epoch 1/" <<<"$out"; then
+    echo "FAIL: $* trained before it failed:"
+    sed 's/^/  | /' <<<"$out" | tail -8
+    fails=$((fails + 1))
+    return
+  fi
+  echo "ok: $want /$pattern/: ${*#"$mlp" }"
+}
+
+base=(--data "$work/good")
+small=("${base[@]}" --epochs 1 --devices cpu:2)
+# Data: every split must match the training set's images, before training (the CNN too).
+expect 3 "test images are 27x27, the training images 28x28" -- "$mlp" --data "$work/test27" --epochs 1 --devices cpu:2
+expect 3 "test images are 29x28" -- "$mlp" --data "$work/test29" --epochs 1 --devices cpu:2
+expect 3 "test images are 27x27" -- "$cnn" --data "$work/test27" --epochs 1 --devices cpu:2
+expect 3 "does not match its CRC" -- "$mlp" --data "$work/badcrc" --epochs 1 --devices cpu:2
+# Usage errors exit 2, whatever CLI11's own code.
+expect 2 "bogus" -- "$mlp" --bogus
+expect 2 "epochs" -- "$mlp" --epochs abc
+expect 2 "epochs" -- "$mlp" --epochs 0
+expect 0 "Usage" -- "$mlp" --help
+# Unsigned flags given a negative number are refused, not wrapped to 2^64 - 1.
+for flag in --limit --seed --save-every --stop-after --keep --batch; do
+  expect 2 "$flag: Value -1 not in range" -- "$mlp" "${small[@]}" "$flag" -1
+done
+# Simulated speeds have a range.
+expect 2 "simulated speeds must lie in" -- "$mlp" "${base[@]}" --devices sim:1e-9
+expect 2 "simulated speeds must lie in" -- "$mlp" "${base[@]}" --devices sim:1,1e-300
+# Paths: empty ones are refused, a missing resume folder is a checkpoint error and is not created, an unwritable
+# --json is found before training.
+expect 2 "empty path" -- "$mlp" "${small[@]}" --save ""
+expect 2 "empty path" -- "$mlp" "${small[@]}" --resume ""
+expect 4 "no such checkpoint folder" -- "$mlp" "${small[@]}" --resume "$work/nothing-here"
+[ -e "$work/nothing-here" ] && { echo "FAIL: --resume created the folder it was to read"; fails=$((fails + 1)); }
+mkdir "$work/empty"
+expect 4 "no checkpoint" -- "$mlp" "${small[@]}" --resume "$work/empty"
+expect 2 "json = .*cannot open it for writing" -- "$mlp" "${small[@]}" --json "$work/no-such-dir/out.json"
+expect 2 "compare.*policy" -- "$mlp" "${small[@]}" --compare --policy static
+# A checkpoint folder has one owner: a second run with other flags does not save into it (unless asked to replace its
+# checkpoints), --resume refuses another run's checkpoint naming what differs, and two live runs cannot share it.
+ck=("${base[@]}" --batch 64 --devices cpu:2)
+expect 0 "checkpoints: .* saved" -- "$mlp" "${ck[@]}" --epochs 2 --save "$work/ck"
+expect 2 "holds .* checkpoint.*--save-overwrite" -- "$mlp" "${ck[@]}" --epochs 2 --lr 0.01 --save "$work/ck"
+expect 2 "another run's checkpoint \(lr: 0.003 there, 0.01 here\)" -- "$mlp" "${ck[@]}" --epochs 2 --lr 0.01 --resume "$work/ck"
+expect 0 "checkpoints: .* saved" -- "$mlp" "${ck[@]}" --epochs 2 --lr 0.01 --save "$work/ck" --save-overwrite
+expect 0 "resumed from" -- "$mlp" "${ck[@]}" --epochs 3 --lr 0.01 --resume "$work/ck" --save "$work/ck"
+"$mlp" "${base[@]}" --epochs 1000 --batch 8 --devices cpu:1 --save "$work/live" > "$work/live.txt" 2>&1 &
+live=$!
+for _ in $(seq 200); do grep -q "epoch 1/" "$work/live.txt" 2>/dev/null && break; sleep 0.05; done
+expect 4 "another live process \(pid $live\) is saving checkpoints into this folder" -- "$mlp" "${ck[@]}" --epochs 1 --save "$work/live"
+kill "$live" 2>/dev/null; wait "$live" 2>/dev/null
+# A run whose loss blows up says so, once.
+expect 0 "training is diverging" -- "$mlp" "${ck[@]}" --epochs 2 --lr 10 --optimizer sgd --schedule constant
+if [ -n "$torch_mlp" ]; then
+  expect 2 "cpu:N" -- "$torch_mlp" "${base[@]}" --epochs 1 --plain --devices cpu:0
+fi
+# Under mpirun each failure keeps its exit status across the ranks: a usage error, a data error, a checkpoint error.
+if [ ${#mpirun[@]} -gt 0 ]; then
+  expect 2 "epochs" -- "${mpirun[@]}" -np 2 "$mlp" --epochs 0
+  expect 2 "mlp: bad configuration: .*save.*compare" -- "${mpirun[@]}" -np 2 "$mlp" "${base[@]}" --epochs 1 --compare --devices cpu:1 --save "$work/mpi-ck"
+  expect 3 "test images are 27x27" -- "${mpirun[@]}" -np 2 "$mlp" --data "$work/test27" --epochs 1 --devices cpu:1
+  expect 4 "no such checkpoint folder" -- "${mpirun[@]}" -np 2 "$mlp" "${base[@]}" --epochs 1 --devices cpu:1 --resume "$work/nothing-here"
+  # Ranks launched with different flags (an MPMD launch) are named before they could corrupt the job.
+  expect 2 "disagree when they join on '--batch': rank 0 has 64, rank 1 has 32" -- "${mpirun[@]}" -np 1 "$mlp" "${base[@]}" --epochs 1 --devices cpu:1 \
+    --batch 64 : -np 1 "$mlp" "${base[@]}" --epochs 1 --devices cpu:1 --batch 32
+  expect 2 "disagree when they join on '--seed': rank 0 has 1, rank 1 has 2" -- "${mpirun[@]}" -np 1 "$mlp" "${base[@]}" --epochs 1 --devices cpu:1 \
+    : -np 1 "$mlp" "${base[@]}" --epochs 1 --devices cpu:1 --seed 2
+fi
+
+if [ $fails -ne 0 ]; then echo "cli_errors: $fails case(s) failed"; exit 1; fi
+echo "cli_errors: PASS"
