@@ -129,7 +129,7 @@ TEST_CASE("Cnn.LayoutAndInitializationAreTheSpecifiedOnes") {
   std::vector<float> grad(p.size(), 0.0f);
   CnnModel::Workspace ws;
   const std::vector<std::uint32_t> both{0, 1};
-  CHECK_THROWS_AS(model.accumulate_gradient(p, grad, DenseData{2, 100, rows, labels}, both, ws), ConfigError);
+  CHECK_THROWS_AS(model.accumulate_gradient(p, grad, DenseData{2, 100, rows, labels}, both, ws), DataError);
 }
 
 TEST_CASE("Cnn.PoolTieGoesToTheFirstMaximum") {
