@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 namespace stealbatch::detail {
 
@@ -37,18 +38,22 @@ AgreementFields from_text(const std::vector<char>& text) {
   return out;
 }
 
-// The first field where `b` differs from `a` (a field one of them lacks counts): its name and both values.
-bool first_difference(const AgreementFields& a, const AgreementFields& b, std::string& name, std::string& va, std::string& vb) {
+// Where two ranks' fields first differ: the field's name and each side's value. A field that one side lacks, or two
+// lists out of step, are named by their place, with each side's name and value.
+struct Difference {
+  std::string name, a, b;
+};
+
+std::optional<Difference> first_difference(const AgreementFields& a, const AgreementFields& b) {
   for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-    const bool in_a = i < a.size(), in_b = i < b.size();
-    if (in_a && in_b && a[i] == b[i]) continue;
-    name = in_a ? a[i].first : b[i].first;
-    va = in_a ? a[i].second : "(none)";
-    vb = in_b ? b[i].second : "(none)";
-    if (in_a && in_b && a[i].first != b[i].first) va = a[i].first + " = " + a[i].second, vb = b[i].first + " = " + b[i].second, name = "field " + std::to_string(i);
-    return true;
+    if (i < a.size() && i < b.size()) {
+      if (a[i] == b[i]) continue;
+      if (a[i].first == b[i].first) return Difference{a[i].first, a[i].second, b[i].second};
+    }
+    const auto entry = [i](const AgreementFields& f) { return i < f.size() ? f[i].first + " = " + f[i].second : std::string("(none)"); };
+    return Difference{"field " + std::to_string(i), entry(a), entry(b)};
   }
-  return false;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -88,9 +93,8 @@ void check_agreement(Cluster& cluster, const AgreementFields& fields, std::strin
   std::vector<char> zero = as_text(fields);
   cluster.broadcast(zero, 0);
   const AgreementFields at_zero = from_text(zero);
-  std::string name, v0, vk;
   std::vector<double> differs(static_cast<std::size_t>(ranks), 0.0);
-  differs[static_cast<std::size_t>(me)] = first_difference(at_zero, fields, name, v0, vk) ? 1.0 : 0.0;
+  differs[static_cast<std::size_t>(me)] = first_difference(at_zero, fields) ? 1.0 : 0.0;
   cluster.allreduce_sum(differs);
   std::vector<int> which;
   for (int r = 0; r < ranks; ++r) {
@@ -103,11 +107,11 @@ void check_agreement(Cluster& cluster, const AgreementFields& fields, std::strin
   }
   std::vector<char> theirs = as_text(fields);
   cluster.broadcast(theirs, which.front());
-  (void)first_difference(at_zero, from_text(theirs), name, v0, vk);
+  const Difference d = first_difference(at_zero, from_text(theirs)).value_or(Difference{"(nothing shown)", "", ""});
   std::string list;
   for (std::size_t i = 0; i < which.size() && i < 8; ++i) list += (i ? ", " : "") + std::to_string(which[i]);
   if (which.size() > 8) list += ", ... (" + std::to_string(which.size()) + " ranks)";
-  msg += " on '" + name + "': rank 0 has " + v0 + ", rank " + std::to_string(which.front()) + " has " + vk + " (ranks that differ from rank 0: " +
+  msg += " on '" + d.name + "': rank 0 has " + d.a + ", rank " + std::to_string(which.front()) + " has " + d.b + " (ranks that differ from rank 0: " +
          list + "); every rank must be launched with the same settings";
   throw ConfigError(msg);
 }

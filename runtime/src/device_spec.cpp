@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 namespace stealbatch {
@@ -54,7 +55,7 @@ std::vector<double> parse_number_list(std::string_view list, std::string_view fi
 
 DeviceSpec parse_device_spec(std::string_view spec) {
   constexpr std::string_view kRule =
-      "expected cpu:N (1..256), cuda:all, cuda:local, cuda:I[,J...], vgpu:SM1[,SM2...] (SM counts >= 1) or sim:S1[,S2...] (speeds in [0.001, 1000000])";
+      "expected cpu:N (1..256), cuda:all, cuda:local, cuda:I[,J...], vgpu:SM1[,SM2...] (SM counts >= 1) or sim:S1[,S2...] (speeds in [0.001, 1e+06])";
   DeviceSpec out;
   out.text = std::string(spec);
   const auto colon = spec.find(':');
@@ -98,7 +99,9 @@ DeviceSpec parse_device_spec(std::string_view spec) {
     for (double s : out.speeds) {
       // A speed of 1e-9 would make a step last for days, and 1e-300 overflows the simulated chunk's duration.
       if (!(s >= kMinSimSpeed && s <= kMaxSimSpeed)) {
-        bad("devices", spec, "simulated speeds must lie in [0.001, 1000000]");
+        char range[64];
+        std::snprintf(range, sizeof range, "simulated speeds must lie in [%g, %g]", kMinSimSpeed, kMaxSimSpeed);
+        bad("devices", spec, range);
       }
     }
     if (out.speeds.size() > 4096) bad("devices", spec, "at most 4096 simulated devices");
