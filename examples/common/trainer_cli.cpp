@@ -160,8 +160,37 @@ void warn_if_diverging(double loss, std::size_t step, double& first_loss) {
 
 std::size_t chunk_size(const TrainerFlags& f) { return f.chunk == "auto" ? 0 : static_cast<std::size_t>(std::stoull(f.chunk)); }
 
-RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel& model, const DenseData& train_set) {
+// One policy's run, an epoch at a time, so that --compare can alternate the policies epoch by epoch.
+class PolicyRun {
+ public:
+  PolicyRun(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel& model, const DenseData& train_set);
+  std::size_t first_epoch() const { return from.epoch; }
+  std::size_t last_epoch() const { return f.stop_after ? std::min(f.epochs, from.epoch + f.stop_after - 1) : f.epochs; }
+  // One untimed gradient (no update) on the first epoch's first batch: what the first step in a process pays and a
+  // steady state does not (the kernels' JIT, the data's first touch, the devices' first chunks, the first speeds).
+  void warm_up();
+  void run_epoch(std::size_t epoch);
+  RunResult finish();
+
+ private:
+  const TrainerFlags& f;
+  const TrainerModel& model;
+  const DenseData& train_set;
   RuntimeOptions ro;
+  std::unique_ptr<Runtime> rt;
+  ChunkFunction fn;
+  std::size_t steps_per_epoch = 0, total_steps = 0;
+  RunResult res;
+  RunPosition from;
+  std::optional<CheckpointDir> save_dir;
+  std::optional<CheckpointDir::Lock> save_lock;
+  std::size_t step_no = 0;
+  double first_loss = 0;  // the first step's loss of this process, for warn_if_diverging
+  std::vector<StepReport> all;
+};
+
+PolicyRun::PolicyRun(const TrainerFlags& flags, SchedulePolicy policy, const TrainerModel& m, const DenseData& data)
+    : f(flags), model(m), train_set(data) {
   ro.devices = f.devices;
   ro.chunk_size = chunk_size(f);
   ro.policy = policy;
@@ -172,6 +201,8 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
   ro.endgame = f.endgame == "on" ? EndGame::kOn : EndGame::kOff;
   ro.chunk_sizing = f.chunk_sizing == "speed" ? ChunkSizing::kBySpeed : ChunkSizing::kFixed;
   ro.merge_stolen = f.merge_stolen == "on";
+  ro.stall_timeout = f.stall_timeout;
+  ro.heartbeat_timeout = f.heartbeat_timeout;
   const DeviceSpec spec = parse_device_spec(f.devices);
   ro.cluster = g_cluster;
   // What every rank must share besides the runtime's own options: the flags that shape the run.
@@ -191,19 +222,16 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
     if (!model.gpu_chunk) throw ConfigError("devices = '" + f.devices + "': this program was built without the CUDA backend (STEALBATCH_CUDA=OFF)");
     // A GPU chunk's samples travel as rows of features + label, gathered on the host into pinned staging.
     ro.input_bytes = gpu_input_bytes(train_set);
-    ro.gather = [&train_set](std::uint32_t s, std::byte* dst) { gather_sample(train_set, s, dst); };
+    ro.gather = [&set = train_set](std::uint32_t s, std::byte* dst) { gather_sample(set, s, dst); };
   }
-  Runtime rt(ro);
-  rt.register_parameters(*model.layout, model.initial);
-  const ChunkFunction fn = gpu && !model.chunk_function_on_gpus ? model.gpu_chunk : model.chunk_function(rt.device_count());
+  rt = std::make_unique<Runtime>(ro);
+  rt->register_parameters(*model.layout, model.initial);
+  fn = gpu && !model.chunk_function_on_gpus ? model.gpu_chunk : model.chunk_function(rt->device_count());
 
-  const std::size_t steps_per_epoch = (train_set.count + f.batch - 1) / f.batch;
-  const std::size_t total_steps = steps_per_epoch * f.epochs;
-  RunResult res;
+  steps_per_epoch = (train_set.count + f.batch - 1) / f.batch;
+  total_steps = steps_per_epoch * f.epochs;
   res.policy = policy == SchedulePolicy::kSteal ? "steal" : policy == SchedulePolicy::kStatic ? "static" : "central";
-  const RunPosition from = f.resume.empty() ? RunPosition{} : resume_from(f, rt, train_set.count, res);
-  std::optional<CheckpointDir> save_dir;
-  std::optional<CheckpointDir::Lock> save_lock;
+  from = f.resume.empty() ? RunPosition{} : resume_from(f, *rt, train_set.count, res);
   if (!f.save.empty()) {
     save_dir.emplace(f.save);
     if (!quiet_rank()) {  // across ranks rank 0 writes
@@ -222,61 +250,75 @@ RunResult train(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel
       }
     }
   }
-  std::size_t step_no = from.step;
-  double first_loss = 0;  // the first step's loss of this process, for warn_if_diverging
-  std::vector<std::uint32_t> order;
-  std::vector<StepReport> all;
-  const std::size_t last_epoch = f.stop_after ? std::min(f.epochs, from.epoch + f.stop_after - 1) : f.epochs;
-  for (std::size_t epoch = from.epoch; epoch <= last_epoch; ++epoch) {
-    order = epoch_order(train_set.count, f.seed, epoch);  // the same order for every policy, and for perf/torch_ref.py
-    const auto t0 = Clock::now();
-    auto last_print = t0;
-    double loss_sum = 0, saving = 0;
-    const std::size_t first = epoch == from.epoch ? from.position : 0;
-    std::size_t done = 0, saved_at = 0;
-    for (std::size_t start = first; start < order.size(); start += f.batch) {
-      const std::size_t b = std::min(f.batch, order.size() - start);
-      if (f.schedule == "cosine") {  // cosine decay from --lr towards 0 over the whole run
-        const double progress = static_cast<double>(step_no) / static_cast<double>(total_steps);
-        rt.set_learning_rate(std::max(1e-6f, static_cast<float>(f.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * progress)))));
-      }
-      ++step_no;
-      const StepReport r = rt.step(std::span<const std::uint32_t>(order).subspan(start, b), fn);
-      warn_if_diverging(r.loss, step_no, first_loss);
-      loss_sum += r.loss * static_cast<double>(r.samples);
-      done += b;
-      all.push_back(r);
-      if (save_dir && f.save_every && step_no % f.save_every == 0 && start + b < order.size()) {
-        res.save_seconds.push_back(save_to(f, rt, *save_dir, train_set.count, {epoch, start + b, step_no}));
-        saving += res.save_seconds.back(), saved_at = step_no;
-      }
-      const auto now = Clock::now();
-      if (now - last_print > std::chrono::milliseconds(to_terminal() ? 250 : 10000) || start + b == order.size()) {
-        progress(res.policy, epoch, f.epochs, first + done, order.size(), std::chrono::duration<double>(now - t0).count() - saving,
-                 loss_sum / static_cast<double>(done));
-        last_print = now;
-      }
+  step_no = from.step;
+}
+
+void PolicyRun::warm_up() {
+  const std::vector<std::uint32_t> order = epoch_order(train_set.count, f.seed, from.epoch);
+  (void)rt->compute_gradient(std::span<const std::uint32_t>(order).subspan(0, std::min(f.batch, order.size())), fn);
+}
+
+void PolicyRun::run_epoch(std::size_t epoch) {
+  const std::vector<std::uint32_t> order = epoch_order(train_set.count, f.seed, epoch);  // the same order for every policy, and for perf/torch_ref.py
+  const auto t0 = Clock::now();
+  auto last_print = t0;
+  double loss_sum = 0, saving = 0;
+  const std::size_t first = epoch == from.epoch ? from.position : 0;
+  std::size_t done = 0, saved_at = 0;
+  for (std::size_t start = first; start < order.size(); start += f.batch) {
+    const std::size_t b = std::min(f.batch, order.size() - start);
+    if (f.schedule == "cosine") {  // cosine decay from --lr towards 0 over the whole run
+      const double progress = static_cast<double>(step_no) / static_cast<double>(total_steps);
+      rt->set_learning_rate(std::max(1e-6f, static_cast<float>(f.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * progress)))));
     }
-    if (save_dir && saved_at != step_no) {
-      res.save_seconds.push_back(save_to(f, rt, *save_dir, train_set.count, {epoch + 1, 0, step_no}));
-      saving += res.save_seconds.back();
+    ++step_no;
+    const StepReport r = rt->step(std::span<const std::uint32_t>(order).subspan(start, b), fn);
+    warn_if_diverging(r.loss, step_no, first_loss);
+    loss_sum += r.loss * static_cast<double>(r.samples);
+    done += b;
+    all.push_back(r);
+    if (save_dir && f.save_every && step_no % f.save_every == 0 && start + b < order.size()) {
+      res.save_seconds.push_back(save_to(f, *rt, *save_dir, train_set.count, {epoch, start + b, step_no}));
+      saving += res.save_seconds.back(), saved_at = step_no;
     }
-    res.epoch_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count() - saving);
-    res.epoch_loss.push_back(done > 0 ? loss_sum / static_cast<double>(done) : 0);
-    if (to_terminal() && !quiet_rank()) std::fprintf(stderr, "\n");
+    const auto now = Clock::now();
+    if (now - last_print > std::chrono::milliseconds(to_terminal() ? 250 : 10000) || start + b == order.size()) {
+      progress(res.policy, epoch, f.epochs, first + done, order.size(), std::chrono::duration<double>(now - t0).count() - saving,
+               loss_sum / static_cast<double>(done));
+      last_print = now;
+    }
   }
+  if (save_dir && saved_at != step_no) {
+    res.save_seconds.push_back(save_to(f, *rt, *save_dir, train_set.count, {epoch + 1, 0, step_no}));
+    saving += res.save_seconds.back();
+  }
+  res.epoch_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count() - saving);
+  res.epoch_loss.push_back(done > 0 ? loss_sum / static_cast<double>(done) : 0);
+  if (to_terminal() && !quiet_rank()) std::fprintf(stderr, "\n");
+}
+
+RunResult PolicyRun::finish() {
   res.total = stealbatch::accumulate(all);
   res.steals = res.total.steals;
   const double secs = std::accumulate(res.epoch_seconds.begin(), res.epoch_seconds.end(), 0.0);
   res.samples_per_s = secs > 0 ? static_cast<double>(res.total.samples) / secs : 0;
-  res.test_accuracy = model.test_accuracy(rt.parameters(0));
+  res.test_accuracy = model.test_accuracy(rt->parameters(0));
   if (ro.chunk_size == 0) {
-    for (std::size_t d = 0; d < rt.device_count(); ++d) res.chunk_curves.push_back(rt.chunk_curve(d));
+    for (std::size_t d = 0; d < rt->device_count(); ++d) res.chunk_curves.push_back(rt->chunk_curve(d));
   }
+  rt.reset();  // its devices and threads go before the next policy's run
   return res;
 }
 
 double mean(const std::vector<double>& v) { return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size()); }
+
+// The median (of an even count, the mean of the middle two).
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
 
 }  // namespace
 
@@ -312,7 +354,7 @@ void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<voi
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_option("--gpu-wait", f.gpu_wait, "GPU devices: spin (CUDA's default scheduling, as PyTorch waits) or block (blocking-sync events: no CPU, a wake-up per wait)")
       ->check(CLI::IsMember({"spin", "block"}))->capture_default_str();
-  app.add_flag("--compare", f.compare, "run static and steal on the same work and print both dashboards and the speedup");
+  app.add_flag("--compare", f.compare, "run static and steal on the same work, each warmed up by one untimed step, alternating epoch by epoch; print both dashboards and the speedup of the median epochs");
   app.add_option("--json", f.json, "write the results as JSON to this file")->check(a_path);
   app.add_option("--trace", f.trace, "write a Chrome trace (with --compare: FILE.static.json and FILE.steal.json)")->check(a_path);
   count("--seed", f.seed, "seed for initialization, shuffling and victim choice", 0, 9007199254740992.0);
@@ -321,6 +363,8 @@ void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<voi
   count("--keep", f.keep, "checkpoints kept in --save, the newest", 1, 1000000);
   app.add_flag("--save-overwrite", f.save_overwrite, "let --save replace the checkpoints already in its folder (another run's, or this one's when not resuming from it)");
   app.add_option("--resume", f.resume, "continue from DIR's newest checkpoint (the same --seed, --batch and data; --epochs counts the whole run)")->check(a_path);
+  count("--stall-timeout", f.stall_timeout, "seconds a device may spend in one chunk before its step fails (across ranks: before the job ends; also how long a rank may stay out of the others' step)", 0.001, 86400);
+  count("--heartbeat-timeout", f.heartbeat_timeout, "across ranks: seconds without a rank's heartbeat (its process frozen or gone, its node unreachable) before the job ends, naming it; the heartbeat beats whatever the rank is doing, long chunks included", 0.001, 86400);
   count("--stop-after", f.stop_after, "end this process after this many epochs, the schedule still spanning --epochs (runs in time slots, with --save and --resume; 0 = never)", 0, 1000);
 }
 
@@ -334,7 +378,7 @@ int parse_command_line(const char* program, CLI::App& app, const TrainerFlags& f
   try {
     // What no single flag's check can see.
     if (f.compare && app.count("--policy") > 0) {
-      throw ConfigError("--compare runs static and then steal on the same work; --policy " + f.policy + " does not apply to it (drop one of the two)");
+      throw ConfigError("--compare runs static and steal on the same work; --policy " + f.policy + " does not apply to it (drop one of the two)");
     }
     (void)parse_device_spec(f.devices);  // also where a variant (--plain) never builds a runtime from it
     if (!f.json.empty()) {
@@ -366,15 +410,36 @@ TrainingData::TrainingData(const TrainerFlags& f)
 }
 
 std::vector<RunResult> train_policies(const TrainerFlags& f, const TrainerModel& model, const DenseData& train_set) {
-  std::vector<SchedulePolicy> policies;
   if (f.compare && (!f.save.empty() || !f.resume.empty())) throw ConfigError("--save and --resume are for one run, not --compare's two");
-  if (f.compare) {
-    policies = {SchedulePolicy::kStatic, SchedulePolicy::kSteal};
-  } else {
-    policies = {parse_policy(f.policy)};
-  }
   std::vector<RunResult> runs;
-  for (SchedulePolicy p : policies) runs.push_back(train(f, p, model, train_set));
+  if (!f.compare) {
+    PolicyRun run(f, parse_policy(f.policy), model, train_set);
+    for (std::size_t e = run.first_epoch(); e <= run.last_epoch(); ++e) run.run_epoch(e);
+    runs.push_back(run.finish());
+    return runs;
+  }
+  // --compare: neither policy may pay what the other does not. Each is warmed up by one untimed gradient before
+  // anything is timed, and within one process the two alternate epoch by epoch, static first, so that a machine
+  // whose load drifts slows both alike (report() takes each one's median epoch). Across ranks the two runtimes may
+  // not live at once (their share words would meet in the cluster's window): there each policy runs whole, in turn.
+  if (g_cluster) {
+    for (SchedulePolicy p : {SchedulePolicy::kStatic, SchedulePolicy::kSteal}) {
+      PolicyRun run(f, p, model, train_set);
+      run.warm_up();
+      for (std::size_t e = run.first_epoch(); e <= run.last_epoch(); ++e) run.run_epoch(e);
+      runs.push_back(run.finish());
+    }
+    return runs;
+  }
+  PolicyRun fixed(f, SchedulePolicy::kStatic, model, train_set), stealing(f, SchedulePolicy::kSteal, model, train_set);
+  fixed.warm_up();
+  stealing.warm_up();
+  for (std::size_t e = fixed.first_epoch(); e <= fixed.last_epoch(); ++e) {
+    fixed.run_epoch(e);
+    stealing.run_epoch(e);
+  }
+  runs.push_back(fixed.finish());
+  runs.push_back(stealing.finish());
   return runs;
 }
 
@@ -399,9 +464,10 @@ void report(const TrainerFlags& f, const std::vector<RunResult>& runs) {
   }
   double speedup = 0;
   if (f.compare) {
-    speedup = mean(runs[0].epoch_seconds) / mean(runs[1].epoch_seconds);
-    std::printf("\nsteal vs static: %.2fx faster per epoch (static %.3f s, steal %.3f s, same run)\n", speedup, mean(runs[0].epoch_seconds),
-                mean(runs[1].epoch_seconds));
+    const double a = median_of(runs[0].epoch_seconds), b = median_of(runs[1].epoch_seconds);
+    speedup = a / b;
+    std::printf("\nsteal vs static: %.2fx faster per epoch (median epoch: static %.3f s, steal %.3f s; %zu epoch(s) each, %s, after one untimed step each)\n",
+                speedup, a, b, runs[1].epoch_seconds.size(), g_cluster ? "one policy after the other" : "alternating");
   }
   std::printf("test accuracy %.4f\n", runs.back().test_accuracy);
   if (const auto& saves = runs.back().save_seconds; !saves.empty()) {
@@ -425,7 +491,7 @@ void report(const TrainerFlags& f, const std::vector<RunResult>& runs) {
                            {"utilization", util}, {"chunk_samples", sizes}, {"chunk_curves", r.chunk_curves}, {"test_accuracy", r.test_accuracy},
                            {"checkpoint_save_seconds", r.save_seconds}, {"checkpoint_load_seconds", r.load_seconds}});
     }
-    if (f.compare) j["speedup_steal_vs_static"] = speedup;
+    if (f.compare) j["speedup_steal_vs_static"] = speedup;  // of the median epochs
     std::ofstream out(f.json);
     if (!out) throw Error("cannot write --json file '" + f.json + "'");
     out << j.dump(2) << "\n";

@@ -47,6 +47,8 @@ struct TrainerFlags {
   std::string resume{};          // checkpoint folder to continue from
   bool save_overwrite = false;   // --save may replace the checkpoints of another run in its folder
   std::size_t stop_after = 0;    // epochs this process runs before it ends (0 = to --epochs)
+  double stall_timeout = 600;    // RuntimeOptions::stall_timeout
+  double heartbeat_timeout = 10; // RuntimeOptions::heartbeat_timeout (across ranks)
 };
 
 // Adds the shared flags to app, with f's values as the defaults; model_options adds the model's own flags

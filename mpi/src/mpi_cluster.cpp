@@ -39,6 +39,7 @@ struct MpiCluster::State {
   std::uint64_t* base = nullptr;
   int rank = 0, size = 1;
   std::vector<char> same_node;
+  std::vector<std::string> node_names;
   // Every MPI call of this cluster is made under this lock: the library runs MPI_THREAD_MULTIPLE, but one-sided
   // components have had thread-safety defects, and these calls are short (a window atomic, a test of a collective).
   std::mutex lock;
@@ -105,6 +106,18 @@ std::shared_ptr<MpiCluster> MpiCluster::world() {
   std::vector<int> leaders(static_cast<std::size_t>(s->size));
   check(MPI_Allgather(&node_leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, s->comm), "MPI_Allgather");
   for (int l : leaders) s->same_node.push_back(l == node_leader ? 1 : 0);
+  // Each rank's node name, for messages.
+  std::vector<char> names(static_cast<std::size_t>(s->size) * MPI_MAX_PROCESSOR_NAME, '\0');
+  {
+    char mine[MPI_MAX_PROCESSOR_NAME] = {};
+    int len = 0;
+    check(MPI_Get_processor_name(mine, &len), "MPI_Get_processor_name");
+    check(MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, s->comm), "MPI_Allgather");
+  }
+  for (int r = 0; r < s->size; ++r) {
+    const char* n = names.data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    s->node_names.emplace_back(n, strnlen(n, MPI_MAX_PROCESSOR_NAME));
+  }
   // The window: kWords words per rank, zero (tag 0 matches no step), locked once for the cluster's life.
   void* mem = nullptr;
   check(MPI_Win_allocate(static_cast<MPI_Aint>(kWords * sizeof(std::uint64_t)), sizeof(std::uint64_t), MPI_INFO_NULL, s->comm, &mem, &s->win),
@@ -159,6 +172,7 @@ MpiCluster::~MpiCluster() {
 int MpiCluster::rank() const noexcept { return m->rank; }
 int MpiCluster::size() const noexcept { return m->size; }
 bool MpiCluster::same_node(int rank) const noexcept { return rank >= 0 && rank < m->size && m->same_node[static_cast<std::size_t>(rank)] != 0; }
+std::string MpiCluster::node_name(int rank) const { return rank >= 0 && rank < m->size ? m->node_names[static_cast<std::size_t>(rank)] : std::string{}; }
 
 std::uint64_t MpiCluster::read(int rank, Word word) {
   const std::lock_guard g(m->lock);
@@ -183,14 +197,12 @@ void MpiCluster::write(int rank, Word word, std::uint64_t value) {
   check(MPI_Win_flush(rank, m->win), "MPI_Win_flush");
 }
 
-void MpiCluster::allreduce_sum(std::span<float> data, const std::function<void()>& waiting) {
-  MPI_Request req = MPI_REQUEST_NULL;
-  {
-    const std::lock_guard g(m->lock);
-    check(MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_FLOAT, MPI_SUM, m->comm, &req), "MPI_Iallreduce");
-  }
-  // Test often at first (a balanced step's ranks arrive together), then yield the core, then sleep between tests, so
-  // a rank that waits long leaves the cores to the ranks still computing; the watch runs every 10 ms.
+// Waits for a nonblocking collective without holding the lock in between tests, so that the other threads of this
+// rank (a thief's steal, the heartbeat) go on while it waits. Tests often at first (a balanced step's ranks arrive
+// together), then yields the core, then sleeps between tests, so a rank that waits long leaves the cores to the
+// ranks still computing; `waiting` runs every 10 ms.
+void MpiCluster::wait(void* request, const std::function<void()>& waiting) {
+  MPI_Request& req = *static_cast<MPI_Request*>(request);
   const auto t0 = std::chrono::steady_clock::now();
   auto next_watch = t0 + std::chrono::milliseconds(10);
   for (int done = 0;;) {
@@ -212,19 +224,40 @@ void MpiCluster::allreduce_sum(std::span<float> data, const std::function<void()
   }
 }
 
-void MpiCluster::allreduce_sum(std::span<double> data) {
-  const std::lock_guard g(m->lock);
-  check(MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_DOUBLE, MPI_SUM, m->comm), "MPI_Allreduce");
+void MpiCluster::allreduce_sum(std::span<float> data, const std::function<void()>& waiting) {
+  MPI_Request req = MPI_REQUEST_NULL;
+  {
+    const std::lock_guard g(m->lock);
+    check(MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_FLOAT, MPI_SUM, m->comm, &req), "MPI_Iallreduce");
+  }
+  wait(&req, waiting);
+}
+
+void MpiCluster::allreduce_sum(std::span<double> data, const std::function<void()>& waiting) {
+  MPI_Request req = MPI_REQUEST_NULL;
+  {
+    const std::lock_guard g(m->lock);
+    check(MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_DOUBLE, MPI_SUM, m->comm, &req), "MPI_Iallreduce");
+  }
+  wait(&req, waiting);
 }
 
 void MpiCluster::broadcast(std::span<char> data, int root) {
-  const std::lock_guard g(m->lock);
-  check(MPI_Bcast(data.data(), static_cast<int>(data.size()), MPI_CHAR, root, m->comm), "MPI_Bcast");
+  MPI_Request req = MPI_REQUEST_NULL;
+  {
+    const std::lock_guard g(m->lock);
+    check(MPI_Ibcast(data.data(), static_cast<int>(data.size()), MPI_CHAR, root, m->comm, &req), "MPI_Ibcast");
+  }
+  wait(&req, {});
 }
 
 void MpiCluster::barrier() {
-  const std::lock_guard g(m->lock);
-  check(MPI_Barrier(m->comm), "MPI_Barrier");
+  MPI_Request req = MPI_REQUEST_NULL;
+  {
+    const std::lock_guard g(m->lock);
+    check(MPI_Ibarrier(m->comm, &req), "MPI_Ibarrier");
+  }
+  wait(&req, {});
 }
 
 void MpiCluster::abort(const std::string& why, int exit_code) noexcept {

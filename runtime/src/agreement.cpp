@@ -69,7 +69,7 @@ std::string hex16(std::uint64_t v) {
   return buf;
 }
 
-void check_agreement(Cluster& cluster, const AgreementFields& fields, std::string_view when) {
+void check_agreement(Cluster& cluster, const AgreementFields& fields, std::string_view when, const std::function<void()>& waiting) {
   const int ranks = cluster.size(), me = cluster.rank();
   if (ranks <= 1) return;
   std::uint64_t h = 1469598103934665603ULL;
@@ -84,7 +84,7 @@ void check_agreement(Cluster& cluster, const AgreementFields& fields, std::strin
     const double b = static_cast<double>((h >> (8 * i)) & 0xff);
     sums[static_cast<std::size_t>(i)] = b, sums[static_cast<std::size_t>(8 + i)] = b * b;
   }
-  cluster.allreduce_sum(sums);
+  cluster.allreduce_sum(sums, waiting);
   bool agree = true;
   for (std::size_t i = 0; i < 8; ++i) agree = agree && static_cast<double>(ranks) * sums[8 + i] == sums[i] * sums[i];
   if (agree) return;

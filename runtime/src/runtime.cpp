@@ -67,6 +67,7 @@ static detail::AgreementFields agreement_fields(const RuntimeOptions& o) {
                             {"optimizer eps", num(o.optimizer.eps)},
                             {"optimizer weight_decay", num(o.optimizer.weight_decay)},
                             {"stall_timeout", num(o.stall_timeout)},
+                            {"heartbeat_timeout", num(o.heartbeat_timeout)},
                             {"on_device_failure", std::to_string(static_cast<int>(o.on_device_failure))}};
   for (const auto& field : o.agree_on) f.push_back(field);
   return f;
@@ -82,6 +83,7 @@ Runtime::Impl::Impl(RuntimeOptions o) : options(std::move(o)), epoch(Clock::now(
   if (cluster) {
     join_cluster(resolved);  // cluster_step.cpp: every rank's device count; slowdown, threads, cuda:local for this rank
     detail::check_agreement(*cluster, agreement_fields(options), "when they join");
+    heartbeat = std::make_unique<detail::Heartbeat>(cluster, options.heartbeat_timeout);
   }
   if (!cluster && resolved.local_gpu) resolved.ids = {0};  // one process: the first GPU
   backend = backend_for(spec);
@@ -219,7 +221,7 @@ void Runtime::register_parameters(ParameterLayout layout, std::span<const float>
     detail::check_agreement(*m->cluster,
                             {{"parameter count", std::to_string(layout.size())}, {"parameter layout (hash of names and sizes)", detail::hex16(names)},
                              {"initial parameters (hash of their bytes)", detail::hex16(detail::fnv1a(std::as_bytes(initial)))}},
-                            "at register_parameters");
+                            "at register_parameters", [this] { m->watch_cluster(); });
   }
   m->layout = std::move(layout);
   if (m->host_devices) {

@@ -3,6 +3,7 @@
 
 #include <stealbatch/runtime/detail/chunk_sizer.hpp>
 #include <stealbatch/runtime/detail/cost_profile.hpp>
+#include <stealbatch/runtime/detail/heartbeat.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 #include <stealbatch/scheduler/scheduler.hpp>
 
@@ -151,7 +152,7 @@ struct Runtime::Impl {
   // cluster_step.cpp: a step across the ranks of options.cluster (host devices)
   StepReport run_cluster_step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to);
   void join_cluster(DeviceSpec& spec);
-  void watch_cluster();  // bumps this rank's heartbeat; ends the job when another rank has stopped making progress
+  void watch_cluster();  // bumps this rank's progress; ends the job when another rank has stopped making progress
   // runtime.cpp
   void make_communicator();
   void make_scheduler();
@@ -208,13 +209,15 @@ struct Runtime::Impl {
   std::size_t first_device = 0;
   std::vector<std::vector<double>> rank_speed_history;
   std::uint64_t cluster_steps = 0;
-  std::uint64_t heartbeat = 0;
+  std::uint64_t cluster_step_now = 0;  // the step this rank is in, or last was in (1, 2, ...): the progress word's high half
+  std::uint64_t progress = 0;  // this rank's progress word's low half (bumped by watch_cluster)
   std::int64_t clock_offset_ns = 0;  // add to this rank's times (since its epoch) to put them on rank 0's timeline
   struct PeerSeen {
     std::uint64_t beat = 0;
     Clock::time_point since{};
   };
   std::vector<PeerSeen> peers_seen;
+  std::unique_ptr<detail::Heartbeat> heartbeat;  // across ranks: this rank's pulse and the watch on the others'
   std::unique_ptr<Scheduler> sched;  // last: its workers stop before the devices and replicas go
 };
 

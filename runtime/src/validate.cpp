@@ -45,6 +45,9 @@ void validate(const RuntimeOptions& o) {
   if (!std::isfinite(o.stall_timeout) || o.stall_timeout <= 0 || o.stall_timeout > 86400) {
     throw ConfigError("stall_timeout = " + text(o.stall_timeout) + " s; valid range is (0, 86400]");
   }
+  if (!std::isfinite(o.heartbeat_timeout) || o.heartbeat_timeout <= 0 || o.heartbeat_timeout > 86400) {
+    throw ConfigError("heartbeat_timeout = " + text(o.heartbeat_timeout) + " s; valid range is (0, 86400]");
+  }
   if (o.placement == PlacementPolicy::kGiven) {
     if (o.placement_weights.empty()) throw ConfigError("placement = given but placement_weights is empty; give one weight >= 0 per device");
     (void)place_proportional(1, o.placement_weights);  // finite, >= 0, not all 0

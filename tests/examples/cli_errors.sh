@@ -118,6 +118,42 @@ if [ ${#mpirun[@]} -gt 0 ]; then
     --batch 64 : -np 1 "$mlp" "${base[@]}" --epochs 1 --devices cpu:1 --batch 32
   expect 2 "disagree when they join on '--seed': rank 0 has 1, rank 1 has 2" -- "${mpirun[@]}" -np 1 "$mlp" "${base[@]}" --epochs 1 --devices cpu:1 \
     : -np 1 "$mlp" "${base[@]}" --epochs 1 --devices cpu:1 --seed 2
+  # A rank frozen mid-training (SIGSTOP, as a debugger or a stuck node would leave it) ends the job, naming it,
+  # within --heartbeat-timeout plus a tenth of it, and mpirun's teardown.
+  log="$work/stop.log"
+  "${mpirun[@]}" -np 2 "$mlp" "${base[@]}" --epochs 1000 --devices cpu:1 --heartbeat-timeout 2 --save "$work/stop-ck" --save-every 1 --keep 1 >"$log" 2>&1 &
+  job=$!
+  victim=""
+  for _ in $(seq 1 600); do  # training has started once rank 0 has saved a checkpoint
+    if compgen -G "$work/stop-ck/step-*.safetensors" >/dev/null; then
+      for pid in $(pgrep -f -- "$work/stop-ck"); do
+        if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$pid; fi
+      done
+      [ -n "$victim" ] && break
+    fi
+    sleep 0.1
+  done
+  if [ -z "$victim" ]; then
+    echo "FAIL: the two-rank run to freeze never started training:"; sed 's/^/  | /' "$log" | tail -8; fails=$((fails + 1))
+    kill "$job" 2>/dev/null
+  else
+    stopped=$(date +%s.%N)
+    kill -STOP "$victim"
+    ( sleep 60; kill -KILL "$job" 2>/dev/null; kill -CONT "$victim" 2>/dev/null ) &
+    guard=$!
+    wait "$job"
+    rc=$?
+    took=$(awk -v a="$stopped" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+    kill "$guard" 2>/dev/null
+    kill -CONT "$victim" 2>/dev/null
+    if [ "$rc" -eq 0 ] || ! grep -q -E "rank 1 \(node [^)]+\) stopped answering: no heartbeat for [0-9]+ ms \(heartbeat_timeout = 2 s" "$log" ||
+       awk -v t="$took" 'BEGIN { exit !(t > 6) }'; then
+      echo "FAIL: a frozen rank: exit status $rc after $took s (want non-zero within 6 s, naming rank 1):"; sed 's/^/  | /' "$log" | tail -8
+      fails=$((fails + 1))
+    else
+      echo "ok: $rc /stopped answering/: a frozen rank ended the job $took s after SIGSTOP (--heartbeat-timeout 2)"
+    fi
+  fi
 fi
 
 if [ $fails -ne 0 ]; then echo "cli_errors: $fails case(s) failed"; exit 1; fi

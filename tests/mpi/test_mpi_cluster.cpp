@@ -457,13 +457,16 @@ void stall() {
   ++g_failures;
 }
 
+// A rank whose process stops (SIGSTOP inside a chunk) or dies: the heartbeat ends the job, not the step's watch,
+// whose stall_timeout is far longer here.
 void hang_or_die(bool die) {
   RuntimeOptions o;
   o.devices = "cpu:1";
   o.threads_per_device = 1;
   o.cluster = g_cluster;
   o.chunk_size = 8;
-  o.stall_timeout = 1.0;
+  o.stall_timeout = 60;
+  o.heartbeat_timeout = 1.0;
   o.policy = SchedulePolicy::kStatic;  // as in chunk_throws
   const int me = g_cluster->rank();
   Runtime rt(o);
@@ -474,7 +477,7 @@ void hang_or_die(bool die) {
       if (me == 1 && s == 2 && !done.exchange(true)) {
         if (die) std::_Exit(9);
         // Inside the chunk long enough for the rank's watch to publish where it is, then the whole process stops:
-        // its own watchdog cannot report.
+        // its own watchdog and its heartbeat stop with it.
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         std::raise(SIGSTOP);
       }
@@ -485,11 +488,55 @@ void hang_or_die(bool die) {
   ++g_failures;
 }
 
+// A rank that runs but does not call step() with the others (here it sleeps between steps past stall_timeout): its
+// heartbeat goes on, and the others' step watch ends the job.
+void absent() {
+  RuntimeOptions o = on_cluster("sim:1", 8, 1e-5);
+  o.stall_timeout = 1.0;
+  o.heartbeat_timeout = 60;
+  o.policy = SchedulePolicy::kStatic;
+  const int me = g_cluster->rank();
+  Runtime rt(o);
+  rt.register_parameters(layout(), initial());
+  for (std::uint64_t s = 0; s < 5; ++s) {
+    if (me == 1 && s == 2) std::this_thread::sleep_for(std::chrono::seconds(30));
+    rt.step(batch_of(256, s), linear_chunk);
+  }
+  std::printf("rank %d: the absent rank did not end the job\n", me);
+  ++g_failures;
+}
+
+// What must not end the job, with a heartbeat_timeout of 1 s: a chunk of 3 s, 3 s outside any step on one rank
+// while the others wait in the next one, and a rank whose runtime goes 3 s before another's.
+void long_but_alive() {
+  RuntimeOptions o = on_cluster("cpu:1", 8);
+  o.heartbeat_timeout = 1.0;
+  o.stall_timeout = 60;
+  o.policy = SchedulePolicy::kStatic;  // the long chunk runs on rank 1 whatever the timing
+  const int me = g_cluster->rank();
+  const auto pause = std::chrono::seconds(3);
+  {
+    Runtime rt(o);
+    rt.register_parameters(layout(), initial());
+    std::atomic<bool> once{false};
+    for (std::uint64_t s = 0; s < 6; ++s) {
+      if (me == 0 && s == 4) std::this_thread::sleep_for(pause);  // an evaluation, say
+      const StepReport r = rt.step(batch_of(256, s), [&](ChunkContext& ctx) {
+        if (me == 1 && s == 2 && !once.exchange(true)) std::this_thread::sleep_for(pause);
+        linear_chunk(ctx);
+      });
+      EXPECT(r.samples == 256);
+    }
+    if (me != 0) std::this_thread::sleep_for(pause);  // rank 0's runtime goes first
+  }
+  if (me == 0) std::printf("long-but-alive: a long chunk, a long pause between steps and an early exit did not end the job\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|trace|config|disagree|stall|hang|die\n", argv[0]);
+    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|trace|config|disagree|long-but-alive|stall|hang|die|absent\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
@@ -497,7 +544,7 @@ int main(int argc, char** argv) {
       {"exactly-once", exactly_once}, {"gradient", gradient},         {"identical", identical_parameters}, {"checkpoint", checkpoint},
       {"throw", chunk_throws},       {"remote-steal", remote_steal_while_victim_computes}, {"stall", stall},
       {"hang", [] { hang_or_die(false); }}, {"die", [] { hang_or_die(true); }}, {"trace", trace_across_ranks}, {"config", config_errors},
-      {"disagree", ranks_disagree}};
+      {"disagree", ranks_disagree}, {"absent", absent}, {"long-but-alive", long_but_alive}};
   const auto it = cases.find(which);
   if (it == cases.end()) {
     std::fprintf(stderr, "unknown case '%s'\n", which.c_str());

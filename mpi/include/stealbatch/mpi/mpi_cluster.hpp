@@ -39,11 +39,13 @@ class MpiCluster final : public Cluster {
   int rank() const noexcept override;
   int size() const noexcept override;
   bool same_node(int rank) const noexcept override;
+  std::string node_name(int rank) const override;  // MPI_Get_processor_name, gathered at the start
   std::uint64_t read(int rank, Word word) override;
   std::uint64_t compare_and_swap(int rank, Word word, std::uint64_t expected, std::uint64_t desired) override;
   void write(int rank, Word word, std::uint64_t value) override;
   void allreduce_sum(std::span<float> data, const std::function<void()>& waiting) override;
-  void allreduce_sum(std::span<double> data) override;
+  using Cluster::allreduce_sum;
+  void allreduce_sum(std::span<double> data, const std::function<void()>& waiting) override;
   void broadcast(std::span<char> data, int root) override;
   [[noreturn]] void abort(const std::string& why, int exit_code) noexcept override;
   void barrier();
@@ -51,6 +53,7 @@ class MpiCluster final : public Cluster {
  private:
   struct State;
   explicit MpiCluster(std::unique_ptr<State> s);
+  void wait(void* request, const std::function<void()>& waiting);  // an MPI_Request*, tested under the lock
   std::unique_ptr<State> m;
 };
 

@@ -13,15 +13,19 @@ namespace stealbatch {
 
 class Cluster {
  public:
-  // The words of each rank's window: its remaining share of the step (detail::ShareWord), a heartbeat its runtime
-  // bumps while it is in a step, and where it is (the chunk its longest-running device is in; 0 when none).
-  enum Word : std::size_t { kShare = 0, kHeartbeat = 1, kWhere = 2, kWords = 3 };
+  // The words of each rank's window: its remaining share of the step (detail::ShareWord); its heartbeat, which a
+  // thread of its runtime beats for the runtime's whole life (detail::Heartbeat); its progress, which its runtime
+  // bumps while it is in a step (the step's count in the high half); and where it is (the chunk its longest-running
+  // device is in; 0 when none).
+  enum Word : std::size_t { kShare = 0, kAlive = 1, kProgress = 2, kWhere = 3, kWords = 4 };
 
   virtual ~Cluster() = default;
   virtual int rank() const noexcept = 0;
   virtual int size() const noexcept = 0;
   // Whether `rank` runs on this rank's node (thieves try those victims first).
   virtual bool same_node(int rank) const noexcept = 0;
+  // The name of `rank`'s node, for messages ("" when unknown).
+  virtual std::string node_name(int /*rank*/) const { return {}; }
 
   // One-sided, atomic, complete when they return; callable from any thread of this rank, concurrently.
   virtual std::uint64_t read(int rank, Word word) = 0;
@@ -30,10 +34,11 @@ class Cluster {
   virtual void write(int rank, Word word, std::uint64_t value) = 0;
 
   // Collectives: every rank calls them from one thread, in the same order. The sum is in place and the same on
-  // every rank. `waiting` runs every millisecond or so while this rank waits for the others (the runtime watches
+  // every rank. `waiting` runs every 10 ms or so while this rank waits for the others (the runtime watches
   // the other ranks' heartbeats there); it may call abort().
   virtual void allreduce_sum(std::span<float> data, const std::function<void()>& waiting) = 0;
-  virtual void allreduce_sum(std::span<double> data) = 0;
+  virtual void allreduce_sum(std::span<double> data, const std::function<void()>& waiting) = 0;
+  void allreduce_sum(std::span<double> data) { allreduce_sum(data, {}); }
   virtual void broadcast(std::span<char> data, int root) = 0;
   // Ends the whole job at once, every rank (MPI_Abort), after printing `why` on this rank's standard error; the job's
   // exit status is `exit_code` (the launcher's, as MPI_Abort passes it on).

@@ -112,7 +112,14 @@ struct RuntimeOptions {
   GpuWait gpu_wait = GpuWait::kSpin;               // GPU devices: how a worker waits for its chunks (see GpuWait)
   // The stall watchdog: a step in which some device has been inside one chunk for longer than stall_timeout
   // seconds fails with a TimeoutError, and that device's waits are cancelled. (0, 86400]; default 10 minutes.
+  // Across ranks, a rank whose step makes no progress for stall_timeout seconds (stuck, or not calling step() with
+  // the others) ends the job too.
   double stall_timeout = 600;
+  // Across ranks: every rank's runtime beats a heartbeat from a thread of its own, whatever the rank is doing (a long
+  // chunk, an evaluation, a checkpoint). A rank whose heartbeat stops for heartbeat_timeout seconds, because its
+  // process is frozen or gone or its node is unreachable, ends the job on every other rank, within heartbeat_timeout
+  // plus a tenth of it; the message names the rank, its node, and the step and chunk it was in. (0, 86400].
+  double heartbeat_timeout = 10;
   OnDeviceFailure on_device_failure = OnDeviceFailure::kFail;
   // Called on the device's worker before each chunk, with the device's index at the runtime's creation; what it
   // returns happens to the chunk. Empty: no faults.

@@ -5,6 +5,7 @@
 #include <stealbatch/runtime/cluster.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -24,7 +25,8 @@ std::string hex16(std::uint64_t v);
 // sum, over the ranks, of each byte of the fields' fingerprint and of its square, which are equal on every rank
 // exactly when n x (sum of squares) = (sum)^2 for every byte (exact in doubles up to 2^18 ranks). When they do not,
 // rank 0's fields and then those of the first rank that differs from them are broadcast, and every rank throws the
-// same ConfigError: `when`, the first field that differs, the ranks, and both values.
-void check_agreement(Cluster& cluster, const AgreementFields& fields, std::string_view when);
+// same ConfigError: `when`, the first field that differs, the ranks, and both values. `waiting` runs while this rank
+// waits for the others in the first collective (Cluster::allreduce_sum).
+void check_agreement(Cluster& cluster, const AgreementFields& fields, std::string_view when, const std::function<void()>& waiting = {});
 
 }  // namespace stealbatch::detail

@@ -1,0 +1,54 @@
+// A rank's pulse across a multi-process run, and the watch on the other ranks' pulses.
+//
+// A thread of each rank's runtime writes a new value into the rank's kAlive word every period, from the join until
+// the runtime goes, whatever the rank is doing: a long chunk, an evaluation between steps, a checkpoint, a wait in a
+// collective. Only a process that no longer runs stops it: one frozen (SIGSTOP, a debugger), one gone without its
+// launcher noticing, one on a node that is lost. The same thread reads the other ranks' kAlive words; one that has
+// not changed for `timeout` seconds ends the job (Cluster::abort, exit status 1), naming the rank, its node, and
+// the step and chunk it was last seen in (its kProgress and kWhere words, which its step's watch writes).
+//
+// A runtime that goes writes kLeft, so a rank that finishes first, or whose runtime is destroyed by an exception
+// on its way out, is not taken for a frozen one. The words are only written by their rank and read by the others,
+// each access a complete one-sided atomic (Cluster::read/write): the protocol needs no ordering beyond that.
+#pragma once
+
+#include <stealbatch/runtime/cluster.hpp>
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <string>
+#include <thread>
+
+namespace stealbatch::detail {
+
+class Heartbeat {
+ public:
+  static constexpr std::uint64_t kLeft = ~std::uint64_t{0};
+
+  // Starts beating and watching at once. timeout_s: (0, 86400], as RuntimeOptions::heartbeat_timeout.
+  Heartbeat(std::shared_ptr<Cluster> cluster, double timeout_s);
+  ~Heartbeat();  // writes kLeft, then stops the thread
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+  // The beat's period: a tenth of the timeout, within [10 ms, 500 ms].
+  static double period_s(double timeout_s) noexcept;
+
+ private:
+  void run(std::stop_token stop);
+
+  std::shared_ptr<Cluster> m_cluster;
+  double m_timeout_s;
+  std::mutex m_lock;
+  std::condition_variable_any m_wake;
+  std::jthread m_thread;  // last: it starts once everything above exists
+};
+
+// The step and chunk a rank was last seen in, from its kProgress and kWhere words: "step 3, in chunk 5 on its device
+// 0", or "step 3, in no chunk".
+std::string last_seen(std::uint64_t progress, std::uint64_t where);
+
+}  // namespace stealbatch::detail

@@ -1,0 +1,81 @@
+// The heartbeat of a multi-process run: see stealbatch/runtime/detail/heartbeat.hpp.
+#include <stealbatch/runtime/detail/heartbeat.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace stealbatch::detail {
+
+double Heartbeat::period_s(double timeout_s) noexcept { return std::clamp(timeout_s / 10, 0.01, 0.5); }
+
+std::string last_seen(std::uint64_t progress, std::uint64_t where) {
+  std::string s = "step " + std::to_string(progress >> 32);
+  if (where >> 63) {
+    s += ", in chunk " + std::to_string(where & 0xffffffffu) + " on its device " + std::to_string((where >> 32) & 0x7fffffffu);
+  } else {
+    s += ", in no chunk";
+  }
+  return s;
+}
+
+Heartbeat::Heartbeat(std::shared_ptr<Cluster> cluster, double timeout_s)
+    : m_cluster(std::move(cluster)), m_timeout_s(timeout_s), m_thread([this](std::stop_token stop) { run(std::move(stop)); }) {}
+
+Heartbeat::~Heartbeat() {
+  m_thread.request_stop();
+  m_wake.notify_all();
+  m_thread.join();
+  try {
+    m_cluster->write(m_cluster->rank(), Cluster::kAlive, kLeft);
+  } catch (...) {
+    // The cluster failed (MPI reported an error): the launcher ends the job; nothing to tell the others here.
+  }
+}
+
+void Heartbeat::run(std::stop_token stop) {
+  using Clock = std::chrono::steady_clock;
+  const int me = m_cluster->rank(), ranks = m_cluster->size();
+  const auto period = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(period_s(m_timeout_s)));
+  struct Seen {
+    std::uint64_t beat = 0;
+    Clock::time_point since{};
+  };
+  std::vector<Seen> seen(static_cast<std::size_t>(ranks));
+  std::uint64_t beat = 0;
+  try {
+    while (!stop.stop_requested()) {
+      m_cluster->write(me, Cluster::kAlive, ++beat);
+      const auto now = Clock::now();
+      for (int r = 0; r < ranks; ++r) {
+        if (r == me) continue;
+        Seen& s = seen[static_cast<std::size_t>(r)];
+        const std::uint64_t theirs = m_cluster->read(r, Cluster::kAlive);
+        if (theirs == kLeft) continue;
+        if (theirs != s.beat || s.since == Clock::time_point{}) {
+          s = {theirs, now};
+          continue;
+        }
+        const double quiet = std::chrono::duration<double>(now - s.since).count();
+        if (quiet <= m_timeout_s) continue;
+        const std::string node = m_cluster->node_name(r);
+        char msg[640];
+        std::snprintf(msg, sizeof msg,
+                      "stealbatch: rank %d%s%s%s stopped answering: no heartbeat for %.0f ms (heartbeat_timeout = %g s; its process is frozen or "
+                      "gone, or its node is unreachable), last seen in %s: ending the job",
+                      r, node.empty() ? "" : " (node ", node.c_str(), node.empty() ? "" : ")", quiet * 1e3, m_timeout_s,
+                      last_seen(m_cluster->read(r, Cluster::kProgress), m_cluster->read(r, Cluster::kWhere)).c_str());
+        m_cluster->abort(msg, 1);
+      }
+      std::unique_lock g(m_lock);
+      m_wake.wait_for(g, stop, period, [] { return false; });
+    }
+  } catch (const std::exception& e) {
+    // A one-sided access failed: MPI itself reports and ends the job on such errors; say where it came from.
+    std::fprintf(stderr, "stealbatch: rank %d: the heartbeat stopped: %s\n", me, e.what());
+  }
+}
+
+}  // namespace stealbatch::detail
