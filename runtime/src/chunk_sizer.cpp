@@ -31,7 +31,7 @@ std::size_t ChunkSizer::size(std::size_t device, std::size_t share) const noexce
 void ChunkSizer::observe_chunk(std::size_t device, std::size_t samples, double seconds) noexcept {
   if (samples < kFirstRung || !std::has_single_bit(samples) || !(seconds > 0)) return;
   const auto r = static_cast<std::size_t>(std::countr_zero(samples) - std::countr_zero(kFirstRung));
-  if (r >= kRungs) return;
+  if (r >= kRungs || m_devices[device].steps == 0) return;  // the device's first step: see the header
   Rung& g = m_devices[device].rungs[r];
   if (!g.warm) {
     g.warm = true;
@@ -42,7 +42,7 @@ void ChunkSizer::observe_chunk(std::size_t device, std::size_t samples, double s
 
 void ChunkSizer::observe_step(std::size_t device, std::size_t samples, double seconds) noexcept {
   State& s = m_devices[device];
-  if (!s.exploring || samples == 0 || !(seconds > 0)) return;
+  if (!s.exploring || samples == 0 || !(seconds > 0) || s.steps == 0) return;
   Rung& g = s.rungs[s.at];
   if (!g.warm) {
     g.warm = true;
@@ -85,8 +85,8 @@ void ChunkSizer::end_step(std::size_t device, std::size_t share) noexcept {
     for (std::size_t i = 0; i < r; ++i) b = std::max(b, s.rungs[i].samples_per_s());
     return b;
   };
-  const bool flat = s.at >= 2 && s.rungs[s.at].samples_per_s() < kFlat * best_below(s.at) &&
-                    s.rungs[s.at - 1].samples_per_s() < kFlat * best_below(s.at - 1);
+  bool flat = s.at >= kFlatRungs;
+  for (std::size_t r = s.at + 1 - std::min(s.at + 1, kFlatRungs); flat && r <= s.at; ++r) flat = s.rungs[r].samples_per_s() < kFlat * best_below(r);
   if (s.at + 1 >= kRungs || rung_size(s.at + 1) > share || flat || s.steps >= kMaxExploreSteps) {
     stop_exploring(device);
     return;

@@ -506,11 +506,11 @@ void absent() {
   ++g_failures;
 }
 
-// What must not end the job, with a heartbeat_timeout of 1 s: a chunk of 3 s, 3 s outside any step on one rank
+// What must not end the job, with a heartbeat_timeout of 1.5 s: a chunk of 3 s, 3 s outside any step on one rank
 // while the others wait in the next one, and a rank whose runtime goes 3 s before another's.
 void long_but_alive() {
   RuntimeOptions o = on_cluster("cpu:1", 8);
-  o.heartbeat_timeout = 1.0;
+  o.heartbeat_timeout = 1.5;
   o.stall_timeout = 60;
   o.policy = SchedulePolicy::kStatic;  // the long chunk runs on rank 1 whatever the timing
   const int me = g_cluster->rank();

@@ -13,8 +13,10 @@ namespace stealbatch::detail {
 // cut into chunks of that rung, and the rung's throughput is what those chunks' times say. It moves up once the
 // rung has kMinChunks chunk times (or kMinSteps step times, for a device whose chunks run asynchronously and are
 // timed by the step; a device's first chunk of each rung is not counted: it pays one-time costs, such as a JIT
-// compiling the kernels for that size, or buffers growing), and stops at the first rung that does not fit its
-// share, at the top, or once the curve has flattened: two rungs in a row that gain under 2% on the best below them. Its chunk is then the smallest rung
+// compiling the kernels for that size, or buffers growing; nor is anything of the device's first step, which runs
+// while its threads and pools start: a small chunk can look several times faster there, on one thread, than it
+// will), and stops at the first rung that does not fit its share, at the top, or once the curve has flattened:
+// three rungs in a row that gain under 2% on the best below them (two can be noise). Its chunk is then the smallest rung
 // whose throughput is within kGoodEnough of the best rung's: large enough for the device's kernels, and as small
 // as that allows, for the step's tail. After kRefreshSteps steps every curve is measured again.
 //
@@ -28,6 +30,7 @@ class ChunkSizer {
   static constexpr std::size_t kRungs = 18;  // 8 .. 2^20 samples, the largest chunk_size
   static constexpr std::size_t kMinChunks = 3, kMinSteps = 2, kWindow = 8;
   static constexpr double kGoodEnough = 0.95, kFlat = 1.02;
+  static constexpr std::size_t kFlatRungs = 3;
   static constexpr std::uint64_t kRefreshSteps = 1000;
   static constexpr std::uint64_t kMaxExploreSteps = 48;  // a device whose chunks are always stolen stops exploring
 
