@@ -299,6 +299,7 @@ void PolicyRun::run_epoch(std::size_t epoch) {
 
 RunResult PolicyRun::finish() {
   res.total = stealbatch::accumulate(all);
+  res.total.step = all.size();  // the dashboard's "N steps": the steps timed here, not --compare's warm-up
   res.steals = res.total.steals;
   const double secs = std::accumulate(res.epoch_seconds.begin(), res.epoch_seconds.end(), 0.0);
   res.samples_per_s = secs > 0 ? static_cast<double>(res.total.samples) / secs : 0;

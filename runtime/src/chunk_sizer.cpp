@@ -54,8 +54,9 @@ void ChunkSizer::observe_step(std::size_t device, std::size_t samples, double se
 std::size_t ChunkSizer::choose(const State& s) const noexcept {
   double best = 0;
   for (const Rung& g : s.rungs) best = std::max(best, g.samples_per_s());
+  const double bar = m_choice == Choice::kFastest ? best : kGoodEnough * best;
   for (std::size_t r = 0; r < kRungs; ++r) {
-    if (s.rungs[r].entries > 0 && s.rungs[r].samples_per_s() >= kGoodEnough * best) return r;
+    if (s.rungs[r].entries > 0 && s.rungs[r].samples_per_s() >= bar) return r;
   }
   return 0;
 }

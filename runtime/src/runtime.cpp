@@ -104,6 +104,8 @@ Runtime::Impl::Impl(RuntimeOptions o) : options(std::move(o)), epoch(Clock::now(
   speed_history.resize(n);
   stolen_slowness.resize(n);
   chunk_sizer.reset(n);
+  // No thieves under the static policy: each device's fastest rung, not the smallest good-enough one.
+  chunk_sizer.set_choice(options.policy == SchedulePolicy::kStatic ? detail::ChunkSizer::Choice::kFastest : detail::ChunkSizer::Choice::kSmallestGoodEnough);
   idle_steps.assign(n, 0);
   make_communicator();
   if (!options.trace_path.empty()) {

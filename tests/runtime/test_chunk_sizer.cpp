@@ -156,6 +156,19 @@ TEST_CASE("ChunkSizer.TwoRungsOfNoiseDoNotEndTheExploration") {
   CHECK(s.size(0, 1024) == c.expected(1024));
 }
 
+TEST_CASE("ChunkSizer.WithoutThievesTheFastestRung") {
+  // The static split: no tail to share, so the best rung, where the stealing runtime takes the smallest within 95%.
+  const Curve c{2e-5, 1e-5};
+  ChunkSizer tail(1), fastest(1, ChunkSizer::Choice::kFastest);
+  explore(tail, c, 1024);
+  explore(fastest, c, 1024);
+  CHECK(tail.size(0, 1024) == c.expected(1024));
+  double best = 0;
+  for (const auto& [m, rate] : fastest.curve(0)) best = std::max(best, rate);
+  CHECK(c.rate(fastest.size(0, 1024)) == doctest::Approx(best).epsilon(1e-9));  // the curve rises to the top, by under 5% over its last rungs
+  CHECK(tail.size(0, 1024) < fastest.size(0, 1024));
+}
+
 TEST_CASE("ChunkSizer.MeasuresAgainAfterTheRefreshPeriod") {
   ChunkSizer s(1);
   explore(s, Curve{2e-4, 1e-5}, 512);
@@ -202,26 +215,31 @@ struct TimedBackend final : DeviceBackend {
 
 TEST_CASE("Runtime.AutoChunkSizeIsEachDevicesGoodEnoughRung") {
   // Two devices timed by the step (a GPU's way), a + b m a chunk: the runtime explores their ladders within each
-  // device's share and settles on the smallest rung within 95% of the best, then reports it in every step.
+  // device's share and settles on the smallest rung within 95% of the best (stealing), or on the best (static, which
+  // has no tail to share), then reports it in every step.
   const RestoreCudaBackend restore;  // the test registers a stand-in
   const Curve c{2e-4, 1e-5};
   register_device_backend(DeviceKind::kCuda, std::make_shared<TimedBackend>(c));
-  Runtime rt({.devices = "cuda:all", .policy = SchedulePolicy::kStatic});  // chunk_size = 0 is the default
-  ParameterLayout layout;
-  layout.add("p", 1);
-  rt.register_parameters(layout, std::vector<float>(1, 0.0f));
-  std::vector<std::uint32_t> batch(1024);
-  std::iota(batch.begin(), batch.end(), 0u);
-  StepReport last;
-  for (int step = 0; step < 40; ++step) {
-    last = rt.step(batch, [](ChunkContext& ctx) { ctx.grad[0] += static_cast<float>(ctx.samples.size()); });
-    CHECK(last.samples == 1024);
+  for (const SchedulePolicy policy : {SchedulePolicy::kStatic, SchedulePolicy::kSteal}) {
+    CAPTURE(static_cast<int>(policy));
+    // Under stealing, placed equally (the stand-ins' speeds are equal; measured shares would move by noise).
+    Runtime rt({.devices = "cuda:all", .policy = policy, .placement = PlacementPolicy::kEqual});  // chunk_size = 0 is the default
+    ParameterLayout layout;
+    layout.add("p", 1);
+    rt.register_parameters(layout, std::vector<float>(1, 0.0f));
+    std::vector<std::uint32_t> batch(1024);
+    std::iota(batch.begin(), batch.end(), 0u);
+    StepReport last;
+    for (int step = 0; step < 40; ++step) {
+      last = rt.step(batch, [](ChunkContext& ctx) { ctx.grad[0] += static_cast<float>(ctx.samples.size()); });
+      CHECK(last.samples == 1024);
+    }
+    const std::size_t want = policy == SchedulePolicy::kStatic ? 512 : c.expected(512);  // each share: 512 samples
+    CHECK(c.expected(512) == 256);
+    for (const DeviceReport& d : last.devices) CHECK(d.chunk_samples == want);
+    CHECK(last.chunks == 1024 / want);
+    CHECK(rt.chunk_curve(0).size() == 7);  // rungs 8 .. 512
   }
-  const std::size_t want = c.expected(512);  // each share: 512 samples
-  CHECK(want == 256);
-  for (const DeviceReport& d : last.devices) CHECK(d.chunk_samples == want);
-  CHECK(last.chunks == 4);
-  CHECK(rt.chunk_curve(0).size() == 7);  // rungs 8 .. 512
 }
 
 TEST_CASE("Runtime.AutoChunkSizesKeepEveryStepExact") {

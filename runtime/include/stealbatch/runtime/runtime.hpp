@@ -80,7 +80,8 @@ struct RuntimeOptions {
                                                    // there is one (with the CUDA backend enabled), else one CPU device per core, up to 4
   // Samples per chunk, [1, 1048576] (on the fastest device, with kBySpeed sizing); or 0: each device's chunk is
   // the smallest size that reaches 95% of its best measured throughput (detail::ChunkSizer): large enough for its
-  // kernels, as small as that allows for the step's tail. StepReport's DeviceReport::chunk_samples tells the sizes.
+  // kernels, as small as that allows for the step's tail; under kStatic, which has no tail to share, its best.
+  // StepReport's DeviceReport::chunk_samples tells the sizes.
   std::size_t chunk_size = 0;
   SchedulePolicy policy = SchedulePolicy::kSteal;  // kStatic: no stealing (the DDP baseline)
   PlacementPolicy placement = PlacementPolicy::kThroughput;

@@ -18,7 +18,8 @@ namespace stealbatch::detail {
 // will), and stops at the first rung that does not fit its share, at the top, or once the curve has flattened:
 // three rungs in a row that gain under 2% on the best below them (two can be noise). Its chunk is then the smallest rung
 // whose throughput is within kGoodEnough of the best rung's: large enough for the device's kernels, and as small
-// as that allows, for the step's tail. After kRefreshSteps steps every curve is measured again.
+// as that allows, for the step's tail (or, without thieves, the best rung: Choice). After kRefreshSteps steps every
+// curve is measured again.
 //
 //   ChunkSizer sizer(devices);
 //   const std::size_t size = sizer.size(d, share);        // the chunk size to cut device d's share into
@@ -34,8 +35,14 @@ class ChunkSizer {
   static constexpr std::uint64_t kRefreshSteps = 1000;
   static constexpr std::uint64_t kMaxExploreSteps = 48;  // a device whose chunks are always stolen stops exploring
 
-  explicit ChunkSizer(std::size_t devices = 0) { reset(devices); }
+  // What a device's exploration ends on: the smallest rung within kGoodEnough of the best (a step's tail, which
+  // thieves share, is then short), or the best rung itself (no thieves: a static split, where a smaller chunk only
+  // costs throughput, and DDP runs a device's share in one call).
+  enum class Choice { kSmallestGoodEnough, kFastest };
+
+  explicit ChunkSizer(std::size_t devices = 0, Choice choice = Choice::kSmallestGoodEnough) : m_choice(choice) { reset(devices); }
   void reset(std::size_t devices);
+  void set_choice(Choice c) noexcept { m_choice = c; }
   void erase(std::size_t device);  // a device left the runtime
 
   // The chunk size for device d this step, whose share holds `share` samples (at least 1).
@@ -74,6 +81,7 @@ class ChunkSizer {
   static std::size_t rung_size(std::size_t r) noexcept { return kFirstRung << r; }
   std::size_t choose(const State& s) const noexcept;
   std::vector<State> m_devices;
+  Choice m_choice;
 };
 
 }  // namespace stealbatch::detail
