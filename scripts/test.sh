@@ -5,7 +5,8 @@
 #   build-tsan-mpi/ ThreadSanitizer over the runtime across 2 MPI ranks (test_mpi_cluster's cases; Open MPI's own
 #                   internals suppressed, tests/tsan-mpi.supp)
 #   build-asan/     AddressSanitizer + UndefinedBehaviorSanitizer over the unit tests (not the install test)
-#   build-fuzz/     the libFuzzer targets of the dataset reader and the checkpoint reader, 30 s each over their seeds
+#   build-fuzz/     the libFuzzer targets: the dataset reader and its splits, the checkpoint reader and the metadata a
+#                   load reads past the checksum, 20 s each over their seeds
 # Exits non-zero on the first failing configuration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,8 +64,10 @@ ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1" \
   run_suite "asan+ubsan" build-asan -LE package -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=address,undefined \
   -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_MPI=OFF -DSTEALBATCH_TORCH=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
 
-# The libFuzzer targets (clang, ASan+UBSan), each over its seed corpus for 30 seconds: the dataset reader (any
-# exception other than DataError is a crash) and the checkpoint reader (any other than CheckpointError).
+# The libFuzzer targets (clang, ASan+UBSan), each over its seed corpus for 20 seconds: the dataset reader (any
+# exception other than DataError is a crash), the checkpoint reader (any other than CheckpointError), a dataset's
+# four files cut from one input and checked as splits (DataError), and a checkpoint's metadata rewritten past its
+# checksum and loaded by the runtime (CheckpointError, and a runtime that still steps).
 run_fuzz() {
   echo "=== fuzz: configure and build (build-fuzz)"
   local start=$SECONDS
@@ -72,13 +75,14 @@ run_fuzz() {
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_FUZZ=ON \
     -DSTEALBATCH_SANITIZE=address,undefined -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_TESTS=OFF -DSTEALBATCH_EXAMPLES=OFF \
     -DSTEALBATCH_PERF=OFF -DSTEALBATCH_MPI=OFF -DSTEALBATCH_TORCH=OFF >build-fuzz/configure.log 2>&1 || { cat build-fuzz/configure.log; return 1; }
-  cmake --build build-fuzz --target fuzz_idx fuzz_checkpoint --parallel "$jobs" || return 1
+  cmake --build build-fuzz --target fuzz_idx fuzz_checkpoint fuzz_splits fuzz_checkpoint_metadata --parallel "$jobs" || return 1
   local target seeds corpus
-  for target in fuzz_idx:tests/fuzz/corpus fuzz_checkpoint:tests/fuzz/checkpoint_corpus; do
+  for target in fuzz_idx:tests/fuzz/corpus fuzz_checkpoint:tests/fuzz/checkpoint_corpus fuzz_splits:tests/fuzz/splits_corpus \
+    fuzz_checkpoint_metadata:tests/fuzz/metadata_corpus; do
     seeds=${target#*:} target=${target%%:*}
     corpus=$(mktemp -d)
-    echo "=== fuzz: $target for 30 s over $seeds"
-    build-fuzz/tests/fuzz/$target -max_total_time=30 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 "$corpus" "$seeds" \
+    echo "=== fuzz: $target for 20 s over $seeds"
+    build-fuzz/tests/fuzz/$target -max_total_time=20 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 "$corpus" "$seeds" \
       >build-fuzz/$target.log 2>&1 || { tail -40 build-fuzz/$target.log; rm -rf "$corpus"; return 1; }
     grep -E "^stat::(number_of_executed_units|average_exec_per_sec|new_units_added)" build-fuzz/$target.log || true
     rm -rf "$corpus"

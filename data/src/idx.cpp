@@ -239,4 +239,11 @@ Dataset load_fashion_mnist(const std::filesystem::path& dir, DataSplit split) {
   return out;
 }
 
+void check_splits(const Dataset& train, const Dataset& test, const std::string& where) {
+  if (test.rows == train.rows && test.cols == train.cols) return;
+  throw DataError("data = '" + where + "': the test images are " + std::to_string(test.rows) + "x" + std::to_string(test.cols) +
+                  ", the training images " + std::to_string(train.rows) + "x" + std::to_string(train.cols) +
+                  ": every split must have the training set's size");
+}
+
 }  // namespace stealbatch

@@ -401,13 +401,7 @@ TrainingData::TrainingData(const TrainerFlags& f)
   train = {n_train, train_full.features, std::span<const float>(train_full.x).first(n_train * train_full.features),
            std::span<const std::uint8_t>(train_full.y).first(n_train)};
   test = {test_full.count, test_full.features, test_full.x, test_full.y};
-  // Every split must be what the model reads: images of one size. Checked here, before any training, so that a
-  // mismatched test set is not found after the last epoch (or read out of bounds).
-  if (test_full.rows != train_full.rows || test_full.cols != train_full.cols) {
-    throw DataError("data = '" + f.data + "': the test images are " + std::to_string(test_full.rows) + "x" + std::to_string(test_full.cols) +
-                    ", the training images " + std::to_string(train_full.rows) + "x" + std::to_string(train_full.cols) +
-                    ": every split must have the training set's size");
-  }
+  check_splits(train_full, test_full, f.data);  // before any training
 }
 
 std::vector<RunResult> train_policies(const TrainerFlags& f, const TrainerModel& model, const DenseData& train_set) {

@@ -69,4 +69,9 @@ IdxLabels read_idx_labels(const std::filesystem::path& path);
 // label is below 10, and scales pixels to [0, 1]. Throws DataError.
 Dataset load_fashion_mnist(const std::filesystem::path& dir, DataSplit split);
 
+// Every split must be what one model reads: images of the training set's size. Throws DataError naming `where`
+// (the folder), both sizes and the split that differs; checked before training, so that a mismatched test set is
+// neither found after the last epoch nor read out of bounds.
+void check_splits(const Dataset& train, const Dataset& test, const std::string& where);
+
 }  // namespace stealbatch
