@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <string_view>
 
 namespace stealbatch {
 
@@ -52,6 +53,36 @@ std::uint32_t header_crc(std::span<const SafetensorsTensor> tensors, const Safet
   return crc32_of(std::as_bytes(std::span<const char>(h)));
 }
 
+// Well-formed UTF-8 (RFC 3629): no overlong forms, no surrogates, nothing above U+10FFFF.
+bool is_utf8(std::string_view s) noexcept {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    std::size_t n = 0;
+    std::uint32_t cp = 0, min = 0;
+    if (b < 0x80) {
+      ++i;
+      continue;
+    } else if ((b & 0xe0) == 0xc0) {
+      n = 1, cp = b & 0x1fu, min = 0x80;
+    } else if ((b & 0xf0) == 0xe0) {
+      n = 2, cp = b & 0x0fu, min = 0x800;
+    } else if ((b & 0xf8) == 0xf0) {
+      n = 3, cp = b & 0x07u, min = 0x10000;
+    } else {
+      return false;
+    }
+    for (std::size_t k = 1; k <= n; ++k) {
+      if (i + k >= s.size()) return false;
+      const auto c = static_cast<unsigned char>(s[i + k]);
+      if ((c & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (c & 0x3fu);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::uint32_t crc32_of(std::span<const std::byte> bytes, std::uint32_t crc) noexcept {
@@ -67,6 +98,15 @@ std::uint32_t crc32_of(std::span<const std::byte> bytes, std::uint32_t crc) noex
 
 void write_checkpoint_file(const std::filesystem::path& path, std::span<const CheckpointTensor> tensors, SafetensorsMetadata metadata) {
   if (metadata.count(kCrcKey)) throw CheckpointError(CheckpointError::Reason::kFormat, path.string(), std::string("the metadata key '") + kCrcKey + "' is the checksum's");
+  // The header is JSON, whose strings are UTF-8: refuse what it cannot hold, by name, before anything is written.
+  const auto text = [&](const std::string& s, const std::string& what) {
+    if (!is_utf8(s)) throw CheckpointError(CheckpointError::Reason::kFormat, path.string(), what + " is not UTF-8 text");
+  };
+  for (const auto& [k, v] : metadata) {
+    text(k, "a metadata key");
+    text(v, "metadata '" + k + "': its value");
+  }
+  for (const CheckpointTensor& t : tensors) text(t.name, "a tensor name");
   std::vector<SafetensorsTensor> entries;
   std::vector<std::span<const std::byte>> pieces(1);
   std::uint64_t at = 0;

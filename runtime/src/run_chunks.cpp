@@ -31,8 +31,8 @@ std::size_t Runtime::Impl::mergeable(std::size_t w, ChunkId first, std::span<con
   std::size_t total = t.spans[first].size, k = 0;
   std::uint32_t lo = t.spans[first].begin;
   // In the victim's order a placed share's chunks descend: each one taken must end where the span so far begins.
-  for (ChunkId m : more) {
-    const ChunkSpan& s = t.spans[m];
+  for (ChunkId id : more) {
+    const ChunkSpan& s = t.spans[id];
     if (s.begin + s.size != lo || total + s.size > budget) break;
     lo = s.begin, total += s.size, ++k;
   }
@@ -64,10 +64,10 @@ void Runtime::Impl::run_call(std::size_t w, std::span<const ChunkId> chunks, std
   ChunkId at = c;  // the chunk an error names: the one whose fault fired, else the call's first
   try {
     Fault fault = Fault::kNone;
-    for (ChunkId m : chunks) {
+    for (ChunkId id : chunks) {
       if (fault != Fault::kNone || !options.inject_fault) break;
-      fault = options.inject_fault(ids[w], step_no, m);
-      at = m;
+      fault = options.inject_fault(ids[w], step_no, id);
+      at = id;
     }
     if (fault == Fault::kNone) at = c;
     if (fault == Fault::kDeviceLoss) throw DeviceLostError(dev.name(), w, step_no, at, "injected fault");
@@ -87,7 +87,7 @@ void Runtime::Impl::run_call(std::size_t w, std::span<const ChunkId> chunks, std
     std::throw_with_nested(ChunkError(dev.name(), step_no, at, "a non-standard exception", true));
   }
   r.samples += ctx.samples.size();
-  for (ChunkId m : chunks) t.ran_on[m] = static_cast<std::uint32_t>(w), ++t.runs[m];
+  for (ChunkId id : chunks) t.ran_on[id] = static_cast<std::uint32_t>(w), ++t.runs[id];
   const bool own = ctx.device_end != Clock::time_point{};  // the device's timeline, when it keeps one
   if (own) r.device_end = std::max(r.device_end, ctx.device_end);
   // The call's span: on the device's timeline when it keeps one, else the worker's call (read once, for every use).
@@ -97,14 +97,14 @@ void Runtime::Impl::run_call(std::size_t w, std::span<const ChunkId> chunks, std
   // The call's cost in the units of the plan's rate (a multi-process step keeps no chunk costs: it watches no speed).
   double cost = 0;
   if (!t.chunk_cost.empty()) {
-    for (ChunkId m : chunks) cost += t.chunk_cost[m];
+    for (ChunkId id : chunks) cost += t.chunk_cost[id];
   }
   // A merged call's time shared by cost. Its compute time is not a chunk's of its size (one call's fixed cost spread
   // over several chunks), so the chunk sizer does not see it (0 there means "not measured").
-  for (ChunkId m : chunks) {
-    const double part = chunks.size() == 1 || !(cost > 0) ? 1.0 / static_cast<double>(chunks.size()) : t.chunk_cost[m] / cost;
-    if (!t.took_s.empty()) t.took_s[m] = took * part;
-    if (!t.compute_s.empty()) t.compute_s[m] = chunks.size() > 1 ? 0.0 : ctx.compute_seconds > 0 ? ctx.compute_seconds : took;
+  for (ChunkId id : chunks) {
+    const double part = chunks.size() == 1 || !(cost > 0) ? 1.0 / static_cast<double>(chunks.size()) : t.chunk_cost[id] / cost;
+    if (!t.took_s.empty()) t.took_s[id] = took * part;
+    if (!t.compute_s.empty()) t.compute_s[id] = chunks.size() > 1 ? 0.0 : ctx.compute_seconds > 0 ? ctx.compute_seconds : took;
   }
   if (plan.watch_speed) {
     // The factor from its own chunks only (in a multi-process step, any of its rank's share): a stolen one may hold
@@ -112,7 +112,7 @@ void Runtime::Impl::run_call(std::size_t w, std::span<const ChunkId> chunks, std
     // about this device's speed.
     const double ratio = took * plan.rate[w] / cost;
     if (t.home[c] != w) {
-      for (ChunkId m : chunks) t.stolen_ratio[m] = static_cast<float>(ratio);
+      for (ChunkId id : chunks) t.stolen_ratio[id] = static_cast<float>(ratio);
     }
     if (t.home[c] == w || (c >= plan.rank_share.begin && c < plan.rank_share.end)) {
       // Two in a row: one slow chunk is as often a chunk that lost its core for a while as a device that slowed down.

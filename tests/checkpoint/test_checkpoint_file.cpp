@@ -153,6 +153,14 @@ TEST_CASE("CheckpointFile.RoundTripsAndCatchesEveryFlippedByte") {
   const std::vector<CheckpointTensor> wrong{{"w", {4}, w}};
   CHECK_THROWS_AS(write_checkpoint_file(dir.path / "d.safetensors", wrong, {}), CheckpointError);
   CHECK_THROWS_AS(write_checkpoint_file(dir.path / "d.safetensors", tensors, {{kCrcKey, "0"}}), CheckpointError);
+  // So are names and values the JSON header cannot hold: text that is not UTF-8 (a fuzzer found a trainer's metadata
+  // value of bytes 0xff... escaping as nlohmann's type_error).
+  CHECK_THROWS_WITH_AS(write_checkpoint_file(dir.path / "d.safetensors", tensors, {{"epoch", "\xff\xff"}}),
+                       doctest::Contains("metadata 'epoch': its value is not UTF-8"), CheckpointError);
+  CHECK_THROWS_WITH_AS(write_checkpoint_file(dir.path / "d.safetensors", tensors, {{"ep\xc3", "1"}}), doctest::Contains("is not UTF-8"),
+                       CheckpointError);
+  CHECK_THROWS_WITH_AS(write_checkpoint_file(dir.path / "d.safetensors", std::vector<CheckpointTensor>{{"w\xe2\x82", {2, 3}, w}}, {}),
+                       doctest::Contains("tensor name"), CheckpointError);
   CHECK_FALSE(fs::exists(dir.path / "d.safetensors"));
 }
 
