@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -39,15 +40,16 @@ struct Curve {
   }
 };
 
-// Drives one device of a sizer through steps of `share` samples cut into its sizes, each chunk timed by `curve`;
-// returns the steps it explored.
-std::size_t explore(ChunkSizer& s, const Curve& curve, std::size_t share) {
+// Drives one device of a sizer through steps of `share` samples cut into its sizes, each chunk timed by `curve`
+// times slow(step, size) (1: on the curve); returns the steps it explored.
+std::size_t explore(ChunkSizer& s, const Curve& curve, std::size_t share,
+                    const std::function<double(std::size_t, std::size_t)>& slow = [](std::size_t, std::size_t) { return 1.0; }) {
   std::size_t steps = 0;
   while (s.exploring(0) && steps < 200) {
     const std::size_t size = s.size(0, share);
     for (std::size_t at = 0; at < share; at += size) {
       const std::size_t m = std::min(size, share - at);
-      s.observe_chunk(0, m, curve.seconds(m));
+      s.observe_chunk(0, m, curve.seconds(m) * slow(steps, size));
     }
     s.end_step(0, share);
     ++steps;
@@ -129,13 +131,7 @@ TEST_CASE("ChunkSizer.TheFirstStepCountsForNothing") {
   // Counted, that figure made the first rung the best of a rising curve and ended the exploration on it.
   ChunkSizer s(1);
   const Curve c{2e-4, 1e-5};
-  std::size_t steps = 0;
-  while (s.exploring(0) && steps < 200) {
-    const std::size_t size = s.size(0, 1024);
-    for (std::size_t at = 0; at < 1024; at += size) s.observe_chunk(0, size, c.seconds(size) * (steps == 0 ? 0.2 : 1.0));
-    s.end_step(0, 1024);
-    ++steps;
-  }
+  explore(s, c, 1024, [](std::size_t step, std::size_t) { return step == 0 ? 0.2 : 1.0; });
   CHECK(s.size(0, 1024) == c.expected(1024));
   CHECK(s.size(0, 1024) > ChunkSizer::kFirstRung);
 }
@@ -145,13 +141,7 @@ TEST_CASE("ChunkSizer.TwoRungsOfNoiseDoNotEndTheExploration") {
   // rungs without gain can be noise, and the ladder goes on to where the curve flattens.
   ChunkSizer s(1);
   const Curve c{2e-4, 1e-5};
-  std::size_t steps = 0;
-  while (s.exploring(0) && steps < 200) {
-    const std::size_t size = s.size(0, 1024);
-    for (std::size_t at = 0; at < 1024; at += size) s.observe_chunk(0, size, c.seconds(size) * (size == 32 || size == 64 ? 2.0 : 1.0));
-    s.end_step(0, 1024);
-    ++steps;
-  }
+  explore(s, c, 1024, [](std::size_t, std::size_t size) { return size == 32 || size == 64 ? 2.0 : 1.0; });
   CHECK(c.rate(16) > c.rate(32) / 2.0);  // the burst does hide the gain at both rungs
   CHECK(s.size(0, 1024) == c.expected(1024));
 }
