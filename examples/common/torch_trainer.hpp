@@ -87,9 +87,7 @@ void train_plain(const TrainerFlags& f, const std::function<std::shared_ptr<Net>
     epoch_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     std::fprintf(stderr, "[plain libtorch] epoch %zu/%zu  %.3f s\n", epoch, f.epochs, epoch_s.back());
   }
-  std::vector<double> timed(epoch_s.size() > 1 ? epoch_s.begin() + 1 : epoch_s.begin(), epoch_s.end());
-  std::sort(timed.begin(), timed.end());
-  const double med = timed[timed.size() / 2];
+  const double med = median(std::vector<double>(epoch_s.size() > 1 ? epoch_s.begin() + 1 : epoch_s.begin(), epoch_s.end()));
   std::printf("plain libtorch, %d threads: %.0f samples/s (median epoch after the first %.3f s), test accuracy %.4f\n", threads,
               static_cast<double>(data.train.count) / med, med, torch_accuracy(*net, test));
 }

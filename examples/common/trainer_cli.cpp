@@ -313,15 +313,12 @@ RunResult PolicyRun::finish() {
 
 double mean(const std::vector<double>& v) { return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size()); }
 
-// The median (of an even count, the mean of the middle two).
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
-
 }  // namespace
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
 
 void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<void(CLI::App&)>& model_options) {
   app.add_option("--data", f.data, "directory with the Fashion-MNIST IDX .gz files")->capture_default_str();
@@ -459,17 +456,15 @@ void report(const TrainerFlags& f, const std::vector<RunResult>& runs) {
   }
   double speedup = 0;
   if (f.compare) {
-    const double a = median_of(runs[0].epoch_seconds), b = median_of(runs[1].epoch_seconds);
+    const double a = median(runs[0].epoch_seconds), b = median(runs[1].epoch_seconds);
     speedup = a / b;
     std::printf("\nsteal vs static: %.2fx faster per epoch (median epoch: static %.3f s, steal %.3f s; %zu epoch(s) each, %s, after one untimed step each)\n",
                 speedup, a, b, runs[1].epoch_seconds.size(), g_cluster ? "one policy after the other" : "alternating");
   }
   std::printf("test accuracy %.4f\n", runs.back().test_accuracy);
   if (const auto& saves = runs.back().save_seconds; !saves.empty()) {
-    std::vector<double> sorted = saves;
-    std::sort(sorted.begin(), sorted.end());
     std::printf("checkpoints: %zu saved to %s, median %.1f ms each (fsync included, not in the epoch times)\n", saves.size(), f.save.c_str(),
-                sorted[sorted.size() / 2] * 1e3);
+                median(saves) * 1e3);
   }
 
   if (!f.json.empty() && !quiet_rank()) {  // across ranks rank 0 writes it: every rank holds the same figures

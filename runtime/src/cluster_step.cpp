@@ -127,9 +127,13 @@ void Runtime::Impl::join_cluster(DeviceSpec& spec) {
   clock_offset_ns = static_cast<std::int64_t>(median(offsets));
 }
 
+void Runtime::Impl::publish_progress() {
+  cluster->write(cluster->rank(), Cluster::kProgress, (cluster_step_now << 32) | (++progress & 0xffffffffu));
+}
+
 void Runtime::Impl::watch_cluster() {
   const int me = cluster->rank();
-  cluster->write(me, Cluster::kProgress, (cluster_step_now << 32) | (++progress & 0xffffffffu));
+  publish_progress();
   // Where this rank is: the chunk its longest-running device is in (for the others' message if it stops).
   std::int64_t oldest = 0;
   std::uint64_t where = 0;
@@ -146,22 +150,15 @@ void Runtime::Impl::watch_cluster() {
   const auto now = Clock::now();
   for (int r = 0; r < cluster->size(); ++r) {
     if (r == me) continue;
-    PeerSeen& seen = peers_seen[static_cast<std::size_t>(r)];
     const std::uint64_t beat = cluster->read(r, Cluster::kProgress);
-    if (beat != seen.beat || seen.since == Clock::time_point{}) {
-      seen = {beat, now};
-      continue;
-    }
-    const double quiet = seconds(now - seen.since);
+    const double quiet = peers_seen[static_cast<std::size_t>(r)].seconds_still(beat, now);
     if (quiet <= options.stall_timeout) continue;
-    const std::string node = cluster->node_name(r);
     char msg[640];
     std::snprintf(msg, sizeof msg,
-                  "stealbatch: rank %d%s%s%s made no progress for %.0f ms while this rank is in step %llu; last seen in %s (stuck, or not "
-                  "calling step() with the others; stall_timeout = %g s): ending the job",
-                  r, node.empty() ? "" : " (node ", node.c_str(), node.empty() ? "" : ")", quiet * 1e3,
-                  static_cast<unsigned long long>(cluster_step_now), detail::last_seen(beat, cluster->read(r, Cluster::kWhere)).c_str(),
-                  options.stall_timeout);
+                  "stealbatch: %s made no progress for %.0f ms while this rank is in step %llu; last seen in %s (stuck, or not calling step() "
+                  "with the others; stall_timeout = %g s): ending the job",
+                  detail::rank_and_node(*cluster, r).c_str(), quiet * 1e3, static_cast<unsigned long long>(cluster_step_now),
+                  detail::last_seen(beat, cluster->read(r, Cluster::kWhere)).c_str(), options.stall_timeout);
     cluster->abort(msg, 1);
   }
 }
@@ -484,14 +481,14 @@ StepReport Runtime::Impl::run_cluster_step(std::span<const std::uint32_t> sample
   const auto t_start = Clock::now();
   // Before the step's first collective, whose size follows the batch: every rank must be at the same step, with the
   // same batch and learning rate, or the job would corrupt the MPI library's buffers, hang, or train wrongly.
-  for (auto& seen : peers_seen) seen.since = {};  // each step's watch starts afresh
+  for (auto& seen : peers_seen) seen.restart();  // each step's watch starts afresh
   cluster_step_now = cluster_steps + 1;
-  cluster->write(cluster->rank(), Cluster::kProgress, (cluster_step_now << 32) | (++progress & 0xffffffffu));  // in this step now
+  publish_progress();  // in this step now
   {
     char lr[32];
     std::snprintf(lr, sizeof lr, "%.9g", static_cast<double>(options.optimizer.lr));
     detail::check_agreement(*cluster,
-                            {{"step", std::to_string(cluster_steps + 1)}, {"call", reduce_to == Reduce::kUpdate ? "step()" : reduce_to == Reduce::kMean ? "compute_gradient()" : "a summed gradient"},
+                            {{"step", std::to_string(cluster_step_now)}, {"call", reduce_to == Reduce::kUpdate ? "step()" : reduce_to == Reduce::kMean ? "compute_gradient()" : "a summed gradient"},
                              {"batch size", std::to_string(samples.size())},
                              {"batch (hash of its sample ids)", detail::hex16(detail::fnv1a(std::as_bytes(samples)))}, {"learning rate", lr}},
                             "at a step", [this] { watch_cluster(); });

@@ -11,6 +11,11 @@ namespace stealbatch::detail {
 
 double Heartbeat::period_s(double timeout_s) noexcept { return std::clamp(timeout_s / 10, 0.01, 0.5); }
 
+std::string rank_and_node(const Cluster& cluster, int rank) {
+  const std::string node = cluster.node_name(rank);
+  return "rank " + std::to_string(rank) + (node.empty() ? "" : " (node " + node + ")");
+}
+
 std::string last_seen(std::uint64_t progress, std::uint64_t where) {
   std::string s = "step " + std::to_string(progress >> 32);
   if (where >> 63) {
@@ -39,11 +44,7 @@ void Heartbeat::run(std::stop_token stop) {
   using Clock = std::chrono::steady_clock;
   const int me = m_cluster->rank(), ranks = m_cluster->size();
   const auto period = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(period_s(m_timeout_s)));
-  struct Seen {
-    std::uint64_t beat = 0;
-    Clock::time_point since{};
-  };
-  std::vector<Seen> seen(static_cast<std::size_t>(ranks));
+  std::vector<StillWord> seen(static_cast<std::size_t>(ranks));
   std::uint64_t beat = 0;
   try {
     while (!stop.stop_requested()) {
@@ -51,21 +52,15 @@ void Heartbeat::run(std::stop_token stop) {
       const auto now = Clock::now();
       for (int r = 0; r < ranks; ++r) {
         if (r == me) continue;
-        Seen& s = seen[static_cast<std::size_t>(r)];
         const std::uint64_t theirs = m_cluster->read(r, Cluster::kAlive);
         if (theirs == kLeft) continue;
-        if (theirs != s.beat || s.since == Clock::time_point{}) {
-          s = {theirs, now};
-          continue;
-        }
-        const double quiet = std::chrono::duration<double>(now - s.since).count();
+        const double quiet = seen[static_cast<std::size_t>(r)].seconds_still(theirs, now);
         if (quiet <= m_timeout_s) continue;
-        const std::string node = m_cluster->node_name(r);
         char msg[640];
         std::snprintf(msg, sizeof msg,
-                      "stealbatch: rank %d%s%s%s stopped answering: no heartbeat for %.0f ms (heartbeat_timeout = %g s; its process is frozen or "
-                      "gone, or its node is unreachable), last seen in %s: ending the job",
-                      r, node.empty() ? "" : " (node ", node.c_str(), node.empty() ? "" : ")", quiet * 1e3, m_timeout_s,
+                      "stealbatch: %s stopped answering: no heartbeat for %.0f ms (heartbeat_timeout = %g s; its process is frozen or gone, or "
+                      "its node is unreachable), last seen in %s: ending the job",
+                      rank_and_node(*m_cluster, r).c_str(), quiet * 1e3, m_timeout_s,
                       last_seen(m_cluster->read(r, Cluster::kProgress), m_cluster->read(r, Cluster::kWhere)).c_str());
         m_cluster->abort(msg, 1);
       }

@@ -152,7 +152,8 @@ struct Runtime::Impl {
   // cluster_step.cpp: a step across the ranks of options.cluster (host devices)
   StepReport run_cluster_step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to);
   void join_cluster(DeviceSpec& spec);
-  void watch_cluster();  // bumps this rank's progress; ends the job when another rank has stopped making progress
+  void publish_progress();  // this rank's progress word: the step it is in, and one more beat
+  void watch_cluster();     // publishes this rank's progress and where it is; ends the job when another rank has stopped making progress
   // runtime.cpp
   void make_communicator();
   void make_scheduler();
@@ -203,7 +204,7 @@ struct Runtime::Impl {
   // A multi-process run (options.cluster): each rank's device count and this rank's first device's global index; each
   // rank's measured samples/s over the last steps (the same on every rank: gathered with the reduction); the steps
   // run across the ranks (every rank counts the same, failed ones too: the share words' tag); and, for the watch, the
-  // last heartbeat seen of each rank and when it was first seen.
+  // last progress word seen of each rank and since when.
   std::shared_ptr<Cluster> cluster;
   std::vector<std::size_t> rank_devices;
   std::size_t first_device = 0;
@@ -212,11 +213,7 @@ struct Runtime::Impl {
   std::uint64_t cluster_step_now = 0;  // the step this rank is in, or last was in (1, 2, ...): the progress word's high half
   std::uint64_t progress = 0;  // this rank's progress word's low half (bumped by watch_cluster)
   std::int64_t clock_offset_ns = 0;  // add to this rank's times (since its epoch) to put them on rank 0's timeline
-  struct PeerSeen {
-    std::uint64_t beat = 0;
-    Clock::time_point since{};
-  };
-  std::vector<PeerSeen> peers_seen;
+  std::vector<detail::StillWord> peers_seen;  // each rank's progress word, as the step's watch last read it
   std::unique_ptr<detail::Heartbeat> heartbeat;  // across ranks: this rank's pulse and the watch on the others'
   std::unique_ptr<Scheduler> sched;  // last: its workers stop before the devices and replicas go
 };

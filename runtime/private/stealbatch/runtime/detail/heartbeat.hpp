@@ -14,6 +14,7 @@
 
 #include <stealbatch/runtime/cluster.hpp>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -46,6 +47,28 @@ class Heartbeat {
   std::condition_variable_any m_wake;
   std::jthread m_thread;  // last: it starts once everything above exists
 };
+
+// How long a word that another rank keeps changing has stood still, read again and again: the first read and any
+// change start the count afresh (restart() forgets the last read). The heartbeat watches kAlive with it, the step's
+// watch kProgress.
+class StillWord {
+ public:
+  double seconds_still(std::uint64_t value, std::chrono::steady_clock::time_point now) noexcept {
+    if (value != m_value || m_since == std::chrono::steady_clock::time_point{}) {
+      m_value = value, m_since = now;
+      return 0;
+    }
+    return std::chrono::duration<double>(now - m_since).count();
+  }
+  void restart() noexcept { m_since = {}; }
+
+ private:
+  std::uint64_t m_value = 0;
+  std::chrono::steady_clock::time_point m_since{};
+};
+
+// "rank 1 (node n2)", or "rank 1" where the cluster knows no node name: how the watches name a rank.
+std::string rank_and_node(const Cluster& cluster, int rank);
 
 // The step and chunk a rank was last seen in, from its kProgress and kWhere words: "step 3, in chunk 5 on its device
 // 0", or "step 3, in no chunk".
