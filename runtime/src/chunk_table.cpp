@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 namespace stealbatch {
 
@@ -17,22 +18,34 @@ StepPlan Runtime::Impl::plan_step(std::size_t batch) {
   }
   p.known = !p.speeds.empty();
   for (double v : p.speeds) p.known = p.known && std::isfinite(v) && v > 0;
+  p.rate = p.speeds;
+  if (cluster) {
+    // Across ranks the ranks' shares are placed by the ranks' speeds (cluster_step.cpp); within the rank the devices
+    // claim chunks as they go, and the end game weighs them by speed only with two or more of them.
+    p.known = p.known && n > 1;
+    p.cutting = Cutting::kRankShares;
+    plan_ranks(batch, p);
+    return p;
+  }
   const bool steal = options.policy == SchedulePolicy::kSteal;
-  p.adaptive = p.known && ((options.placement == PlacementPolicy::kThroughput && steal) || options.placement == PlacementPolicy::kPreviousStep);
-  p.sized = options.chunk_size == 0;
+  const bool adaptive = p.known && ((options.placement == PlacementPolicy::kThroughput && steal) || options.placement == PlacementPolicy::kPreviousStep);
+  if (adaptive) p.placement = Placement::kBySpeed;
   // Speed-sized chunks, and a share whose end is cut finer: for thieves. A lone device has none, and keeps its chunks
   // whole (fewer launches, larger GEMMs).
-  p.by_speed = p.adaptive && n > 1 && steal && options.chunk_sizing == ChunkSizing::kBySpeed;
+  const bool by_speed = adaptive && n > 1 && steal && options.chunk_sizing == ChunkSizing::kBySpeed;
+  p.cutting = options.chunk_size == 0 ? Cutting::kSized : by_speed ? Cutting::kBySpeed : Cutting::kFixed;
+  p.finer_ends = by_speed;
   // Positions' costs and devices' speeds learnt apart (detail::CostProfile): where a chunk's time is known when its
   // call returns (host devices), with the policy that places by speed.
   p.learn_costs = host_devices && options.cost_by_position && steal && options.placement == PlacementPolicy::kThroughput &&
                   options.chunk_sizing == ChunkSizing::kBySpeed;
-  p.by_cost = p.by_speed && p.learn_costs && cost_profile.active(batch, n);
-  // Each device's speed in cost units per second: samples/s, or the profile's speeds when placing by cost.
-  p.rate = p.speeds;
-  if (p.by_cost) p.rate.assign(cost_profile.speeds().begin(), cost_profile.speeds().end());
-  // Read only before the chunk phase: the profile learns (and may reallocate its costs) while the chunks run.
-  if (p.by_cost) p.position_cost = cost_profile.costs();
+  if (by_speed && p.learn_costs && cost_profile.active(batch, n)) {
+    // Each device's speed in cost units per second: the profile's speeds. Read only before the chunk phase: the
+    // profile learns (and may reallocate its costs) while the chunks run.
+    p.placement = Placement::kByCost;
+    p.rate.assign(cost_profile.speeds().begin(), cost_profile.speeds().end());
+    p.position_cost = cost_profile.costs();
+  }
   return p;
 }
 
@@ -46,14 +59,14 @@ Shares to_shares(const std::vector<ChunkRange>& r) {
   return s;
 }
 
-// Cuts each device's share into chunks: whole ones of its size to the share's end, or (cut finer) sixths of what is
+// Cuts each share (a device's, or across ranks a rank's) into chunks: whole ones of its size to the share's end, or (cut finer) sixths of what is
 // left down to `floor` at the end, so the owner ends its share, and thieves (who take from the high end) start, on
-// small chunks (detail::cut_share). Fills the spans and each device's range of chunk ids.
+// small chunks (detail::cut_share). Fills the spans and each share's range of chunk ids.
 void cut_shares(const Shares& share, const std::vector<double>& target, const std::vector<double>& floor, const std::vector<bool>& finer,
-                std::span<const double> position_cost, ChunkTable& t) {
+                std::span<const double> position_cost, ChunkTable& t, std::vector<ChunkRange>& ranges) {
   std::vector<std::uint32_t> sizes;
   for (std::size_t d = 0; d < share.size(); ++d) {
-    t.ranges[d].begin = static_cast<ChunkId>(t.spans.size());
+    ranges[d].begin = static_cast<ChunkId>(t.spans.size());
     sizes.clear();
     if (finer[d]) {
       detail::cut_share(share[d].first, share[d].second, target[d], floor[d], position_cost, sizes);
@@ -63,7 +76,7 @@ void cut_shares(const Shares& share, const std::vector<double>& target, const st
     }
     std::uint32_t at = share[d].first;
     for (std::uint32_t size : sizes) t.spans.push_back({at, size}), at += size;
-    t.ranges[d].end = static_cast<ChunkId>(t.spans.size());
+    ranges[d].end = static_cast<ChunkId>(t.spans.size());
   }
 }
 
@@ -74,14 +87,14 @@ void cut_shares(const Shares& share, const std::vector<double>& target, const st
 void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& t) {
   const std::size_t n = devices.size();
   const std::vector<ChunkRange> plain = options.placement == PlacementPolicy::kGiven ? place_proportional(batch, options.placement_weights)
-                                        : p.adaptive                                   ? place_proportional(batch, p.rate)
+                                        : p.placement != Placement::kEqualOrGiven      ? place_proportional(batch, p.rate)
                                                                                        : place_equal(batch, n);
   Shares share = to_shares(plain);
   for (std::size_t d = 0; d < n; ++d) t.own_size[d] = chunk_sizer.size(d, std::max<std::size_t>(1, plain[d].end - plain[d].begin));
-  if (p.by_speed) {
+  if (p.finer_ends) {
     // Plus a margin for slower devices whose speed is uncertain (see speed_share_weights()).
     const std::vector<double> weights = detail::speed_share_weights(p.rate, speed_history, t.own_size, batch);
-    share = p.by_cost ? detail::split_by_cost(p.position_cost, weights) : to_shares(place_proportional(batch, weights));
+    share = p.by_cost() ? detail::split_by_cost(p.position_cost, weights) : to_shares(place_proportional(batch, weights));
     // No device's chunk takes longer than the fastest device's: a device at under half the fastest one's speed
     // (compared at a rung both ran: speeds measured while the ladders are explored differ by the rungs'
     // efficiencies; within half, speeds that differ by noise keep their sizes) runs the fastest one's size scaled
@@ -103,9 +116,9 @@ void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& 
     t.own_size[d] = std::min<std::size_t>(t.own_size[d], std::max<std::uint32_t>(1, t.share_len[d]));
     t.own_cost[d] = target[d] = static_cast<double>(t.own_size[d]);
     floor[d] = std::max(1.0, target[d] / 4);
-    finer[d] = p.by_speed && !chunk_sizer.exploring(d);  // an exploring device's chunks are all of its rung
+    finer[d] = p.finer_ends && !chunk_sizer.exploring(d);  // an exploring device's chunks are all of its rung
   }
-  cut_shares(share, target, floor, finer, p.position_cost, t);
+  cut_shares(share, target, floor, finer, p.position_cost, t, t.ranges);
   t.full_chunk = *std::max_element(t.own_size.begin(), t.own_size.end());
 }
 
@@ -120,12 +133,12 @@ void Runtime::Impl::cut_by_speed(std::size_t batch, const StepPlan& p, ChunkTabl
   std::vector<double> floor(n);
   for (std::size_t d = 0; d < n; ++d) {
     t.own_size[d] = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(static_cast<double>(cs) * p.rate[d] / fastest)));
-    t.own_cost[d] = p.by_cost ? static_cast<double>(cs) * p.rate[d] / fastest : static_cast<double>(t.own_size[d]);
-    floor[d] = p.by_cost ? t.own_cost[d] / 4 : static_cast<double>(std::max<std::size_t>(1, t.own_size[d] / 4));  // a quarter chunk
+    t.own_cost[d] = p.by_cost() ? static_cast<double>(cs) * p.rate[d] / fastest : static_cast<double>(t.own_size[d]);
+    floor[d] = p.by_cost() ? t.own_cost[d] / 4 : static_cast<double>(std::max<std::size_t>(1, t.own_size[d] / 4));  // a quarter chunk
   }
   const std::vector<double> weights = detail::speed_share_weights(p.rate, speed_history, t.own_size, batch);
-  const Shares share = p.by_cost ? detail::split_by_cost(p.position_cost, weights) : to_shares(place_proportional(batch, weights));
-  cut_shares(share, t.own_cost, floor, std::vector<bool>(n, true), p.position_cost, t);
+  const Shares share = p.by_cost() ? detail::split_by_cost(p.position_cost, weights) : to_shares(place_proportional(batch, weights));
+  cut_shares(share, t.own_cost, floor, std::vector<bool>(n, true), p.position_cost, t, t.ranges);
 }
 
 // Fixed sizes, placed by count: the batch cut into chunks of chunk_size (the last may hold fewer), placed equally,
@@ -136,11 +149,33 @@ void Runtime::Impl::cut_fixed(std::size_t batch, const StepPlan& p, ChunkTable& 
   if (options.placement == PlacementPolicy::kGiven) {
     t.ranges = place_proportional(t.size(), options.placement_weights);
   } else {
-    t.ranges = p.adaptive ? place_proportional(t.size(), p.speeds) : place_equal(t.size(), n);
+    t.ranges = p.placement != Placement::kEqualOrGiven ? place_proportional(t.size(), p.speeds) : place_equal(t.size(), n);
   }
 }
 
-ChunkTable Runtime::Impl::cut_and_place(std::size_t batch, const StepPlan& p) {
+// Across ranks: the rank's shares in proportion to the ranks' speeds, each cut into chunks of its rank's size with its
+// end cut finer (as a device's share in one process), the same on every rank; this rank's devices each run its size.
+void Runtime::Impl::cut_rank_shares(std::size_t batch, StepPlan& p, ChunkTable& t) {
+  RankShares& rs = p.ranks;
+  const std::size_t ranks = rs.speed.size();
+  Shares share = to_shares(place_proportional(batch, rs.speed));
+  std::vector<double> target(ranks), floor(ranks);
+  for (std::size_t r = 0; r < ranks; ++r) target[r] = static_cast<double>(rs.chunk[r]), floor[r] = std::max(1.0, std::floor(target[r] / 4));
+  rs.share.assign(ranks, {});
+  cut_shares(share, target, floor, std::vector<bool>(ranks, true), {}, t, rs.share);
+  t.ranges.assign(devices.size(), {});  // the devices claim chunks from the share words as they go
+  t.own_size.assign(devices.size(), rs.chunk[rs.me]);
+  t.own_cost.assign(devices.size(), static_cast<double>(rs.chunk[rs.me]));
+  t.full_chunk = rs.chunk[rs.me];
+  rs.before.assign(t.size() + 1, 0);
+  for (std::size_t c = 0; c < t.size(); ++c) rs.before[c + 1] = rs.before[c] + t.spans[c].size;
+  if (t.size() >= detail::ShareWord::kMaxChunk) {
+    throw ConfigError("batch = " + std::to_string(batch) + " makes " + std::to_string(t.size()) + " chunks across ranks; at most " +
+                      std::to_string(detail::ShareWord::kMaxChunk - 1) + " (raise chunk_size)");
+  }
+}
+
+ChunkTable Runtime::Impl::cut_and_place(std::size_t batch, StepPlan& p) {
   const std::size_t n = devices.size();
   ChunkTable t;
   t.ranges.resize(n);
@@ -148,39 +183,61 @@ ChunkTable Runtime::Impl::cut_and_place(std::size_t batch, const StepPlan& p) {
   t.full_chunk = options.chunk_size;
   t.own_size.assign(n, options.chunk_size);
   t.own_cost.assign(n, static_cast<double>(options.chunk_size));
-  if (p.sized) {
-    cut_sized(batch, p, t);
-  } else if (p.by_speed) {
-    cut_by_speed(batch, p, t);
-  } else {
-    cut_fixed(batch, p, t);
+  switch (p.cutting) {
+    case Cutting::kSized: cut_sized(batch, p, t); break;
+    case Cutting::kBySpeed: cut_by_speed(batch, p, t); break;
+    case Cutting::kFixed: cut_fixed(batch, p, t); break;
+    case Cutting::kRankShares: cut_rank_shares(batch, p, t); break;
   }
   const std::size_t chunks = t.size();
   // Each chunk's cost in the units of the plan's rate: its samples, or the sum of its positions' costs.
   t.chunk_cost.resize(chunks);
   for (std::size_t c = 0; c < chunks; ++c) {
     double cost = static_cast<double>(t.spans[c].size);
-    if (p.by_cost) {
+    if (p.by_cost()) {
       cost = 0;
       for (std::uint32_t x = t.spans[c].begin; x < t.spans[c].begin + t.spans[c].size; ++x) cost += p.position_cost[x];
     }
     t.chunk_cost[c] = cost;
   }
-  t.home.resize(chunks);
+  // Where each chunk was placed (across ranks, the device that claims it, when it does).
+  t.home.assign(chunks, 0);
   for (std::size_t d = 0; d < n; ++d) {
     for (ChunkId c = t.ranges[d].begin; c < t.ranges[d].end; ++c) t.home[c] = static_cast<std::uint32_t>(d);
   }
   t.ran_on.assign(chunks, 0);
   t.runs.assign(chunks, 0);
   t.took_s.assign(p.learn_costs ? chunks : 0, 0.0);
-  t.compute_s.assign(p.sized ? chunks : 0, 0.0);
+  t.compute_s.assign(p.sized() ? chunks : 0, 0.0);
   return t;
 }
 
-void Runtime::Impl::set_endgame_costs(const ChunkTable& t, StepPlan& p) {
-  if (!p.known || options.endgame != EndGame::kOn) {
+std::vector<ChunkId> ChunkTable::drop_device(std::size_t dead) {
+  const auto at = static_cast<std::ptrdiff_t>(dead);
+  own_size.erase(own_size.begin() + at), own_cost.erase(own_cost.begin() + at), share_len.erase(share_len.begin() + at);
+  std::vector<ChunkId> redo;
+  for (std::size_t c = 0; c < size(); ++c) {
+    if (runs[c] != 0 && ran_on[c] == dead) runs[c] = 0;  // its gradient buffer leaves the reduction with it
+    if (runs[c] == 0) {
+      redo.push_back(static_cast<ChunkId>(c));
+      continue;
+    }
+    if (ran_on[c] > dead) --ran_on[c];
+    if (home[c] == dead) {
+      home[c] = kHomeLost;  // placed on the lost device and run elsewhere: it moved
+    } else if (home[c] != kHomeLost && home[c] > dead) {
+      --home[c];
+    }
+  }
+  return redo;
+}
+
+void Runtime::Impl::set_endgame_costs(ChunkTable& t, StepPlan& p) {
+  // Across ranks only with stealing: a rank's devices that declined its own share's chunks would leave them to no one.
+  if (!p.known || options.endgame != EndGame::kOn || (cluster && options.policy != SchedulePolicy::kSteal)) {
     sched->set_chunk_costs({});
     sched->set_chunk_weights({});
+    sched->set_outside_rate(0);
     return;
   }
   const std::size_t n = devices.size();
@@ -192,22 +249,27 @@ void Runtime::Impl::set_endgame_costs(const ChunkTable& t, StepPlan& p) {
     // measured speed times that slowness (the median of the last stolen chunks) is then its speed for the end game,
     // so it keeps taking work instead of idling as a "slow" device. Placed by cost, the speeds are already apart
     // from the costs.
-    const double slowness = p.by_cost ? 1.0 : detail::data_slowness(stolen_slowness[d]);
+    const double slowness = p.by_cost() ? 1.0 : detail::data_slowness(stolen_slowness[d]);
     own[d] = t.own_cost[d] / p.rate[d];
     stolen[d] = std::max(own[d], static_cast<double>(t.full_chunk) / (p.rate[d] * slowness));  // a stolen chunk is at most a full one
   }
   sched->set_chunk_costs(std::move(own), std::move(stolen));
   // What is left is weighed in full chunks, the unit of the stolen costs: a step ends on the small pieces of the
   // shares' ends, and a slow device that counted each as a full chunk of the others' time would start one of its
-  // own chunks with little left, and end the step late.
+  // own chunks with little left, and end the step late. (A step from the ranks' share words counts what they hold
+  // in full chunks itself: its ids are not placed before it.)
   std::vector<double> weight(t.size());
   const double full = static_cast<double>(std::max<std::size_t>(1, t.full_chunk));
   for (std::size_t c = 0; c < weight.size(); ++c) weight[c] = std::max(t.chunk_cost[c], 1e-9) / full;
   sched->set_chunk_weights(std::move(weight));
+  // What the shares still hold across ranks, the other ranks' devices take too, at their ranks' measured speeds: so a
+  // device that slowed down leaves the job's last chunks to the job, not to its rank's other device alone.
+  sched->set_outside_rate(p.outside_rate);
   // A device whose own chunks take far longer than its measured speed says has slowed down in this step (a throttled
   // GPU, a device that lost speed mid-step): the end game then weighs its chunks at what they take now. Only where a
-  // chunk's time is known when its call returns: host devices and simulated ones (their timeline).
-  p.watch_speed = host_devices;
+  // chunk's time is known when its call returns: host devices and simulated ones (their timeline); across ranks, any.
+  p.watch_speed = host_devices || cluster;
+  t.stolen_ratio.assign(p.watch_speed ? t.size() : 0, 0.0f);
 }
 
 }  // namespace stealbatch

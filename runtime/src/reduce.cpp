@@ -1,19 +1,40 @@
 // The reduction phase: each device finishes its chunks in flight and reduces its part; on host devices the update
-// (or the mean) is fused into the same phase, slice by slice.
+// (or the mean) is fused into the same phase, slice by slice. Across ranks the sum crosses the cluster between the
+// two (cluster_step.cpp), and the update from the job's sum is a phase of its own.
 #include "runtime_impl.hpp"
 
 #include <algorithm>
+#include <numeric>
 
 namespace stealbatch {
 
-StepStats Runtime::Impl::reduce(std::size_t batch, Reduce reduce_to) {
+void Runtime::Impl::update_slice(std::size_t d, std::span<const float> sum, float scale, Reduce reduce_to) {
+  const std::size_t n = devices.size(), count = layout.size();
+  const auto u0 = Clock::now();
+  const auto [b, e] = InProcessCommunicator::slice(d, n, count);
+  if (reduce_to == Reduce::kUpdate) {
+    shared_optimizer->update_into(shared_params[shared_live], shared_params[1 - shared_live], sum, scale, b, e);
+  } else {
+    for (std::size_t i = b; i < e; ++i) mean_next[i] = sum[i] * scale;  // compute_gradient() swaps it in on success
+  }
+  for (const auto& dev : devices) std::fill(dev->grad().data() + b, dev->grad().data() + e, 0.0f);
+  replicas[d]->update = Clock::now() - u0;
+}
+
+StepStats Runtime::Impl::reduce_within(std::size_t batch, Reduce reduce_to, const ChunkTable& t, RankTally& tally) {
   const std::size_t n = devices.size(), count = layout.size();
   std::vector<float*> bufs(n);
   for (std::size_t d = 0; d < n; ++d) bufs[d] = devices[d]->grad().data();
   const float scale = 1.0f / static_cast<float>(batch);
-  const bool update = reduce_to == Reduce::kUpdate, sliced = reduce_to != Reduce::kSum;
-  if (update && lr_pending) shared_optimizer->set_lr(options.optimizer.lr), lr_pending = false;  // set since the last update
-  const StepStats stats = sched->broadcast([&](std::size_t d) {
+  const bool sliced = reduce_to != Reduce::kSum;
+  // Across ranks the update waits for the job's sum (finish_reduction()); in one process it is fused in here.
+  const bool fused = sliced && !cluster;
+  if (cluster) {
+    const std::size_t ranks = static_cast<std::size_t>(cluster->size());
+    tally = RankTally(host_devices ? count : 0, ranks, t.size(), std::accumulate(rank_devices.begin(), rank_devices.end(), std::size_t{0}));
+  }
+  if (reduce_to == Reduce::kUpdate && lr_pending) shared_optimizer->set_lr(options.optimizer.lr), lr_pending = false;  // set since the last update
+  return sched->broadcast([&](std::size_t d) {
     Device& dev = *devices[d];
     Replica& r = *replicas[d];
     const WatchStamp stamp(r, kReductionPhase, epoch);  // the watchdog covers the reduction too
@@ -29,27 +50,41 @@ StepStats Runtime::Impl::reduce(std::size_t batch, Reduce reduce_to) {
       // for another, so the reduction and the update are one phase, done once, not once a device. step() switches to
       // the next parameters once every device has done its slice.
       InProcessCommunicator::sum_slice(d, bufs, count);
-    } else {
+    } else if (!cluster) {
       comm->allreduce_sum(d, bufs, count);
+    }
+    if (cluster) {
+      // Across ranks: the rank's sum of slice d into the tally, which crosses the ranks (GPUs: their own collective,
+      // once every rank agreed that the step succeeded).
+      if (!sliced) return;
+      const auto [b, e] = InProcessCommunicator::slice(d, n, count);
+      std::copy(bufs[0] + b, bufs[0] + e, tally.grad() + b);
+      return;
     }
     // A modelled reduction (simulated devices) starts once the device is ready: when its part was issued or its last
     // chunk ended on its own timeline, whichever is later, as a GPU stream starts a collective queued behind a
     // kernel; not when its worker woke from waiting for that chunk (a host thread's lateness, not the device's).
     r.model_wait = comm->wait_for_model(d, std::max(f0, r.device_end), dev);
-    if (sliced) {
-      const auto u0 = Clock::now();
-      const auto [b, e] = InProcessCommunicator::slice(d, n, count);
-      if (update) {
-        shared_optimizer->update_into(shared_params[shared_live], shared_params[1 - shared_live], std::span<const float>(bufs[0], count), scale, b, e);
-      } else {
-        for (std::size_t i = b; i < e; ++i) mean_next[i] = bufs[0][i] * scale;  // compute_gradient() swaps it in on success
-      }
-      for (float* g : bufs) std::fill(g + b, g + e, 0.0f);
-      r.update = Clock::now() - u0;
-    }
+    if (fused) update_slice(d, std::span<const float>(bufs[0], count), scale, reduce_to);
   });
-  comm->allreduce_all(bufs, count);  // a collective issued from one thread (NCCL's group call)
-  return stats;
+}
+
+StepStats Runtime::Impl::finish_reduction(std::size_t batch, Reduce reduce_to, RankTally& tally) {
+  if (cluster && host_devices) {
+    // The update (or the mean) from the job's sum divided by the global batch, slice by slice on this rank's devices.
+    const float scale = 1.0f / static_cast<float>(batch);
+    const std::span<const float> sum(tally.grad(), layout.size());
+    return sched->broadcast([&](std::size_t d) {
+      const WatchStamp stamp(*replicas[d], kReductionPhase, epoch);
+      update_slice(d, sum, scale, reduce_to);
+    });
+  }
+  // A collective issued from one thread (NCCL's group call): across ranks the job-wide sum on the devices, queued
+  // after their chunks; step() and compute_gradient() then update or read each replica from it.
+  std::vector<float*> bufs;
+  for (auto& d : devices) bufs.push_back(d->grad().data());
+  comm->allreduce_all(bufs, layout.size());
+  return StepStats{std::vector<WorkerCounters>(devices.size()), {}, 0};
 }
 
 }  // namespace stealbatch

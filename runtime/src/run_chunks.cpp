@@ -2,6 +2,7 @@
 // on_device_failure = exclude, the device dropped and its chunks re-run on the survivors.
 #include "runtime_impl.hpp"
 
+#include <algorithm>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -42,8 +43,6 @@ std::size_t Runtime::Impl::mergeable(std::size_t w, ChunkId first, std::span<con
 void Runtime::Impl::run_call(std::size_t w, std::span<const ChunkId> chunks, std::span<const std::uint32_t> samples, const ChunkFunction& fn,
                              ChunkTable& t, const StepPlan& plan) {
   Replica& r = *replicas[w];
-  Device& dev = *devices[w];
-  const std::uint64_t step_no = steps + 1;
   const ChunkId c = chunks.front();
   // A merged call's chunks descend, each ending where the one before began (mergeable()): the last one begins the
   // call's span and the first one ends it.
@@ -54,13 +53,25 @@ void Runtime::Impl::run_call(std::size_t w, std::span<const ChunkId> chunks, std
   ctx.chunks = chunks;
   ctx.home_device = t.home[c];
   ctx.samples = samples.subspan(lo, hi - lo);
-  ctx.params = dev.params();
-  ctx.grad = dev.grad();
-  ctx.owner = &dev;
+  ctx.params = devices[w]->params();
+  ctx.grad = devices[w]->grad();
+  ctx.owner = devices[w].get();
   ctx.layout = &layout;
   ctx.loss_sum = &r.loss;
   const auto t0 = Clock::now();
-  const WatchStamp stamp(r, c, epoch, t0);
+  {
+    const WatchStamp stamp(r, c, epoch, t0);
+    run_guarded(w, chunks, ctx, fn);
+  }
+  r.samples += ctx.samples.size();
+  for (ChunkId id : chunks) t.ran_on[id] = static_cast<std::uint32_t>(w), ++t.runs[id];
+  record_call(w, chunks, ctx, t0, t, plan);
+}
+
+void Runtime::Impl::run_guarded(std::size_t w, std::span<const ChunkId> chunks, ChunkContext& ctx, const ChunkFunction& fn) {
+  Device& dev = *devices[w];
+  const std::uint64_t step_no = steps + 1;
+  const ChunkId c = chunks.front();
   ChunkId at = c;  // the chunk an error names: the one whose fault fired, else the call's first
   try {
     Fault fault = Fault::kNone;
@@ -86,19 +97,21 @@ void Runtime::Impl::run_call(std::size_t w, std::span<const ChunkId> chunks, std
   } catch (...) {
     std::throw_with_nested(ChunkError(dev.name(), step_no, at, "a non-standard exception", true));
   }
-  r.samples += ctx.samples.size();
-  for (ChunkId id : chunks) t.ran_on[id] = static_cast<std::uint32_t>(w), ++t.runs[id];
+}
+
+void Runtime::Impl::record_call(std::size_t w, std::span<const ChunkId> chunks, const ChunkContext& ctx, Clock::time_point t0, ChunkTable& t,
+                                const StepPlan& plan) {
+  Replica& r = *replicas[w];
+  const ChunkId c = chunks.front();
   const bool own = ctx.device_end != Clock::time_point{};  // the device's timeline, when it keeps one
   if (own) r.device_end = std::max(r.device_end, ctx.device_end);
   // The call's span: on the device's timeline when it keeps one, else the worker's call (read once, for every use).
   const auto begin = own ? ctx.device_begin : t0;
   const auto end = own ? ctx.device_end : (plan.watch_speed || !t.took_s.empty() || !t.compute_s.empty() || trace ? Clock::now() : t0);
   const double took = seconds(end - begin);
-  // The call's cost in the units of the plan's rate (a multi-process step keeps no chunk costs: it watches no speed).
+  // The call's cost in the units of the plan's rate.
   double cost = 0;
-  if (!t.chunk_cost.empty()) {
-    for (ChunkId id : chunks) cost += t.chunk_cost[id];
-  }
+  for (ChunkId id : chunks) cost += t.chunk_cost[id];
   // A merged call's time shared by cost. Its compute time is not a chunk's of its size (one call's fixed cost spread
   // over several chunks), so the chunk sizer does not see it (0 there means "not measured").
   for (ChunkId id : chunks) {
@@ -106,29 +119,30 @@ void Runtime::Impl::run_call(std::size_t w, std::span<const ChunkId> chunks, std
     if (!t.took_s.empty()) t.took_s[id] = took * part;
     if (!t.compute_s.empty()) t.compute_s[id] = chunks.size() > 1 ? 0.0 : ctx.compute_seconds > 0 ? ctx.compute_seconds : took;
   }
-  if (plan.watch_speed) {
-    // The factor from its own chunks only (in a multi-process step, any of its rank's share): a stolen one may hold
-    // samples of another cost (another device's share of a batch whose cost varies by position), which says nothing
-    // about this device's speed.
-    const double ratio = took * plan.rate[w] / cost;
-    if (t.home[c] != w) {
-      for (ChunkId id : chunks) t.stolen_ratio[id] = static_cast<float>(ratio);
-    }
-    if (t.home[c] == w || (c >= plan.rank_share.begin && c < plan.rank_share.end)) {
-      // Two in a row: one slow chunk is as often a chunk that lost its core for a while as a device that slowed down.
-      const bool slow = ratio > kSlowedDown && took * (1.0 - 1.0 / ratio) > kSlowedDownAtLeast;  // took - expected
-      r.live_factor = slow && r.last_ratio > kSlowedDown ? std::min(ratio, r.last_ratio) : 1.0;
-      r.last_ratio = slow ? ratio : 0.0;
-    }
-    // With chunks in flight, the next one starts only when those are done.
-    sched->set_live_factor(w, r.live_factor, dev.queued_seconds());
-  }
+  if (plan.watch_speed) watch_live_speed(w, chunks, took * plan.rate[w] / cost, took, t, plan);
   if (trace) trace->push(w, {static_cast<std::uint32_t>(ids[w]), c, (begin - epoch).count(), (end - epoch).count(), TraceKind::kChunk});
 }
 
-ChunkPhase Runtime::Impl::run_with_recovery(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
-                                            Clock::time_point step_start) {
-  t.stolen_ratio.assign(plan.watch_speed ? t.size() : 0, 0.0f);
+void Runtime::Impl::watch_live_speed(std::size_t w, std::span<const ChunkId> chunks, double ratio, double took, ChunkTable& t, const StepPlan& plan) {
+  Replica& r = *replicas[w];
+  const ChunkId c = chunks.front();
+  // The factor from its own chunks only (across ranks, any of its rank's share): a stolen one may hold samples of
+  // another cost (another device's share of a batch whose cost varies by position), which says nothing about this
+  // device's speed.
+  if (t.home[c] != w) {
+    for (ChunkId id : chunks) t.stolen_ratio[id] = static_cast<float>(ratio);
+  }
+  if (t.home[c] == w || plan.in_rank_share(c)) {
+    // Two in a row: one slow chunk is as often a chunk that lost its core for a while as a device that slowed down.
+    const bool slow = ratio > kSlowedDown && took * (1.0 - 1.0 / ratio) > kSlowedDownAtLeast;  // took - expected
+    r.live_factor = slow && r.last_ratio > kSlowedDown ? std::min(ratio, r.last_ratio) : 1.0;
+    r.last_ratio = slow ? ratio : 0.0;
+  }
+  // With chunks in flight, the next one starts only when those are done.
+  sched->set_live_factor(w, r.live_factor, devices[w]->queued_seconds());
+}
+
+void Runtime::Impl::begin_chunk_phase(const ChunkTable& t, Clock::time_point step_start) {
   if (grads_dirty) {  // after compute_gradient() or a failed step; a completed step() leaves them zeroed
     sched->broadcast([&](std::size_t d) { devices[d]->zero_grad(); });
   }
@@ -138,6 +152,25 @@ ChunkPhase Runtime::Impl::run_with_recovery(std::span<const std::uint32_t> sampl
   for (const ChunkSpan& c : t.spans) largest = std::max<std::size_t>(largest, c.size);
   for (auto& d : devices) d->reset_cancel(), d->begin_step(steps + 1, step_start), d->reserve(largest);
   comm->begin_step();
+}
+
+ChunkPhase Runtime::Impl::run_chunk_phase(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
+                                          Clock::time_point step_start) {
+  if (cluster) return run_from_shares(samples, fn, t, plan, step_start);  // cluster_step.cpp
+  ChunkPhase phase = run_with_recovery(samples, fn, t, plan, step_start);
+  for (std::size_t c = 0; c < t.size(); ++c) {
+    if (t.runs[c] != 1) {
+      throw std::logic_error("runtime: chunk " + std::to_string(c) + " ran " + std::to_string(t.runs[c]) + " times in step " + std::to_string(steps + 1) +
+                             ": exactly-once violated");
+    }
+  }
+  return phase;
+}
+
+ChunkPhase Runtime::Impl::run_with_recovery(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
+                                            Clock::time_point step_start) {
+  std::size_t largest = 0;
+  for (const ChunkSpan& c : t.spans) largest = std::max<std::size_t>(largest, c.size);
   auto run = [&](std::size_t w, ChunkId c) { run_one(w, c, samples, fn, t, plan); };
   ChunkPhase phase;
   phase.start = step_start;
@@ -154,54 +187,35 @@ ChunkPhase Runtime::Impl::run_with_recovery(std::span<const std::uint32_t> sampl
   } catch (const DeviceLostError& first) {
     // on_device_failure = exclude: drop the device, then re-run on the survivors what it had run this step (its
     // gradient buffer leaves the reduction) and what nobody ran; again if another device is lost meanwhile.
-    std::optional<DeviceLostError> pending(first);
-    while (pending) {
-      const std::size_t dead = pending->index();
-      phase.excluded.push_back(pending->device());
-      pending.reset();
-      plan.watch_speed = false;  // the speeds are indexed by the devices as they were
-      exclude_device(dead);
-      t.own_size.erase(t.own_size.begin() + static_cast<std::ptrdiff_t>(dead));  // the report reads them by the new indices
-      t.own_cost.erase(t.own_cost.begin() + static_cast<std::ptrdiff_t>(dead));
-      t.share_len.erase(t.share_len.begin() + static_cast<std::ptrdiff_t>(dead));
-      const std::size_t n = devices.size();
-      std::vector<ChunkId> redo;
-      for (std::size_t c = 0; c < t.size(); ++c) {
-        if (t.runs[c] != 0 && t.ran_on[c] == dead) t.runs[c] = 0;
-        if (t.runs[c] == 0) {
-          redo.push_back(static_cast<ChunkId>(c));
-          continue;
-        }
-        if (t.ran_on[c] > dead) --t.ran_on[c];
-        if (t.home[c] == dead) {
-          t.home[c] = kHomeLost;  // placed on the lost device and run elsewhere: it moved
-        } else if (t.home[c] != kHomeLost && t.home[c] > dead) {
-          --t.home[c];
-        }
-      }
-      phase.rerun += redo.size();
-      std::vector<std::vector<ChunkId>> lists(n);
-      const std::vector<ChunkRange> share = place_equal(redo.size(), n);
-      for (std::size_t w = 0; w < n; ++w) {
-        for (std::size_t i = share[w].begin; i < share[w].end; ++i) lists[w].push_back(redo[i]), t.home[redo[i]] = static_cast<std::uint32_t>(w);
-      }
-      for (auto& d : devices) d->reset_cancel();
-      comm->begin_step();
-      try {
-        phase.stats = sched->run(lists, run);
-      } catch (const DeviceLostError& again) {
-        pending.emplace(again);
-      }
-    }
+    recover_lost_device(first.index(), t, plan, phase, run);
+    phase.excluded.insert(phase.excluded.begin(), first.device());
   }
   phase.end = Clock::now();
-  for (std::size_t c = 0; c < t.size(); ++c) {
-    if (t.runs[c] != 1) {
-      throw std::logic_error("runtime: chunk " + std::to_string(c) + " ran " + std::to_string(t.runs[c]) + " times in step " + std::to_string(steps + 1) +
-                             ": exactly-once violated");
+  return phase;
+}
+
+void Runtime::Impl::recover_lost_device(std::size_t dead, ChunkTable& t, StepPlan& plan, ChunkPhase& phase, const ChunkFn& run) {
+  for (std::optional<std::size_t> lost_now = dead; lost_now;) {
+    plan.watch_speed = false;  // the speeds are indexed by the devices as they were
+    exclude_device(*lost_now);
+    const std::vector<ChunkId> redo = t.drop_device(*lost_now);  // the report reads the tables by the new indices
+    lost_now.reset();
+    phase.rerun += redo.size();
+    const std::size_t n = devices.size();
+    std::vector<std::vector<ChunkId>> lists(n);
+    const std::vector<ChunkRange> share = place_equal(redo.size(), n);
+    for (std::size_t w = 0; w < n; ++w) {
+      for (std::size_t i = share[w].begin; i < share[w].end; ++i) lists[w].push_back(redo[i]), t.home[redo[i]] = static_cast<std::uint32_t>(w);
+    }
+    for (auto& d : devices) d->reset_cancel();
+    comm->begin_step();
+    try {
+      phase.stats = sched->run(lists, run);
+    } catch (const DeviceLostError& again) {
+      phase.excluded.push_back(again.device());
+      lost_now = again.index();
     }
   }
-  return phase;
 }
 
 void Runtime::Impl::exclude_device(std::size_t position) {

@@ -1,4 +1,7 @@
-// One step, phase after phase: plan, cut and place the chunks, set the end game, run with recovery, reduce, report.
+// One step, phase after phase, for one process and across ranks alike: plan, cut and place the chunks, set the end
+// game, run the chunks, reduce, report. Two things differ across ranks, each behind one call:
+//   - the chunk source: each device's own deque (one process), or the ranks' share words (run_from_shares());
+//   - the reduction: within the process, or within the rank and then across ranks (sum_across_ranks()).
 #include "runtime_impl.hpp"
 
 #include <limits>
@@ -12,14 +15,21 @@ StepReport Runtime::Impl::run_step(std::span<const std::uint32_t> samples, const
     throw ConfigError("batch = " + std::to_string(samples.size()) + " samples; at most 4294967295 per step");
   }
   if (layout.size() == 0) throw ConfigError("step: no parameters registered; call register_parameters() first");
-  if (cluster) return run_cluster_step(samples, fn, reduce_to);  // cluster_step.cpp
+  const std::size_t batch = samples.size();
   const auto t_start = Clock::now();
-  StepPlan plan = plan_step(samples.size());                 // chunk_table.cpp
-  ChunkTable table = cut_and_place(samples.size(), plan);    // chunk_table.cpp
+  if (cluster) begin_rank_step(samples, reduce_to);          // cluster_step.cpp: every rank at the same step
+  StepPlan plan = plan_step(batch);                          // chunk_table.cpp
+  ChunkTable table = cut_and_place(batch, plan);             // chunk_table.cpp
   set_endgame_costs(table, plan);                            // chunk_table.cpp
-  ChunkPhase phase = run_with_recovery(samples, fn, table, plan, t_start);  // run_chunks.cpp: exclusion and re-runs
-  const StepStats reduced = reduce(samples.size(), reduce_to);   // reduce.cpp
-  return build_report(samples.size(), table, plan, phase, reduced, Clock::now());  // step_report.cpp
+  begin_chunk_phase(table, t_start);                         // run_chunks.cpp
+  ChunkPhase phase = run_chunk_phase(samples, fn, table, plan, t_start);  // run_chunks.cpp, or cluster_step.cpp's share words
+  Reduced reduced;
+  reduced.within = reduce_within(batch, reduce_to, table, reduced.tally);  // reduce.cpp
+  std::vector<DeviceReport> local = device_reports(table, phase);        // step_report.cpp
+  if (cluster) sum_across_ranks(table, phase, local, reduced.tally);      // cluster_step.cpp
+  reduced.applied = finish_reduction(batch, reduce_to, reduced.tally);   // reduce.cpp
+  reduced.end = Clock::now();
+  return build_report(batch, table, plan, phase, std::move(local), reduced);  // step_report.cpp
 }
 
 }  // namespace stealbatch

@@ -269,88 +269,85 @@ std::span<const float> Runtime::parameters(std::size_t device) const {
   return m->host_params;
 }
 
-namespace {
-
-void finish(StepReport& rep, Clock::time_point t_start) {
+StepReport Runtime::Impl::finish_step(StepReport& rep, Clock::time_point t_start) {
+  grads_dirty = false;  // every buffer was zeroed after its update, or handed over
   rep.step_s = seconds(Clock::now() - t_start);
   for (DeviceReport& d : rep.devices) {
     d.idle_s = std::max(0.0, rep.step_s - d.busy_s);
     d.utilization = rep.step_s > 0 ? d.busy_s / rep.step_s : 0;
   }
+  if (trace) trace->drain();
+  return std::move(rep);
 }
 
-}  // namespace
-
-StepReport Runtime::compute_gradient(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
-  const auto t0 = Clock::now();
-  // The full-batch mean: the sum over every sample divided by the true sample count (a partial last chunk weighs
-  // what it holds), never a mean of per-device means.
-  if (m->host_devices) {
-    // Host devices write the mean slice by slice in the reduction phase and zero their buffers there.
-    StepReport rep = m->run_step(samples, fn, Reduce::kMean);
-    m->mean_grad.swap(m->mean_next);  // only now: after a failed step gradient() still holds the last one
-    m->grads_dirty = false;
-    finish(rep, t0);
-    if (m->trace) m->trace->drain();
-    return rep;
-  }
-  StepReport rep = m->run_step(samples, fn, Reduce::kSum);
-  const float scale = 1.0f / static_cast<float>(samples.size());
-  // One phase: device 0 hands over the sum, and every device zeroes its buffer for the next step (which then
-  // needs no zeroing phase of its own).
-  m->sched->broadcast([&](std::size_t d) {
-    if (d == 0) m->devices[0]->copy_grad(m->mean_grad);
-    m->devices[d]->zero_grad();
-  });
-  m->grads_dirty = false;
-  for (float& g : m->mean_grad) g *= scale;
-  finish(rep, t0);
-  if (m->trace) m->trace->drain();
-  return rep;
+void Runtime::Impl::switch_shared_params(StepReport& rep) {
+  // Host devices: the update was part of the reduction phase (see reduce.cpp); its figure is the longest device's
+  // part of it.
+  shared_optimizer->commit();
+  shared_live = 1 - shared_live;
+  for (auto& d : devices) d->set_shared_params(shared_params[shared_live]);
+  Clock::duration longest{};
+  for (const auto& r : replicas) longest = std::max(longest, r->update);
+  rep.optimizer_s = seconds(longest);
+  rep.reduce_s = std::max(0.0, rep.reduce_s - rep.optimizer_s);
 }
 
-StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
-  const auto t0 = Clock::now();
-  if (m->host_devices) {
-    // Host devices: the update is part of the reduction phase (see reduce.cpp); its figure is the longest device's
-    // part of it.
-    StepReport rep = m->run_step(samples, fn, Reduce::kUpdate);
-    m->shared_optimizer->commit();
-    m->shared_live = 1 - m->shared_live;
-    for (auto& d : m->devices) d->set_shared_params(m->shared_params[m->shared_live]);
-    Clock::duration longest{};
-    for (const auto& r : m->replicas) longest = std::max(longest, r->update);
-    rep.optimizer_s = seconds(longest);
-    rep.reduce_s = std::max(0.0, rep.reduce_s - rep.optimizer_s);
-    m->grads_dirty = false;  // every slice of every buffer was zeroed after its update
-    finish(rep, t0);
-    if (m->trace) m->trace->drain();
-    return rep;
-  }
-  StepReport rep = m->run_step(samples, fn, Reduce::kSum);
+void Runtime::Impl::update_replicas(StepReport& rep, std::size_t batch) {
   const auto t_opt = Clock::now();
   // Each device's worker updates its own replica from its copy of the summed gradient, scaled by 1 / the true
   // sample count: the same update on the same values in the same order, so the replicas stay identical. Then it
   // zeroes the gradient for the next step. A learning rate set since the last update is taken here.
-  const float scale = 1.0f / static_cast<float>(samples.size());
-  const bool new_lr = m->lr_pending;
-  const StepStats opt = m->sched->broadcast([&](std::size_t d) {
-    const WatchStamp stamp(*m->replicas[d], kReductionPhase, m->epoch);  // a GPU's update waits on NCCL's kernels
-    if (new_lr) m->devices[d]->set_lr(m->options.optimizer.lr);
-    m->devices[d]->apply_update(scale);
+  const float scale = 1.0f / static_cast<float>(batch);
+  const bool new_lr = lr_pending;
+  const StepStats opt = sched->broadcast([&](std::size_t d) {
+    const WatchStamp stamp(*replicas[d], kReductionPhase, epoch);  // a GPU's update waits on NCCL's kernels
+    if (new_lr) devices[d]->set_lr(options.optimizer.lr);
+    devices[d]->apply_update(scale);
   });
-  m->lr_pending = false;
-  for (std::size_t d = 0; d < rep.devices.size(); ++d) rep.devices[d].busy_s += seconds(opt.workers[d].busy);
-  m->grads_dirty = false;
+  lr_pending = false;
+  const std::size_t first = cluster ? first_device : 0;  // across ranks the report lists every rank's devices
+  for (std::size_t d = 0; d < devices.size(); ++d) rep.devices[first + d].busy_s += seconds(opt.workers[d].busy);
   const auto t_end = Clock::now();
   rep.optimizer_s = seconds(t_end - t_opt);
-  if (m->trace) {
-    m->trace->add({static_cast<std::uint32_t>(m->ids.size() + m->lost.size()), 0, (t_opt - m->epoch).count(), (t_end - m->epoch).count(),
-                   TraceKind::kOptimizer});
-    m->trace->drain();
+  if (trace) {
+    trace->add({static_cast<std::uint32_t>(ids.size() + lost.size()), 0, (t_opt - epoch).count(), (t_end - epoch).count(), TraceKind::kOptimizer});
   }
-  finish(rep, t0);
-  return rep;
+}
+
+void Runtime::Impl::take_mean_gradient(std::size_t batch) {
+  if (host_devices) {
+    mean_grad.swap(mean_next);  // written slice by slice in the reduction phase; only now: after a failed step gradient() still holds the last one
+    return;
+  }
+  // One phase: device 0 hands over the sum, and every device zeroes its buffer for the next step (which then needs no
+  // zeroing phase of its own).
+  sched->broadcast([&](std::size_t d) {
+    if (d == 0) devices[0]->copy_grad(mean_grad);
+    devices[d]->zero_grad();
+  });
+  const float scale = 1.0f / static_cast<float>(batch);
+  for (float& g : mean_grad) g *= scale;
+}
+
+// The full-batch mean: the sum over every sample divided by the true sample count (a partial last chunk weighs what it
+// holds), never a mean of per-device means. Host devices write the mean (or the update) slice by slice in the
+// reduction phase; other devices reduce the sum, and then each hands over or updates its replica.
+StepReport Runtime::compute_gradient(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
+  const auto t0 = Clock::now();
+  StepReport rep = m->run_step(samples, fn, m->host_devices ? Reduce::kMean : Reduce::kSum);
+  m->take_mean_gradient(samples.size());
+  return m->finish_step(rep, t0);
+}
+
+StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
+  const auto t0 = Clock::now();
+  StepReport rep = m->run_step(samples, fn, m->host_devices ? Reduce::kUpdate : Reduce::kSum);
+  if (m->host_devices) {
+    m->switch_shared_params(rep);
+  } else {
+    m->update_replicas(rep, samples.size());
+  }
+  return m->finish_step(rep, t0);
 }
 
 }  // namespace stealbatch

@@ -4,6 +4,7 @@
 #include <stealbatch/runtime/detail/chunk_sizer.hpp>
 #include <stealbatch/runtime/detail/cost_profile.hpp>
 #include <stealbatch/runtime/detail/heartbeat.hpp>
+#include <stealbatch/runtime/cluster.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 #include <stealbatch/scheduler/scheduler.hpp>
 
@@ -12,6 +13,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -63,26 +66,62 @@ struct WatchStamp {
   WatchStamp& operator=(const WatchStamp&) = delete;
 };
 
+// Appends `value` to a window of the last `size` (>= 1) values, dropping the oldest.
+inline void push_window(std::vector<double>& window, double value, std::size_t size) {
+  if (window.size() >= size) window.erase(window.begin(), window.end() - static_cast<std::ptrdiff_t>(size - 1));
+  window.push_back(value);
+}
+
 struct ChunkSpan {
   std::uint32_t begin;
   std::uint32_t size;
 };
 
+// A step across ranks: what every rank computes alike from the same inputs (the step's tag, the ranks' speeds, each
+// rank's share of the global chunk ids), and this rank's victims. Empty in one process.
+struct RankShares {
+  std::uint16_t tag = 0;                // 1 to 65535, from the step count: never a fresh share word's 0
+  std::size_t me = 0;                   // this rank
+  std::vector<double> speed;            // each rank's samples/s (equal placeholders until every rank is measured)
+  bool measured = false;
+  std::vector<std::size_t> chunk;       // each rank's full chunk, in samples
+  std::vector<ChunkRange> share;        // each rank's chunk ids
+  std::vector<std::uint64_t> before;    // the samples of chunks [0, c): what a share word holds, from two reads
+  std::vector<int> victims;             // the other ranks of this node first, then the rest, each list starting after this rank
+  bool active() const noexcept { return !share.empty(); }
+  detail::ShareWord word_of(std::size_t r) const noexcept {
+    return {tag, static_cast<std::uint32_t>(share[r].begin), static_cast<std::uint32_t>(share[r].end)};
+  }
+};
+
+// How the step's samples are divided: equally (or by given weights), by measured samples/s, or by learnt
+// batch-position costs (detail::CostProfile).
+enum class Placement { kEqualOrGiven, kBySpeed, kByCost };
+// How shares are cut into chunks: chunk_size everywhere (the last may hold fewer); each device's chunk from its
+// measured curve (chunk_size = 0, detail::ChunkSizer); chunks sized to each device's speed with a share's end cut
+// finer (stealing, 2+ devices); or across ranks, each rank's share cut to its speed (cluster_step.cpp).
+enum class Cutting { kFixed, kSized, kBySpeed, kRankShares };
+
 // How a step is placed: what is known of the devices and which rules apply (chunk_table.cpp).
 struct StepPlan {
   std::vector<double> speeds;  // samples/s per device; empty until measured
   std::vector<double> rate;    // each device's speed in cost units per second (samples/s, or the profile's speeds)
-  std::span<const double> position_cost;  // by_cost: each batch position's cost (read before the chunk phase only)
+  std::span<const double> position_cost;  // kByCost: each batch position's cost (read before the chunk phase only)
   bool known = false;          // every device has a measured speed
-  bool adaptive = false;       // placed by measured speed
-  bool sized = false;          // chunk_size = 0: each device's chunk size from its measured curve
-  bool by_speed = false;       // speed-sized chunks, a share's end cut finer (stealing, 2+ devices)
+  Placement placement = Placement::kEqualOrGiven;
+  Cutting cutting = Cutting::kFixed;
+  bool finer_ends = false;     // a share's end cut finer (kSized with stealing on 2+ measured devices)
   bool learn_costs = false;    // the cost profile learns from this step
-  bool by_cost = false;        // placed by learnt batch-position costs
   bool watch_speed = false;    // the end game weighs a device at what its chunks take now (set_live_factor)
-  // A multi-process step: the rank's own share. Its chunks hold samples of one share whichever of the rank's devices
-  // claimed them, so each tells the device that ran it its speed, as its own chunks do in one process.
-  ChunkRange rank_share{0, 0};
+  double outside_rate = 0;     // across ranks: the other ranks' devices, in this rank's full chunks per second
+  RankShares ranks;            // across ranks: the shares of the step's global chunk ids
+  bool by_cost() const noexcept { return placement == Placement::kByCost; }
+  bool sized() const noexcept { return cutting == Cutting::kSized; }
+  // A chunk of the rank's own share (across ranks, any of its devices may have claimed it): it tells the device that
+  // ran it its speed, as a device's own chunks do in one process.
+  bool in_rank_share(ChunkId c) const noexcept {
+    return ranks.active() && c >= ranks.share[ranks.me].begin && c < ranks.share[ranks.me].end;
+  }
 };
 
 // The step's chunks and where they were placed and ran (chunk_table.cpp fills the first part; the chunk phase the
@@ -103,6 +142,9 @@ struct ChunkTable {
   std::vector<double> took_s;           // learn_costs: its time on its device
   std::vector<double> compute_s;        // sized: its compute time where the device knows it, else its time
   std::size_t size() const noexcept { return spans.size(); }
+  // Device `dead` was lost mid-step: the tables re-indexed to the devices that remain, and what it ran or held marked
+  // as not run. Returns the chunks nobody has run now, in id order.
+  std::vector<ChunkId> drop_device(std::size_t dead);
 };
 
 // What the chunk phase left for the report.
@@ -111,6 +153,41 @@ struct ChunkPhase {
   std::vector<std::string> excluded;  // devices lost and dropped this step
   std::uint64_t rerun = 0;            // chunks re-run on the survivors
   Clock::time_point start, end;
+  // Across ranks: a failure is carried to every rank by the reduction (and rethrown there), not thrown here; the
+  // chunks taken from other ranks' shares and the steals that took them; the last call for work that found none.
+  std::exception_ptr failure;
+  std::string failure_text;
+  std::uint64_t remote_chunks = 0, remote_steals = 0;
+  double leave_s = 0;
+};
+
+// Tallies per device that travel with the reduction across ranks: compute seconds, chunks run, chunks stolen,
+// samples, chunk size, and its kind (0 cpu, 1 sim, 2 cuda: its name).
+inline constexpr std::size_t kTallyDeviceFields = 6;
+
+// The reduction's buffer across ranks: the gradient, then every rank's speed and failure flag, every chunk's run
+// count, every device's tallies and every rank's loss sum; each rank writes its own entries and leaves the others 0,
+// so the sum is a gather. Empty in one process.
+struct RankTally {
+  std::size_t count = 0, ranks = 0, chunks = 0, devices = 0;
+  std::vector<float> buf;
+  RankTally() = default;
+  RankTally(std::size_t c, std::size_t r, std::size_t k, std::size_t d)
+      : count(c), ranks(r), chunks(k), devices(d), buf(c + 3 * r + k + kTallyDeviceFields * d, 0.0f) {}
+  float* grad() { return buf.data(); }
+  float* speed() { return buf.data() + count; }
+  float* failed() { return speed() + ranks; }
+  float* loss() { return failed() + ranks; }
+  float* runs() { return loss() + ranks; }
+  float* device(std::size_t d) { return runs() + chunks + kTallyDeviceFields * d; }
+};
+
+// What the reduction phase left for the report: each device's counters in it (within the process, and across ranks
+// the update from the job's sum after it), the sum's tallies across ranks, and when it ended.
+struct Reduced {
+  StepStats within, applied;
+  RankTally tally;
+  Clock::time_point end;
 };
 
 // What the reduction phase leaves: the sum in every device's buffer (kSum); or, on host devices only, fused into
@@ -122,38 +199,66 @@ struct Runtime::Impl {
   explicit Impl(RuntimeOptions options);
   ~Impl();
 
-  // One step: cut and place the chunks, run them (with recovery), reduce, report (run_step.cpp).
+  // One step, for one process and across ranks alike: plan, cut and place the chunks, run them, reduce, report
+  // (run_step.cpp). Across ranks, where the devices get their chunks (the ranks' share words) and how the sum crosses
+  // processes (the tally) are cluster_step.cpp's; every other phase is the same code.
   StepReport run_step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to);
   // chunk_table.cpp
   StepPlan plan_step(std::size_t batch);
-  ChunkTable cut_and_place(std::size_t batch, const StepPlan& plan);
+  ChunkTable cut_and_place(std::size_t batch, StepPlan& plan);
   void cut_sized(std::size_t batch, const StepPlan& plan, ChunkTable& t);
   void cut_by_speed(std::size_t batch, const StepPlan& plan, ChunkTable& t);
   void cut_fixed(std::size_t batch, const StepPlan& plan, ChunkTable& t);
-  void set_endgame_costs(const ChunkTable& table, StepPlan& plan);
+  void cut_rank_shares(std::size_t batch, StepPlan& plan, ChunkTable& t);
+  void set_endgame_costs(ChunkTable& table, StepPlan& plan);
   // run_chunks.cpp
+  void begin_chunk_phase(const ChunkTable& t, Clock::time_point step_start);
+  // The chunk phase, from the step's chunk source: each device's own deque, placed per device (one process, with
+  // recovery from a lost device), or the ranks' share words, claimed a few chunks at a time (run_from_shares()).
+  ChunkPhase run_chunk_phase(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
+                             Clock::time_point step_start);
   void run_one(std::size_t w, ChunkId c, std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, const StepPlan& plan);
   // One call of the chunk function over `chunks`: one chunk, or several contiguous ones a thief stole together
   // (descending, as mergeable() chose them), with every chunk's bookkeeping.
   void run_call(std::size_t w, std::span<const ChunkId> chunks, std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t,
                 const StepPlan& plan);
+  void run_guarded(std::size_t w, std::span<const ChunkId> chunks, ChunkContext& ctx, const ChunkFunction& fn);  // faults, and errors named
+  void record_call(std::size_t w, std::span<const ChunkId> chunks, const ChunkContext& ctx, Clock::time_point t0, ChunkTable& t, const StepPlan& plan);
+  void watch_live_speed(std::size_t w, std::span<const ChunkId> chunks, double ratio, double took, ChunkTable& t, const StepPlan& plan);
   // How many of `more` (stolen after `first`, in the victim's order) run with it in one call on device w: those that
   // continue its span downward, up to w's own chunk size and `largest` (what the devices reserved for).
   std::size_t mergeable(std::size_t w, ChunkId first, std::span<const ChunkId> more, const ChunkTable& t, std::size_t largest) const noexcept;
   ChunkPhase run_with_recovery(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
                                Clock::time_point step_start);
+  void recover_lost_device(std::size_t dead, ChunkTable& t, StepPlan& plan, ChunkPhase& phase, const ChunkFn& run);
   void exclude_device(std::size_t position);
-  // reduce.cpp
-  StepStats reduce(std::size_t batch, Reduce reduce_to);
+  // reduce.cpp: within the process (fused with the update on host devices in one process), then what crosses the
+  // ranks' sum: the update from it (host devices) or the devices' own collective.
+  StepStats reduce_within(std::size_t batch, Reduce reduce_to, const ChunkTable& t, RankTally& tally);
+  StepStats finish_reduction(std::size_t batch, Reduce reduce_to, RankTally& tally);
+  void update_slice(std::size_t d, std::span<const float> sum, float scale, Reduce reduce_to);
   // step_report.cpp
-  StepReport build_report(std::size_t batch, const ChunkTable& t, const StepPlan& plan, ChunkPhase& phase, const StepStats& reduced,
-                          Clock::time_point reduced_at);
-  void learn_from_step(std::size_t batch, const ChunkTable& t, const StepPlan& plan, const ChunkPhase& phase, StepReport& rep);
-  // cluster_step.cpp: a step across the ranks of options.cluster (host devices)
-  StepReport run_cluster_step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to);
+  std::vector<DeviceReport> device_reports(const ChunkTable& t, const ChunkPhase& phase);
+  StepReport build_report(std::size_t batch, const ChunkTable& t, const StepPlan& plan, ChunkPhase& phase, std::vector<DeviceReport> local,
+                          Reduced& reduced);
+  void learn_from_step(std::size_t batch, const ChunkTable& t, const StepPlan& plan, const ChunkPhase& phase, const std::vector<DeviceReport>& local);
+  // cluster_step.cpp: this rank's part of a job across ranks (options.cluster)
   void join_cluster(DeviceSpec& spec);
+  void begin_rank_step(std::span<const std::uint32_t> samples, Reduce reduce_to);  // the step's agreement, and the progress word
+  void plan_ranks(std::size_t batch, StepPlan& plan);                    // the ranks' speeds, the step's tag, the victims
+  ChunkPhase run_from_shares(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
+                             Clock::time_point step_start);
+  // The tally across ranks, with the step's watch while waiting; a failure anywhere rethrown everywhere, exactly-once
+  // checked over the job, the ranks' speeds learnt.
+  void sum_across_ranks(const ChunkTable& t, const ChunkPhase& phase, const std::vector<DeviceReport>& local, RankTally& tally);
+  void add_rank_devices(StepReport& rep, RankTally& tally, std::vector<DeviceReport> local);
   void publish_progress();  // this rank's progress word: the step it is in, and one more beat
   void watch_cluster();     // publishes this rank's progress and where it is; ends the job when another rank has stopped making progress
+  // runtime.cpp: what step() and compute_gradient() do after the step's reduction
+  void switch_shared_params(StepReport& rep);
+  void update_replicas(StepReport& rep, std::size_t batch);
+  void take_mean_gradient(std::size_t batch);
+  StepReport finish_step(StepReport& rep, Clock::time_point t_start);
   // runtime.cpp
   void make_communicator();
   void make_scheduler();

@@ -15,33 +15,20 @@ constexpr std::size_t kSlownessWindow = 16;
 
 }  // namespace
 
-StepReport Runtime::Impl::build_report(std::size_t batch, const ChunkTable& t, const StepPlan& plan, ChunkPhase& phase, const StepStats& reduced,
-                                       Clock::time_point reduced_at) {
+std::vector<DeviceReport> Runtime::Impl::device_reports(const ChunkTable& t, const ChunkPhase& phase) {
   const std::size_t n = devices.size();
   const StepStats& st = phase.stats;
-  StepReport rep;
-  rep.step = ++steps;
-  rep.chunks_s = seconds(phase.end - phase.start);
-  rep.reduce_s = seconds(reduced_at - phase.end);
-  rep.samples = batch;
-  rep.chunks = t.size();
-  rep.devices.resize(n);
-  double loss = 0;
-  const double model_s = comm->model_seconds();
+  std::vector<DeviceReport> out(n);
   for (std::size_t d = 0; d < n; ++d) {
     const WorkerCounters& wc = st.workers[d];
     const Replica& r = *replicas[d];
-    DeviceReport& dr = rep.devices[d];
+    DeviceReport& dr = out[d];
     dr.name = devices[d]->name();
     // The device's time for its chunks: its own figure when it keeps one (chunks in flight), else its worker's busy
     // time in the chunk phase plus the wait in finish_chunks() for what was still in flight when that phase ended
     // (without it a device with K chunks in flight looks faster the fewer chunks it ran).
     const std::optional<double> own = devices[d]->step_device_seconds();
-    const double finish_s = seconds(r.finish);
-    dr.compute_s = own ? *own : seconds(wc.busy) + finish_s;
-    // Busy: its chunks and the rest of its part of the reduction (as a GPU's utilization counts its NCCL kernels). A
-    // modelled reduction counts once for every device, whichever worker slept it out.
-    dr.busy_s = dr.compute_s + std::max(0.0, seconds(reduced.workers[d].busy) - finish_s - seconds(r.model_wait)) + model_s;
+    dr.compute_s = own ? *own : seconds(wc.busy) + seconds(r.finish);
     // Waiting for the others: from its last chunk's end (on the device's own timeline when it keeps one, where the
     // last chunk may end after the worker's last call returned) to the end of the chunk phase.
     if (wc.chunks_run == 0) {
@@ -54,45 +41,79 @@ StepReport Runtime::Impl::build_report(std::size_t batch, const ChunkTable& t, c
     dr.chunks_run = wc.chunks_run;
     dr.samples = r.samples;
     dr.chunk_samples = t.own_size[d];
+  }
+  // A chunk that ran on another device than the one it was placed on (across ranks: the one that claimed it) was
+  // stolen by the device that ran it.
+  for (std::size_t c = 0; c < t.size(); ++c) {
+    if (t.runs[c] != 0 && t.ran_on[c] != t.home[c]) ++out[t.ran_on[c]].chunks_stolen;
+  }
+  return out;
+}
+
+StepReport Runtime::Impl::build_report(std::size_t batch, const ChunkTable& t, const StepPlan& plan, ChunkPhase& phase, std::vector<DeviceReport> local,
+                                       Reduced& reduced) {
+  const std::size_t n = devices.size();
+  StepReport rep;
+  rep.step = ++steps;
+  rep.chunks_s = seconds(phase.end - phase.start);
+  rep.reduce_s = seconds(reduced.end - phase.end);  // step() takes the update's part out of it
+  rep.samples = batch;
+  rep.chunks = t.size();
+  // Busy: a device's chunks and the rest of its part of the reduction (as a GPU's utilization counts its NCCL
+  // kernels). A modelled reduction counts once for every device, whichever worker slept it out.
+  const double model_s = cluster ? 0.0 : comm->model_seconds();
+  double loss = 0;
+  for (std::size_t d = 0; d < n; ++d) {
+    const Replica& r = *replicas[d];
+    const double in_reduction = seconds(reduced.within.workers[d].busy) + seconds(reduced.applied.workers[d].busy);
+    local[d].busy_s = local[d].compute_s + std::max(0.0, in_reduction - seconds(r.finish) - seconds(r.model_wait)) + model_s;
     loss += r.loss;
   }
   for (std::size_t c = 0; c < t.size(); ++c) {
-    if (t.ran_on[c] == t.home[c]) continue;
-    ++rep.steals, ++rep.devices[t.ran_on[c]].chunks_stolen;
+    if (t.runs[c] == 0 || t.ran_on[c] == t.home[c]) continue;
     if (kind == DeviceKind::kSim) rep.bytes_moved += options.sim.bytes_per_sample * t.spans[c].size;
   }
   rep.loss = loss / static_cast<double>(batch);
-  rep.placed_by_cost = plan.by_cost;
+  rep.placed_by_cost = plan.by_cost();
   rep.rerun_chunks = phase.rerun;
-  learn_from_step(batch, t, plan, phase, rep);
+  learn_from_step(batch, t, plan, phase, local);
   rep.excluded_devices = std::move(phase.excluded);
   if (trace) {
     // Each device's wait for the others, from its last chunk to the barrier: the end of the chunk phase, or the end
     // of the last chunk still in flight then (on a device with its own timeline), whichever is later.
+    const StepStats& st = phase.stats;
     Clock::time_point barrier = phase.end;
-    for (const auto& r : replicas) barrier = std::max(barrier, std::min(r->device_end, reduced_at));
+    for (const auto& r : replicas) barrier = std::max(barrier, std::min(r->device_end, reduced.end));
     for (std::size_t d = 0; d < n; ++d) {
       const auto last = st.workers[d].chunks_run > 0 ? st.workers[d].last_end : std::chrono::nanoseconds(0);
       const auto from = std::max(phase.start + last, std::min(replicas[d]->device_end, barrier));
       trace->add({static_cast<std::uint32_t>(ids[d]), 0, (from - epoch).count(), (barrier - epoch).count(), TraceKind::kBarrier});
     }
-    trace->add({static_cast<std::uint32_t>(ids.size() + lost.size()), 0, (phase.end - epoch).count(), (reduced_at - epoch).count(), TraceKind::kAllReduce});
+    trace->add({static_cast<std::uint32_t>(ids.size() + lost.size()), 0, (phase.end - epoch).count(), (reduced.end - epoch).count(), TraceKind::kAllReduce});
   }
+  if (cluster) {
+    // Every rank's devices and loss, from the tallies; what this rank took from the others.
+    rep.remote_chunks = phase.remote_chunks, rep.remote_steals = phase.remote_steals, rep.leave_s = phase.leave_s;
+    add_rank_devices(rep, reduced.tally, std::move(local));
+  } else {
+    rep.devices = std::move(local);
+  }
+  for (const DeviceReport& dr : rep.devices) rep.steals += dr.chunks_stolen;
   return rep;
 }
 
-void Runtime::Impl::learn_from_step(std::size_t batch, const ChunkTable& t, const StepPlan& plan, const ChunkPhase& phase, StepReport& rep) {
+void Runtime::Impl::learn_from_step(std::size_t batch, const ChunkTable& t, const StepPlan& plan, const ChunkPhase& phase,
+                                    const std::vector<DeviceReport>& local) {
   // A step with a re-run round: the counters cover that round only; the next step measures again.
   if (!phase.excluded.empty()) return;
   const std::size_t n = devices.size();
   for (std::size_t d = 0; d < n; ++d) {
-    const DeviceReport& dr = rep.devices[d];
+    const DeviceReport& dr = local[d];
     // A GPU's chunks run asynchronously, and its worker's calls do not time them: while it explores, the step does.
-    if (plan.sized && !host_devices) chunk_sizer.observe_step(d, dr.samples, dr.compute_s);
+    if (plan.sized() && !host_devices) chunk_sizer.observe_step(d, dr.samples, dr.compute_s);
     auto& h = speed_history[d];
     if (dr.compute_s > 0 && dr.samples > 0) {
-      if (h.size() >= options.throughput_window) h.erase(h.begin(), h.end() - static_cast<std::ptrdiff_t>(options.throughput_window - 1));
-      h.push_back(static_cast<double>(dr.samples) / dr.compute_s);
+      push_window(h, static_cast<double>(dr.samples) / dr.compute_s, options.throughput_window);
       idle_steps[d] = 0;
     } else if (++idle_steps[d] >= kStaleAfterIdleSteps) {
       // A device that runs nothing gets no fresh figure, and a wrong low one (a slow first step, a passing stall)
@@ -102,7 +123,7 @@ void Runtime::Impl::learn_from_step(std::size_t batch, const ChunkTable& t, cons
       idle_steps[d] = 0;
     }
   }
-  if (plan.sized) {
+  if (plan.sized()) {
     if (host_devices) {
       for (std::size_t c = 0; c < t.size(); ++c) chunk_sizer.observe_chunk(t.ran_on[c], t.spans[c].size, t.compute_s[c]);
     }
@@ -118,12 +139,10 @@ void Runtime::Impl::learn_from_step(std::size_t batch, const ChunkTable& t, cons
     p.batch = batch, p.devices = n, p.ready = true;
     if (!learn_while_running) learn_pending_observation();
   }
-  if (t.stolen_ratio.empty() || plan.by_cost) return;  // placed by cost, the ratios are against chunk costs, about 1
+  if (t.stolen_ratio.empty() || plan.by_cost()) return;  // placed by cost, the ratios are against chunk costs, about 1
   for (std::size_t c = 0; c < t.size(); ++c) {
     if (t.ran_on[c] == t.home[c] || !(t.stolen_ratio[c] > 0)) continue;
-    std::vector<double>& h = stolen_slowness[t.home[c]];
-    if (h.size() >= kSlownessWindow) h.erase(h.begin());
-    h.push_back(t.stolen_ratio[c]);
+    push_window(stolen_slowness[t.home[c]], t.stolen_ratio[c], kSlownessWindow);
   }
 }
 
