@@ -282,12 +282,12 @@ class Scheduler {
   alignas(detail::kCacheLine) std::atomic<std::uint64_t> m_remaining{0};  // chunks of this step not yet finished
   std::atomic<std::uint64_t> m_left_units{0};  // their weight (weighted steps); on m_remaining's line: both fall at once
   alignas(detail::kCacheLine) std::atomic<bool> m_abort{false};
-  std::atomic<std::uint32_t> m_takers{0};
+  std::atomic<std::uint32_t> m_takers{0};  // the fastest workers (as placed) that have not left the step's end game
   // A sourced step: the source may still give chunks (while it is, m_remaining holds one extra count, a token, so
-  // that no worker sees the step over between two refills); a worker is asking it; how many chunks it gave.
+  // that no worker sees the step over between two refills).
   alignas(detail::kCacheLine) std::atomic<bool> m_source_open{false};
-  std::atomic<bool> m_refilling{false};
-  std::atomic<std::uint64_t> m_sourced{0};  // the fastest workers (as placed) that have not left the step's end game
+  std::atomic<bool> m_refilling{false};     // a worker is asking the source
+  std::atomic<std::uint64_t> m_sourced{0};  // the chunks the source gave this step
   alignas(detail::kCacheLine) std::atomic<std::uint32_t> m_step_seq{0};
   std::atomic<std::uint32_t> m_in_step{0};  // workers that have not yet left the current step; the caller waits on it
   std::atomic<bool> m_shutdown{false};
