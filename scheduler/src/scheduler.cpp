@@ -1,8 +1,7 @@
 // The worker loop: pop own chunks, steal when empty, spin then yield then park, and exactly-once step accounting.
-#include <stealbatch/error.hpp>
-#include <stealbatch/scheduler/scheduler.hpp>
+#include "scheduler_impl.hpp"
 
-#include <boost/lockfree/queue.hpp>
+#include <stealbatch/error.hpp>
 
 #include <algorithm>
 #include <array>
@@ -13,108 +12,8 @@
 
 namespace stealbatch {
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-void check_range(const char* field, std::size_t value, std::size_t lo, std::size_t hi) {
-  if (value < lo || value > hi) {
-    throw ConfigError(std::string("scheduler: ") + field + " = " + std::to_string(value) + "; valid range is [" +
-                      std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  }
-}
-
-}  // namespace
-
-struct Scheduler::Central {
-  boost::lockfree::queue<ChunkId> queue{1024};
-  std::size_t reserved = 1024;  // nodes in the queue's free list; reserve() adds, so only the shortfall is asked for
-};
-
-struct alignas(detail::kCacheLine) Scheduler::Worker {
-  Worker(std::size_t i, const SchedulerOptions& o)
-      : index(i), deque(o.deque_capacity), victims(i, o.workers, o.victim, o.seed) {}
-
-  std::size_t index;
-  ChunkDeque deque;
-  VictimSelector victims;
-  WorkerCounters counters;
-  std::uint32_t seen_seq = 0;
-  // This step's observed slowdown (set_live_factor) and whether this worker, one of the fastest as placed, has
-  // left the rest of the step to the others. Touched only by this worker during a step, reset by the caller
-  // between steps (ordered by the step hand-off).
-  double live_factor = 1.0;
-  double live_ahead = 0.0;
-  bool left_takers = false;
-  std::vector<ChunkId> sourced;  // a sourced step: what the source wrote (sized by run_sourced, between steps)
-  // A merging steal: group[0] the chunk to run, group[1, group_size) the others that run in the same call; the
-  // steal writes what it took after the first into group[1, ...). Owned by this worker from the steal to execute().
-  std::array<ChunkId, kMaxStealBatch + 1> group{};
-  std::size_t group_size = 0;
-  std::thread thread;
-};
-
-Scheduler::Scheduler(SchedulerOptions options) : m_options(std::move(options)), m_spin(m_options.idle.max_spinners) {
-  check_range("workers", m_options.workers, 1, 4096);
-  check_range("steal_batch_cap", m_options.steal_batch_cap, 1, kMaxStealBatch);
-  check_range("deque_capacity", m_options.deque_capacity, 2, std::size_t{1} << 30);
-
-  const std::size_t n = m_options.workers;
-  if (m_options.schedule == SchedulePolicy::kCentral) m_central = std::make_unique<Central>();
-  m_workers.reserve(n);
-  m_stealers.reserve(n);
-  for (std::size_t w = 0; w < n; ++w) {
-    m_workers.push_back(std::make_unique<Worker>(w, m_options));
-    m_stealers.push_back(m_workers.back()->deque.stealer());
-  }
-
-  std::size_t launched = 0;
-  try {
-    for (; launched < n; ++launched) {
-      m_workers[launched]->thread = std::thread([this, w = launched] {
-        try {
-          if (m_options.on_worker_start) m_options.on_worker_start(w);
-        } catch (...) {
-          bool expected = false;
-          // Acq_rel: only the first failure writes m_start_error; the caller reads it after m_started.
-          if (m_start_failed.compare_exchange_strong(expected, true, std::memory_order_acq_rel)) {
-            m_start_error = std::current_exception();
-          }
-        }
-        // Release: publishes m_start_error; pairs with the caller's acquire loads of m_started.
-        m_started.fetch_add(1, std::memory_order_release);
-        detail::futex_wake(m_started, 1);
-        worker_main(w);
-      });
-    }
-  } catch (...) {
-    // std::thread could not start: stop the ones that did, then report.
-    m_shutdown.store(true, std::memory_order_relaxed);  // relaxed: the RMW in notify_all() publishes it
-    m_event.notify_all();
-    for (std::size_t w = 0; w < launched; ++w) m_workers[w]->thread.join();
-    throw;
-  }
-
-  for (std::uint32_t s; (s = m_started.load(std::memory_order_acquire)) != n;) detail::futex_wait(m_started, s);
-  if (m_start_failed.load(std::memory_order_relaxed)) {  // relaxed: ordered by the acquire of m_started above
-    m_shutdown.store(true, std::memory_order_relaxed);     // relaxed: the RMW in notify_all() publishes it
-    m_event.notify_all();
-    for (auto& w : m_workers) w->thread.join();
-    std::rethrow_exception(m_start_error);
-  }
-}
-
-Scheduler::~Scheduler() {
-  // Relaxed: the seq_cst RMW inside notify_all() orders it before any waiter's re-check (see EventCount).
-  m_shutdown.store(true, std::memory_order_relaxed);
-  m_event.notify_all();
-  for (auto& w : m_workers) {
-    if (w->thread.joinable()) w->thread.join();
-  }
-}
-
 StepStats Scheduler::run(std::span<const ChunkRange> placement, ChunkFn fn, const std::function<void()>& meanwhile, const ChunkMerge* merge) {
-  check_range("placement.size()", placement.size(), m_workers.size(), m_workers.size());
+  detail::check_range("placement.size()", placement.size(), m_workers.size(), m_workers.size());
   std::uint64_t total = 0;
   for (const ChunkRange& r : placement) {
     if (r.end < r.begin) throw ConfigError("scheduler: a placement range has end < begin");
@@ -136,7 +35,7 @@ StepStats Scheduler::run(std::span<const ChunkRange> placement, ChunkFn fn, cons
 }
 
 StepStats Scheduler::run(std::span<const std::vector<ChunkId>> placement, ChunkFn fn) {
-  check_range("placement.size()", placement.size(), m_workers.size(), m_workers.size());
+  detail::check_range("placement.size()", placement.size(), m_workers.size(), m_workers.size());
   std::uint64_t total = 0;
   for (const auto& list : placement) total += list.size();
   place_all(total, [&](std::size_t w) { m_scratch.assign(placement[w].rbegin(), placement[w].rend()); });
@@ -488,37 +387,6 @@ void Scheduler::run_step(Worker& me) {
   // step, so once every worker has drained its own, every deque is empty for the next step.
   while (me.deque.pop()) {
   }
-}
-
-template <class Poll, class Ready>
-void Scheduler::wait_until(Poll&& poll, Ready&& ready, std::uint64_t* parks) {
-  const IdleOptions& idle = m_options.idle;
-  std::uint32_t spins = 0, yields = 0;
-  bool spinning = false;
-  while (!poll()) {
-    if (spins < idle.spin_rounds && (spinning || (spinning = m_spin.try_acquire()))) {
-      ++spins;
-      for (int k = 0; k < kPausesPerSpin; ++k) cpu_relax();
-      continue;
-    }
-    if (spinning) m_spin.release(), spinning = false;
-    if (yields < idle.yield_rounds) {
-      ++yields;
-      std::this_thread::yield();
-      continue;
-    }
-    const EventCount::Key key = m_event.prepare_wait();
-    if (ready()) {
-      m_event.cancel_wait();
-      continue;
-    }
-    m_parked.fetch_add(1, std::memory_order_relaxed);  // relaxed: a diagnostic count
-    if (parks) ++*parks;
-    m_event.commit_wait(key);
-    m_parked.fetch_sub(1, std::memory_order_relaxed);
-    spins = yields = 0;
-  }
-  if (spinning) m_spin.release();
 }
 
 Scheduler::Found Scheduler::find_work(Worker& me, ChunkId& out) {

@@ -212,6 +212,7 @@ class Scheduler {
   std::size_t parked_workers() const noexcept { return m_parked.load(std::memory_order_relaxed); }
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Worker;
   struct Central;
   enum class Found { kChunk, kStepOver };
@@ -276,7 +277,7 @@ class Scheduler {
   std::chrono::nanoseconds m_watch_period{0};
   std::function<std::exception_ptr()> m_watch_check;
   std::function<void()> m_watch_fail;
-  std::chrono::steady_clock::time_point m_step_start;
+  Clock::time_point m_step_start;
   std::exception_ptr m_error;  // written by the first failing worker only, read by the caller after the step
 
   alignas(detail::kCacheLine) std::atomic<std::uint64_t> m_remaining{0};  // chunks of this step not yet finished
