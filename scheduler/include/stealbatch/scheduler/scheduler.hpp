@@ -235,7 +235,16 @@ class Scheduler {
   // Asks the source until it gives chunks (true: the first in `out`), or the step is over or the source closed.
   bool wait_for_source(Worker& me, ChunkId& out);
   enum class Source { kOwn, kStolen };
+  // The end game's rule applied to worker w's next take (endgame.cpp): false when it leaves the rest to the others.
   bool worth_taking(std::size_t w, Source from) noexcept;
+  // Its cost now for the next chunk from `from`: as placed (a weighted own chunk by its weight), times its live
+  // factor, after what it has ahead.
+  double cost_now(const Worker& me, Source from) const noexcept;
+  // The rule with that cost and what is left now (and, for a sourced step, what the source still holds).
+  bool worth_by_rule(const Worker& me, Source from) const noexcept;
+  // A fastest worker the rule would have leave: true when it leaves, which it may only while another of the
+  // fastest still takes (m_takers), so the last never does. Once left, it stays out this step.
+  bool leave_takers(Worker& me) noexcept;
   bool work_visible(std::size_t self) const noexcept;
   // Runs c, or, after a merging steal, the worker's group (c first) in one call.
   void execute(Worker& me, ChunkId c);
