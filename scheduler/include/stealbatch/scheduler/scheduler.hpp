@@ -261,7 +261,17 @@ class Scheduler {
   // What the end game counts as left now: the weight of the chunks not yet finished, or their number.
   double left_now() const noexcept;
   std::size_t steal_cap(std::size_t w) const noexcept;
+  // Runs a step of `chunks` counts with the step state already set (launch.cpp): wakes the workers, runs
+  // `meanwhile`, waits for every worker to leave the step, and returns their counters.
   StepStats launch(std::uint64_t chunks, ChunkFn fn, const std::function<void()>& meanwhile = {});
+  // Publishes the step's counts and flags and wakes the workers.
+  void start_step(std::uint64_t chunks) noexcept;
+  // Returns when every worker has left the step; under a watchdog, through watch_step().
+  void wait_for_workers();
+  // Waits as above, calling the watchdog's check every period until it fails the step (once).
+  void watch_step();
+  // Collects the workers' counters into `stats`, rethrows the step's error, and checks that every chunk ran once.
+  void finish_step(StepStats& stats);
 
   SchedulerOptions m_options;
   std::vector<std::unique_ptr<Worker>> m_workers;
