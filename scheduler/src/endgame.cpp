@@ -135,7 +135,8 @@ bool Scheduler::worth_by_rule(const Worker& me, Source from) const noexcept {
   double left = left_now();
   if (m_source != nullptr) left -= m_source_open.load(std::memory_order_relaxed) ? 1.0 : 0.0;
   if (m_endgame.worth(me.index, cost, left)) return true;
-  return m_source != nullptr && m_endgame.worth(me.index, cost, left + static_cast<double>((*m_pending)()), m_outside_rate);
+  if (m_source == nullptr) return false;
+  return m_endgame.worth(me.index, cost, left + static_cast<double>((*m_pending)()), m_outside_rate);
 }
 
 bool Scheduler::leave_takers(Worker& me) noexcept {

@@ -22,6 +22,7 @@ StepStats Scheduler::launch(std::uint64_t chunks, ChunkFn fn, const std::functio
   m_step_start = t0;
   m_fn = &fn;
   m_error = nullptr;
+  m_strategy = pick_strategy();
   start_step(chunks);
   if (meanwhile) {
     // The caller's own work while the workers run; it touches nothing of the step's (the workers own that now).
@@ -57,7 +58,9 @@ void Scheduler::wait_for_workers() {
     return;
   }
   // Acquire: pairs with each worker's release decrement, so their counters and deques are settled.
-  for (std::uint32_t left; (left = m_in_step.load(std::memory_order_acquire)) != 0;) detail::futex_wait(m_in_step, left);
+  for (std::uint32_t left; (left = m_in_step.load(std::memory_order_acquire)) != 0;) {
+    detail::futex_wait(m_in_step, left);
+  }
 }
 
 void Scheduler::watch_step() {

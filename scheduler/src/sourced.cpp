@@ -71,4 +71,10 @@ bool Scheduler::wait_for_source(Worker& me, ChunkId& out) {
   return got;
 }
 
+bool Scheduler::ask_source(Worker& me, ChunkId& out) {
+  if (wait_for_source(me, out)) return true;
+  wait_step_over(me);
+  return false;
+}
+
 }  // namespace stealbatch
