@@ -212,46 +212,110 @@ class Scheduler {
   std::size_t parked_workers() const noexcept { return m_parked.load(std::memory_order_relaxed); }
 
  private:
-  struct Worker;
-  struct Central;
-  enum class Found { kChunk, kStepOver };
+  using Clock = std::chrono::steady_clock;
+  struct Worker;   // scheduler/src/scheduler_impl.hpp
+  struct Central;  // the kCentral queue
+  enum class Source { kOwn, kStolen };
+  // What one look over the victims found: a chunk to run; nothing, so wait and look again; or stop looking (the step
+  // is over, or this worker leaves the rest to the others).
+  enum class Round { kChunk, kEmpty, kStop };
+  // A step's strategy, picked once per step by pick_strategy() and published with the rest of the step state: what
+  // a worker runs as its own, where it finds more once those are gone, and what a failed step leaves it to discard.
+  struct Strategy {
+    bool (Scheduler::*own)(Worker& me);                 // false: this worker leaves the step
+    bool (Scheduler::*more)(Worker& me, ChunkId& out);  // true: a chunk in `out`; false: the step is over for it
+    void (Scheduler::*drain)(Worker& me) noexcept;      // after the loop
+  };
   // A weight of 1 (a full chunk) in m_weight_units: fine enough that a one-sample piece of a 4096-sample chunk
   // still weighs 16 units.
   static constexpr double kWeightUnit = 65536.0;
 
+  // The worker pool (worker_pool.cpp) and each worker's life across steps (worker_loop.cpp).
   void worker_main(std::size_t w);
-  void run_step(Worker& me);
   // Spins (within the budget), then yields, then parks until poll() returns true. ready() is the side-effect-free
-  // re-check made between announcing the park and committing to it.
+  // re-check made between announcing the park and committing to it. (scheduler_impl.hpp)
   template <class Poll, class Ready>
   void wait_until(Poll&& poll, Ready&& ready, std::uint64_t* parks);
-  Found find_work(Worker& me, ChunkId& out);
+
+  // One step on one worker (worker_loop.cpp): run my own chunks, then find more, until the step is over for me.
+  void run_step(Worker& me);
+  Strategy pick_strategy() const noexcept;
+  bool run_own(Worker& me);                  // the strategy's `own`
+  bool find_more(Worker& me, ChunkId& out);  // the strategy's `more`, timed as idle
+  // The strategies' parts. Own: the worker's deque (while the end game lets it take), the central queue, or the
+  // broadcast's one call.
+  bool run_deque(Worker& me);
+  bool run_central(Worker& me);
+  bool run_broadcast(Worker& me);
+  // The end game declined: wake those who will take what is left here, and idle until the step ends.
+  void leave_to_others(Worker& me);
+  // More: steal (steal.cpp), ask the source (sourced.cpp), or wait for the others to finish.
+  bool steal(Worker& me, ChunkId& out);
+  bool ask_source(Worker& me, ChunkId& out);
+  bool wait_out(Worker& me, ChunkId& out);
+  void wait_step_over(Worker& me);
+  // Drain: what is left after a failure, discarded.
+  void drain_deque(Worker& me) noexcept;
+  void drain_central(Worker& me) noexcept;
+  void drain_nothing(Worker& me) noexcept;
   bool step_over() const noexcept;
-  // Asks the source for chunks (when it is open and no other worker is asking): the first to run now in `out`, the
-  // rest onto this worker's deque. False when it gave nothing.
+  // Runs c, or, after a merging steal, the worker's group (c first) in one call.
+  void execute(Worker& me, ChunkId c);
+
+  // Stealing (steal.cpp). One look over every victim, then the source.
+  Round steal_round(Worker& me, ChunkId& out);
+  // One steal from victim v in this step's way: one chunk, half the victim, or half the victim to merge. kTaken: `out`
+  // is this worker's to run now, and what came with it is on its deque or in its group.
+  StealStatus steal_from(Worker& me, std::size_t v, ChunkId& out);
+  // After a merging steal of `first` and me.group[1, 1 + moved): groups the chosen prefix with `first` and pushes
+  // the rest onto the worker's deque; returns how many it pushed.
+  std::size_t group_stolen(Worker& me, ChunkId first, std::size_t moved);
+  // After a steal of `first` and me.group[1, 1 + moved): how many of those join `first` in one call (m_merge's
+  // choice, clamped; 0 when it throws, which fails the step).
+  std::size_t merged_prefix(Worker& me, ChunkId first, std::size_t moved) noexcept;
+  bool work_visible(std::size_t self) const noexcept;
+
+  // A sourced step (sourced.cpp). Asks the source for chunks (when it is open and no other worker is asking): the
+  // first to run now in `out`, the rest onto this worker's deque. False when it gave nothing.
   bool refill(Worker& me, ChunkId& out);
   bool source_ready() const noexcept;
   // Asks the source until it gives chunks (true: the first in `out`), or the step is over or the source closed.
   bool wait_for_source(Worker& me, ChunkId& out);
-  enum class Source { kOwn, kStolen };
+
+  // The end game (endgame.cpp). The rule applied to worker w's next take: false when it leaves the rest to the others.
   bool worth_taking(std::size_t w, Source from) noexcept;
-  bool work_visible(std::size_t self) const noexcept;
-  // Runs c, or, after a merging steal, the worker's group (c first) in one call.
-  void execute(Worker& me, ChunkId c);
-  // After a steal of `first` and me.group[1, 1 + moved): how many of those join `first` in one call (m_merge's
-  // choice, clamped; 0 when it throws, which fails the step).
-  std::size_t merged_prefix(Worker& me, ChunkId first, std::size_t moved) noexcept;
-  void fail_step(std::exception_ptr e) noexcept;
-  // Pushes m_scratch (already in pop-last order) onto worker w's deque, between steps.
-  void place_scratch(std::size_t w, std::uint64_t total);
-  // fill(w) fills m_scratch for worker w; on any exception every deque is emptied before it propagates.
-  template <class Fill>
-  void place_all(std::uint64_t total, Fill&& fill);
-  void discard_all() noexcept;  // the caller, between steps only
+  // Its cost now for the next chunk from `from`: as placed (a weighted own chunk by its weight), times its live
+  // factor, after what it has ahead.
+  double cost_now(const Worker& me, Source from) const noexcept;
+  // The rule with that cost and what is left now (and, for a sourced step, what the source still holds).
+  bool worth_by_rule(const Worker& me, Source from) const noexcept;
+  // A fastest worker the rule would have leave: true when it leaves, which it may only while another of the
+  // fastest still takes (m_takers), so the last never does. Once left, it stays out this step.
+  bool leave_takers(Worker& me) noexcept;
   // What the end game counts as left now: the weight of the chunks not yet finished, or their number.
   double left_now() const noexcept;
   std::size_t steal_cap(std::size_t w) const noexcept;
+
+  // Placing a step's chunks (run.cpp), by the caller between steps.
+  // fill(w) fills m_scratch for worker w; on any exception every deque is emptied before it propagates.
+  template <class Fill>
+  void place_all(std::uint64_t total, Fill&& fill);
+  // Pushes m_scratch (already in pop-last order) onto worker w's deque, between steps.
+  void place_scratch(std::size_t w, std::uint64_t total);
+  void discard_all() noexcept;  // the caller, between steps only
+
+  // A step's launch (launch.cpp). Runs a step of `chunks` counts with the step state already set: wakes the
+  // workers, runs `meanwhile`, waits for every worker to leave the step, and returns their counters.
   StepStats launch(std::uint64_t chunks, ChunkFn fn, const std::function<void()>& meanwhile = {});
+  // Publishes the step's counts and flags and wakes the workers.
+  void start_step(std::uint64_t chunks) noexcept;
+  // Returns when every worker has left the step; under a watchdog, through watch_step().
+  void wait_for_workers();
+  // Waits as above, calling the watchdog's check every period until it fails the step (once).
+  void watch_step();
+  // Collects the workers' counters into `stats`, rethrows the step's error, and checks that every chunk ran once.
+  void finish_step(StepStats& stats);
+  void fail_step(std::exception_ptr e) noexcept;
 
   SchedulerOptions m_options;
   std::vector<std::unique_ptr<Worker>> m_workers;
@@ -262,6 +326,7 @@ class Scheduler {
   SpinBudget m_spin;
 
   // Step state, published to the workers by the release bump of m_step_seq.
+  Strategy m_strategy{};                  // pick_strategy()
   const ChunkFn* m_fn = nullptr;
   const ChunkMerge* m_merge = nullptr;    // set for a step whose thieves may merge what they steal
   const WorkerFn* m_broadcast = nullptr;  // set for a broadcast instead of a step of chunks
@@ -276,18 +341,18 @@ class Scheduler {
   std::chrono::nanoseconds m_watch_period{0};
   std::function<std::exception_ptr()> m_watch_check;
   std::function<void()> m_watch_fail;
-  std::chrono::steady_clock::time_point m_step_start;
+  Clock::time_point m_step_start;
   std::exception_ptr m_error;  // written by the first failing worker only, read by the caller after the step
 
   alignas(detail::kCacheLine) std::atomic<std::uint64_t> m_remaining{0};  // chunks of this step not yet finished
   std::atomic<std::uint64_t> m_left_units{0};  // their weight (weighted steps); on m_remaining's line: both fall at once
   alignas(detail::kCacheLine) std::atomic<bool> m_abort{false};
-  std::atomic<std::uint32_t> m_takers{0};
+  std::atomic<std::uint32_t> m_takers{0};  // the fastest workers (as placed) that have not left the step's end game
   // A sourced step: the source may still give chunks (while it is, m_remaining holds one extra count, a token, so
-  // that no worker sees the step over between two refills); a worker is asking it; how many chunks it gave.
+  // that no worker sees the step over between two refills).
   alignas(detail::kCacheLine) std::atomic<bool> m_source_open{false};
-  std::atomic<bool> m_refilling{false};
-  std::atomic<std::uint64_t> m_sourced{0};  // the fastest workers (as placed) that have not left the step's end game
+  std::atomic<bool> m_refilling{false};     // a worker is asking the source
+  std::atomic<std::uint64_t> m_sourced{0};  // the chunks the source gave this step
   alignas(detail::kCacheLine) std::atomic<std::uint32_t> m_step_seq{0};
   std::atomic<std::uint32_t> m_in_step{0};  // workers that have not yet left the current step; the caller waits on it
   std::atomic<bool> m_shutdown{false};
