@@ -5,6 +5,7 @@
 //
 //   mpirun --allow-run-as-root -np 2 ./build/perf/remote_steal [--steals N]
 #include <stealbatch/mpi/mpi_cluster.hpp>
+#include <stealbatch/stats.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -19,11 +20,6 @@ using namespace stealbatch;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double pct(std::vector<double>& v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())))];
-}
 
 // n steals of one chunk each from `victim`'s word, which starts with n chunks; the time of each, in microseconds.
 std::vector<double> steals(mpi::MpiCluster& c, int victim, std::uint32_t n) {
@@ -76,8 +72,8 @@ int main(int argc, char** argv) {
     local = steals(*c, 0, n);  // the owner's own word through the window
   }
   std::vector<double> out{0, 0, 0, 0};
-  if (me == 1) out[0] = pct(us, 0.5), out[1] = pct(us, 0.99);
-  if (me == 0) out[2] = pct(local, 0.5), out[3] = pct(local, 0.99);
+  if (me == 1) out[0] = percentile(us, 0.5), out[1] = percentile(us, 0.99);
+  if (me == 0) out[2] = percentile(local, 0.5), out[3] = percentile(local, 0.99);
   c->allreduce_sum(out);
   if (me == 0) {
     std::printf("# remote_steal: 2 ranks on one node, %u one-chunk steals each (read + compare-and-swap, flushed)\n", n);

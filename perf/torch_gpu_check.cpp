@@ -10,6 +10,7 @@
 #include <stealbatch/models/compare.hpp>
 #include <stealbatch/models/torch_modules.hpp>
 #include <stealbatch/runtime/runtime.hpp>
+#include <stealbatch/stats.hpp>
 #include <stealbatch/torch.hpp>
 
 #include <ATen/Context.h>
@@ -153,10 +154,6 @@ Figures check(const char* name, const std::function<std::shared_ptr<Net>()>& mak
                 eager.back(), ratios.back());
     std::fflush(stdout);
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   f.ours = median(ours), f.eager = median(eager), f.ratio = median(ratios);
   std::printf("%s: adapter/eager on cuda:0, batch %zu: %.3fx (median of %zu rounds; target 0.9x)\n", name, batch, f.ratio, rounds);
   return f;
