@@ -7,12 +7,11 @@
 #include <stealbatch/mpi/mpi_cluster.hpp>
 #include <stealbatch/stats.hpp>
 
-#include <algorithm>
+#include <CLI/CLI.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -43,10 +42,9 @@ std::vector<double> steals(mpi::MpiCluster& c, int victim, std::uint32_t n) {
 
 int main(int argc, char** argv) {
   std::uint32_t n = 100000;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], "--steals") == 0) n = static_cast<std::uint32_t>(std::strtoul(argv[i + 1], nullptr, 10));
-  }
-  n = std::clamp<std::uint32_t>(n, 100, detail::ShareWord::kMaxChunk - 1);
+  CLI::App app{"remote_steal: one steal across ranks against one on the rank's own word, p50 and p99 (mpirun -np 2)"};
+  app.add_option("--steals", n, "one-chunk steals timed on each word (the other rank's, then the own)")->check(CLI::Range(100u, detail::ShareWord::kMaxChunk - 1))->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   auto c = mpi::MpiCluster::world();
   if (c->size() != 2) {
     if (c->rank() == 0) std::fprintf(stderr, "remote_steal: run it on 2 ranks (mpirun -np 2)\n");
