@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The full test suite: install what is missing, then build and run every test in these configurations:
 #   build/          Release, CUDA compiled and linked (GPU tests report "skipped" without a GPU), MPI tests through mpirun
-#   build-tsan/     ThreadSanitizer over the scheduler, runtime and checkpoint tests (MPI off: Open MPI is not built with it)
+#   build-tsan/     ThreadSanitizer over the scheduler, runtime, data, models and checkpoint tests (MPI off: Open MPI is not
+#                   built with it)
 #   build-tsan-mpi/ ThreadSanitizer over the runtime across 2 MPI ranks (test_mpi_cluster's cases; Open MPI's own
 #                   internals suppressed, tests/tsan-mpi.supp)
 #   build-asan/     AddressSanitizer + UndefinedBehaviorSanitizer over the unit tests (not the install test)
@@ -34,7 +35,7 @@ run_suite() {  # name, build dir, ctest args..., -- cmake args...
 
 run_suite "release" build -- -DCMAKE_BUILD_TYPE=Release || status=1
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
-  run_suite "tsan" build-tsan -L "scheduler|runtime|checkpoint" -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=thread \
+  run_suite "tsan" build-tsan -L "scheduler|runtime|data|models|checkpoint" -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=thread \
   -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_MPI=OFF -DSTEALBATCH_TORCH=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
 # The cross-rank runtime under ThreadSanitizer: its threads (devices claiming and stealing chunks through the window,
 # the watch) on 2 ranks. Open MPI is not built with TSan: its internals are suppressed (tests/tsan-mpi.supp), and
