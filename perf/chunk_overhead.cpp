@@ -1,6 +1,7 @@
 // chunk_overhead: the runtime's cost per chunk (everything but the chunk function), with empty chunk functions.
 #include <stealbatch/runtime/runtime.hpp>
 #include <stealbatch/runtime/version.hpp>
+#include <stealbatch/stats.hpp>
 
 #include <CLI/CLI.hpp>
 
@@ -42,14 +43,12 @@ int main(int argc, char** argv) {
       step_us.push_back(r.step_s * 1e6);
     }
   }
-  std::sort(per_chunk_us.begin(), per_chunk_us.end());
-  std::sort(step_us.begin(), step_us.end());
   std::printf("# chunk_overhead, stealbatch %s: devices %s, policy %s, %zu samples a step at chunk_size 1, 5 untimed + %zu timed steps\n", kVersionString,
               devices.c_str(), policy.c_str(), chunks, steps);
   std::printf("# per_chunk_us = chunk-phase wall time x devices / chunks: the runtime's device time per chunk, the chunk function a single add\n");
   std::printf("%-10s %10s %10s %10s %12s %7s\n", "metric", "p10", "p50", "p90", "step_us_p50", "#wrong");
-  const auto at = [](const std::vector<double>& v, std::size_t num) { return v[v.size() * num / 10]; };
-  std::printf("%-10s %10.3f %10.3f %10.3f %12.1f %7zu\n", "per_chunk", at(per_chunk_us, 1), at(per_chunk_us, 5), at(per_chunk_us, 9), at(step_us, 5), wrong);
+  std::printf("%-10s %10.3f %10.3f %10.3f %12.1f %7zu\n", "per_chunk", percentile(per_chunk_us, 0.1), median(per_chunk_us), percentile(per_chunk_us, 0.9),
+              median(step_us), wrong);
   std::printf("# summary: %zu steps checked, #wrong total %zu\n", steps + 5, wrong);
   return wrong == 0 ? 0 : 1;
 }

@@ -1,10 +1,9 @@
 // dequebench: the chunk deque against a central lock-free queue, TBB's concurrent queue and a mutex deque,
 // pattern by pattern, side by side in one run, with an exactly-once check on every draining pattern.
-#include "median.hpp"
-
 #include <stealbatch/runtime/version.hpp>
 #include <stealbatch/scheduler/chunk_deque.hpp>
 #include <stealbatch/scheduler/scheduler.hpp>
+#include <stealbatch/stats.hpp>
 
 #include <CLI/CLI.hpp>
 #include <boost/lockfree/queue.hpp>
@@ -26,7 +25,6 @@
 #include <vector>
 
 using namespace stealbatch;
-using perf::median;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -310,12 +308,6 @@ Sample wake_peer(std::size_t wakes) {
   consumer.join();
   out.ops = wakes;
   return out;
-}
-
-double percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  if (v.empty()) return 0;
-  return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())))];
 }
 
 struct Row {

@@ -5,7 +5,8 @@ interleaved run by run, with the automatic choice and the runtime's own measured
   python3 perf/efficiency_curve.py [--example mlp] [--devices cpu:2] [--runs 3] [--json FILE] [--svg FILE]
 
 A run's figure is samples/s over its median epoch after the first; a point's, the median over runs. The SVG
-plots them on a log2 chunk axis with the automatic choice marked (perf/charts/efficiency_curve.svg).
+(perf/plotting.py, matplotlib) plots them on a log2 chunk axis with the automatic choice marked
+(perf/charts/efficiency_curve_mlp.svg).
 """
 import argparse
 import json
@@ -36,40 +37,25 @@ def one_run(a, chunk, tmp):
 
 
 def svg(points, auto, curves, title, path):
-    w, h, l, r, t, b = 640, 380, 64, 24, 60, 48
-    xs = [p[0] for p in points] + [c[0] for cs in curves for c in cs]
+    from plotting import figure, save, values_x  # matplotlib only for --svg: the measurement runs without it
+
+    fig, ax = figure(640, 380, title)
+    ax.plot([x for x, _ in points], [y for _, y in points], color="#1f77b4", lw=2, marker="o", ms=4,
+            label="end to end at each fixed --chunk (median of runs)")
+    for i, cs in enumerate(c for c in curves if c):
+        ax.plot([x for x, _ in cs], [y * len(curves) for _, y in cs], color="#aaaaaa", lw=1, ls="--",
+                label="each device's curve as the runtime measured it, x devices" if i == 0 else None)
+    ax.plot([auto[0]], [auto[1]], marker="o", ms=12, mfc="none", mec="#d62728", mew=2, ls="none")
+    ax.annotate(f"auto: {auto[0]} ({auto[1] / 1e3:.0f}k)", auto, xytext=(9, 8), textcoords="offset points", color="#d62728")
+    values_x(ax, [p[0] for p in points] + [c[0] for cs in curves for c in cs], log2=True)
     ys = [p[1] for p in points] + [auto[1]] + [c[1] * len(curves) for cs in curves for c in cs]
-    import math
-    x0, x1 = math.log2(min(xs)), math.log2(max(xs))
-    y1 = max(ys) * 1.1
-    X = lambda v: l + (math.log2(v) - x0) / max(1e-9, x1 - x0) * (w - l - r)
-    Y = lambda v: h - b - v / y1 * (h - t - b)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
-           f'<rect width="{w}" height="{h}" fill="white"/>', f'<text x="{l}" y="20" font-size="13">{title}</text>']
-    for k in range(6):
-        v = y1 * k / 5
-        out.append(f'<line x1="{l}" x2="{w - r}" y1="{Y(v):.1f}" y2="{Y(v):.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{l - 6}" y="{Y(v) + 4:.1f}" text-anchor="end">{v / 1e3:.0f}k</text>')
-    for v in sorted(set(xs)):
-        out.append(f'<text x="{X(v):.1f}" y="{h - b + 16}" text-anchor="middle">{v}</text>')
-    out.append(f'<text x="{(l + w - r) / 2}" y="{h - 10}" text-anchor="middle">samples per chunk (log scale)</text>')
-    out.append(f'<text x="14" y="{(t + h - b) / 2}" transform="rotate(-90 14 {(t + h - b) / 2})" text-anchor="middle">samples/s</text>')
-    pts = " ".join(f"{X(x):.1f},{Y(y):.1f}" for x, y in points)
-    out.append(f'<polyline points="{pts}" fill="none" stroke="#1f77b4" stroke-width="2"/>')
-    for x, y in points:
-        out.append(f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="3" fill="#1f77b4"/>')
-    for i, cs in enumerate(curves):
-        if cs:
-            p = " ".join(f"{X(x):.1f},{Y(y * len(curves)):.1f}" for x, y in cs)
-            out.append(f'<polyline points="{p}" fill="none" stroke="#aaa" stroke-dasharray="4 3"/>')
-    ax = auto[0]
-    out.append(f'<circle cx="{X(ax):.1f}" cy="{Y(auto[1]):.1f}" r="6" fill="none" stroke="#d62728" stroke-width="2"/>')
-    out.append(f'<text x="{X(ax) + 9:.1f}" y="{Y(auto[1]) - 8:.1f}" fill="#d62728">auto: {ax} ({auto[1] / 1e3:.0f}k)</text>')
-    out.append(f'<text x="{w - r}" y="{t - 18}" text-anchor="end" fill="#1f77b4">solid: end to end at each fixed --chunk (median of runs)</text>')
-    out.append(f'<text x="{w - r}" y="{t - 6}" text-anchor="end" fill="#777">dashed: each device\'s curve as the runtime measured it, x devices</text>')
-    out.append("</svg>")
-    with open(path, "w") as f:
-        f.write("\n".join(out) + "\n")
+    ax.set_ylim(0, max(ys) * 1.1)
+    ax.yaxis.set_major_formatter(lambda v, _: f"{v / 1e3:.0f}k")
+    ax.set_xlabel("samples per chunk (log scale)")
+    ax.set_ylabel("samples/s")
+    ax.legend(loc="lower right", frameon=False)
+    fig.tight_layout()
+    save(fig, path)
 
 
 def main():

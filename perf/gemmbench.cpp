@@ -4,7 +4,7 @@
 //   openblas  libopenblas.so.0, with the kernels it picked for this CPU (OPENBLAS_CORETYPE=... names another)
 //   blis      libblis.so.4 (bli_sgemm)
 //   onednn    libdnnl.so.2 (dnnl_sgemm)
-#include "median.hpp"
+#include <stealbatch/stats.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-using stealbatch::perf::median;
+using stealbatch::median;
 using Clock = std::chrono::steady_clock;
 
 namespace {

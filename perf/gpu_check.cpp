@@ -12,8 +12,6 @@
 #include <stealbatch/models/mlp_model.hpp>
 #include <stealbatch/models/models_cuda.hpp>
 
-#include "median.hpp"
-
 #include <stealbatch/cuda/backend.hpp>
 #include <stealbatch/cuda/check.hpp>
 #include <stealbatch/cuda/device_info.hpp>
@@ -22,6 +20,7 @@
 #include <stealbatch/error.hpp>
 #include <stealbatch/data/idx.hpp>
 #include <stealbatch/runtime/runtime.hpp>
+#include <stealbatch/stats.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -38,7 +37,6 @@
 #include <vector>
 
 using namespace stealbatch;
-using perf::median;
 using examples::DenseData;
 using examples::max_relative_error;
 using json = nlohmann::json;

@@ -2,8 +2,8 @@
 # Builds what perf/device_check.sh runs and packs it into .devpack/ (ignored by git; carry it to the GPU machine):
 # the GPU binaries (sm_90, static cudart) and stealbench, the shared libraries that machine lacks (libtbb,
 # oneDNN with its OpenMP and OpenCL loader, xz-packed to fit the transfer limit), the static stealbatch libraries
-# that the libtorch adapter's check links there against that machine's PyTorch (perf/device_torch/), and
-# Fashion-MNIST. NCCL and cuBLAS come from that machine's pip packages.
+# that the libtorch adapter's check links there against that machine's PyTorch (perf/device_torch/) with the CLI11
+# headers its command line is parsed with, and Fashion-MNIST. NCCL and cuBLAS come from that machine's pip packages.
 #
 #   bash perf/pack_device_check.sh [BUILD_DIR]      (default build-device/: Release, CUDA on, MPI off)
 #
@@ -16,8 +16,9 @@ if [ ! -f "$BUILD/build.ninja" ]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTEALBATCH_CUDA=ON -DSTEALBATCH_MPI=OFF
 fi
 ninja -C "$BUILD" gpu_check test_cuda_basics test_cuda_runtime mlp cnn stealbench stealbatch_cuda stealbatch_runtime stealbatch_checkpoint stealbatch_scheduler
-rm -rf "$PACK" && mkdir -p "$PACK/bin" "$PACK/lib" "$PACK/data" "$PACK/static"
+rm -rf "$PACK" && mkdir -p "$PACK/bin" "$PACK/lib" "$PACK/data" "$PACK/static" "$PACK/include"
 for lib in cuda runtime checkpoint scheduler; do cp "$BUILD/$lib/libstealbatch_$lib.a" "$PACK/static/"; done
+cp -r /usr/include/CLI "$PACK/include/"  # Debian's libcli11-dev, header only: the GPU machine has no CLI11
 cp "$BUILD/perf/gpu_check" "$BUILD/tests/cuda/test_cuda_basics" "$BUILD/tests/cuda/test_cuda_runtime" "$BUILD/examples/mlp" "$BUILD/examples/cnn" "$BUILD/perf/stealbench" "$PACK/bin/"
 for lib in libtbb.so.12 libdnnl.so.2 libgomp.so.1 libOpenCL.so.1; do
   path=$(ldd "$PACK/bin/gpu_check" | awk -v l="$lib" '$1 == l {print $3}')

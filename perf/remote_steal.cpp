@@ -5,13 +5,13 @@
 //
 //   mpirun --allow-run-as-root -np 2 ./build/perf/remote_steal [--steals N]
 #include <stealbatch/mpi/mpi_cluster.hpp>
+#include <stealbatch/stats.hpp>
 
-#include <algorithm>
+#include <CLI/CLI.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -19,11 +19,6 @@ using namespace stealbatch;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double pct(std::vector<double>& v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())))];
-}
 
 // n steals of one chunk each from `victim`'s word, which starts with n chunks; the time of each, in microseconds.
 std::vector<double> steals(mpi::MpiCluster& c, int victim, std::uint32_t n) {
@@ -47,10 +42,9 @@ std::vector<double> steals(mpi::MpiCluster& c, int victim, std::uint32_t n) {
 
 int main(int argc, char** argv) {
   std::uint32_t n = 100000;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], "--steals") == 0) n = static_cast<std::uint32_t>(std::strtoul(argv[i + 1], nullptr, 10));
-  }
-  n = std::clamp<std::uint32_t>(n, 100, detail::ShareWord::kMaxChunk - 1);
+  CLI::App app{"remote_steal: one steal across ranks against one on the rank's own word, p50 and p99 (mpirun -np 2)"};
+  app.add_option("--steals", n, "one-chunk steals timed on each word (the other rank's, then the own)")->check(CLI::Range(100u, detail::ShareWord::kMaxChunk - 1))->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   auto c = mpi::MpiCluster::world();
   if (c->size() != 2) {
     if (c->rank() == 0) std::fprintf(stderr, "remote_steal: run it on 2 ranks (mpirun -np 2)\n");
@@ -76,8 +70,8 @@ int main(int argc, char** argv) {
     local = steals(*c, 0, n);  // the owner's own word through the window
   }
   std::vector<double> out{0, 0, 0, 0};
-  if (me == 1) out[0] = pct(us, 0.5), out[1] = pct(us, 0.99);
-  if (me == 0) out[2] = pct(local, 0.5), out[3] = pct(local, 0.99);
+  if (me == 1) out[0] = percentile(us, 0.5), out[1] = percentile(us, 0.99);
+  if (me == 0) out[2] = percentile(local, 0.5), out[3] = percentile(local, 0.99);
   c->allreduce_sum(out);
   if (me == 0) {
     std::printf("# remote_steal: 2 ranks on one node, %u one-chunk steals each (read + compare-and-swap, flushed)\n", n);

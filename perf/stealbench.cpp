@@ -1,9 +1,8 @@
 // stealbench: the real runtime on simulated devices, scenario by policy, against the ideal step time.
-#include "median.hpp"
-
 #include <stealbatch/runtime/detail/timer_slack.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 #include <stealbatch/runtime/version.hpp>
+#include <stealbatch/stats.hpp>
 #ifdef STEALBATCH_HAS_MPI
 #include <stealbatch/mpi/mpi_cluster.hpp>
 #endif
@@ -24,7 +23,6 @@
 #include <vector>
 
 using namespace stealbatch;
-using perf::median;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -124,8 +122,7 @@ std::pair<double, double> timer_jitter_us() {
     std::this_thread::sleep_until(due);
     over.push_back(std::chrono::duration<double, std::micro>(Clock::now() - due).count());
   }
-  std::sort(over.begin(), over.end());
-  return {over[over.size() / 2], over[over.size() * 99 / 100]};
+  return {median(over), percentile(over, 0.99)};
 }
 
 }  // namespace

@@ -10,9 +10,11 @@
 #include <stealbatch/models/compare.hpp>
 #include <stealbatch/models/torch_modules.hpp>
 #include <stealbatch/runtime/runtime.hpp>
+#include <stealbatch/stats.hpp>
 #include <stealbatch/torch.hpp>
 
 #include <ATen/Context.h>
+#include <CLI/CLI.hpp>
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -153,10 +155,6 @@ Figures check(const char* name, const std::function<std::shared_ptr<Net>()>& mak
                 eager.back(), ratios.back());
     std::fflush(stdout);
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   f.ours = median(ours), f.eager = median(eager), f.ratio = median(ratios);
   std::printf("%s: adapter/eager on cuda:0, batch %zu: %.3fx (median of %zu rounds; target 0.9x)\n", name, batch, f.ratio, rounds);
   return f;
@@ -167,16 +165,11 @@ Figures check(const char* name, const std::function<std::shared_ptr<Net>()>& mak
 int main(int argc, char** argv) {
   std::string json;
   std::size_t rounds = 3, steps = 100;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--json") json = argv[i + 1];
-    else if (flag == "--rounds") rounds = std::max(1ul, std::strtoul(argv[i + 1], nullptr, 10));
-    else if (flag == "--steps") steps = std::max(1ul, std::strtoul(argv[i + 1], nullptr, 10));
-    else {
-      std::fprintf(stderr, "torch_gpu_check: unknown flag %s (flags: --json FILE, --rounds N, --steps N)\n", argv[i]);
-      return 2;
-    }
-  }
+  CLI::App app{"torch_gpu_check: the libtorch adapter on cuda:0, its gradient against cpu:1 and its samples/s against eager libtorch"};
+  app.add_option("--json", json, "also write the figures to this file");
+  app.add_option("--rounds", rounds, "interleaved rounds of adapter and eager (the median ratio is reported)")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--steps", steps, "timed steps per round and side")->check(CLI::Range(1, 100000))->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   try {
     cuda::enable();
     if (!::torch::cuda::is_available()) throw ConfigError("torch sees no GPU");

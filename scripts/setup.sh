@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs every Debian package the build, the tests and the examples need, if any is missing. Run as root.
+# Installs every Debian package the build, the tests, the examples and the perf charts need, if any is missing. Run as
+# root.
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config python3
+  build-essential cmake ninja-build pkg-config python3 python3-matplotlib
   libtbb-dev libboost-dev doctest-dev
   libdnnl-dev zlib1g-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   openmpi-bin libopenmpi-dev

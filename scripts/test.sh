@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The full test suite: install what is missing, then build and run every test in these configurations:
 #   build/          Release, CUDA compiled and linked (GPU tests report "skipped" without a GPU), MPI tests through mpirun
-#   build-tsan/     ThreadSanitizer over the scheduler, runtime and checkpoint tests (MPI off: Open MPI is not built with it)
+#   build-tsan/     ThreadSanitizer over the scheduler, runtime, data, models and checkpoint tests (MPI off: Open MPI is not
+#                   built with it)
 #   build-tsan-mpi/ ThreadSanitizer over the runtime across 2 MPI ranks (test_mpi_cluster's cases; Open MPI's own
 #                   internals suppressed, tests/tsan-mpi.supp)
 #   build-asan/     AddressSanitizer + UndefinedBehaviorSanitizer over the unit tests (not the install test)
 #   build-fuzz/     the libFuzzer targets: the dataset reader and its splits, the checkpoint reader and the metadata a
 #                   load reads past the checksum, 20 s each over their seeds
-# Exits non-zero on the first failing configuration.
+# Every configuration treats warnings in the project's own code as errors (STEALBATCH_WERROR=ON; a user's build does
+# not). Exits non-zero on the first failing configuration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -24,7 +26,7 @@ run_suite() {  # name, build dir, ctest args..., -- cmake args...
   local start=$SECONDS
   # Called as `run_suite ... || status=1`, where errexit is off: every step checks its own status.
   mkdir -p "$dir"
-  cmake -S . -B "$dir" -G Ninja "${cmake_args[@]}" >"$dir/configure.log" 2>&1 || { cat "$dir/configure.log"; return 1; }
+  cmake -S . -B "$dir" -G Ninja -DSTEALBATCH_WERROR=ON "${cmake_args[@]}" >"$dir/configure.log" 2>&1 || { cat "$dir/configure.log"; return 1; }
   grep -E "^-- (stealbatch|  )" "$dir/configure.log" || true
   cmake --build "$dir" --parallel "$jobs" || return 1
   echo "=== ${name}: ctest"
@@ -34,7 +36,7 @@ run_suite() {  # name, build dir, ctest args..., -- cmake args...
 
 run_suite "release" build -- -DCMAKE_BUILD_TYPE=Release || status=1
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
-  run_suite "tsan" build-tsan -L "scheduler|runtime|checkpoint" -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=thread \
+  run_suite "tsan" build-tsan -L "scheduler|runtime|data|models|checkpoint" -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=thread \
   -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_MPI=OFF -DSTEALBATCH_TORCH=OFF -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF || status=1
 # The cross-rank runtime under ThreadSanitizer: its threads (devices claiming and stealing chunks through the window,
 # the watch) on 2 ranks. Open MPI is not built with TSan: its internals are suppressed (tests/tsan-mpi.supp), and
@@ -44,7 +46,7 @@ run_tsan_mpi() {
   echo "=== tsan-mpi: configure and build (build-tsan-mpi)"
   local start=$SECONDS supp
   mkdir -p build-tsan-mpi
-  cmake -S . -B build-tsan-mpi -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=thread -DSTEALBATCH_CUDA=OFF \
+  cmake -S . -B build-tsan-mpi -G Ninja -DSTEALBATCH_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_SANITIZE=thread -DSTEALBATCH_CUDA=OFF \
     -DSTEALBATCH_PERF=OFF -DSTEALBATCH_EXAMPLES=OFF -DSTEALBATCH_MPI=ON -DSTEALBATCH_TORCH=OFF >build-tsan-mpi/configure.log 2>&1 || { cat build-tsan-mpi/configure.log; return 1; }
   cmake --build build-tsan-mpi --target test_mpi_cluster --parallel "$jobs" || return 1
   supp=build-tsan-mpi/tsan-all.supp
@@ -72,7 +74,7 @@ run_fuzz() {
   echo "=== fuzz: configure and build (build-fuzz)"
   local start=$SECONDS
   mkdir -p build-fuzz
-  cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_FUZZ=ON \
+  cmake -S . -B build-fuzz -G Ninja -DSTEALBATCH_WERROR=ON -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_FUZZ=ON \
     -DSTEALBATCH_SANITIZE=address,undefined -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_TESTS=OFF -DSTEALBATCH_EXAMPLES=OFF \
     -DSTEALBATCH_PERF=OFF -DSTEALBATCH_MPI=OFF -DSTEALBATCH_TORCH=OFF >build-fuzz/configure.log 2>&1 || { cat build-fuzz/configure.log; return 1; }
   cmake --build build-fuzz --target fuzz_idx fuzz_checkpoint fuzz_splits fuzz_checkpoint_metadata --parallel "$jobs" || return 1

@@ -4,6 +4,7 @@
 
 #include "trainer_cli.hpp"
 
+#include <stealbatch/stats.hpp>
 #include <stealbatch/torch.hpp>
 
 #include <algorithm>

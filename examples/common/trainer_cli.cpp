@@ -5,6 +5,7 @@
 
 #include <stealbatch/checkpoint/checkpoint_dir.hpp>
 #include <stealbatch/error.hpp>
+#include <stealbatch/stats.hpp>
 #ifdef STEALBATCH_HAS_MPI
 #include <stealbatch/mpi/mpi_cluster.hpp>
 #endif
@@ -314,11 +315,6 @@ RunResult PolicyRun::finish() {
 double mean(const std::vector<double>& v) { return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size()); }
 
 }  // namespace
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<void(CLI::App&)>& model_options) {
   app.add_option("--data", f.data, "directory with the Fashion-MNIST IDX .gz files")->capture_default_str();

@@ -133,10 +133,6 @@ void print_kernels();
 // Prints each run's dashboard, the speedup with --compare and the test accuracy, and writes --json.
 void report(const TrainerFlags& f, const std::vector<RunResult>& runs);
 
-// The median every figure of the examples reports (--compare's epochs, checkpoint saves, plain libtorch's epochs):
-// the upper middle of the sorted values, as the perf tools take it (0 for none).
-double median(std::vector<double> v);
-
 // Runs body and turns its exceptions into a message prefixed with `program` and an exit code: 2 for ConfigError,
 // 3 for DataError, 1 for anything else; 0 when body returns.
 int run_reporting_errors(const char* program, const std::function<void()>& body);

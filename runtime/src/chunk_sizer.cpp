@@ -1,8 +1,11 @@
 // ChunkSizer: a ladder of chunk sizes explored upward per device, and the smallest good-enough rung chosen.
 #include <stealbatch/runtime/detail/chunk_sizer.hpp>
 
+#include <stealbatch/stats.hpp>
+
 #include <algorithm>
 #include <bit>
+#include <span>
 
 namespace stealbatch::detail {
 
@@ -15,8 +18,7 @@ double ChunkSizer::Rung::samples_per_s() const noexcept {
   const std::size_t n = std::min(entries, kWindow);
   if (n == 0) return 0;
   std::array<double, kWindow> v = per_sample;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n / 2), v.begin() + static_cast<std::ptrdiff_t>(n));
-  const double median = v[n / 2];
+  const double median = median_in_place(std::span(v.data(), n));
   return median > 0 ? 1.0 / median : 0;
 }
 

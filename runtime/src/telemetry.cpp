@@ -3,11 +3,32 @@
 #include <stealbatch/runtime/telemetry.hpp>
 
 #include <boost/lockfree/spsc_queue.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
 
 namespace stealbatch {
+
+namespace {
+
+// Ordered: an event's fields stay in the order they are written (name, cat, ph, pid, tid, ts, dur), easier to read.
+using Json = nlohmann::ordered_json;
+
+Json thread_name(int pid, std::size_t tid, const std::string& name) {
+  return Json{{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", name}}}};
+}
+
+// Writes one event of the traceEvents array on a line of its own, dumped whole by nlohmann: a device name with
+// quotes, backslashes or control characters is escaped, and bytes that are not UTF-8 become U+FFFD rather than an
+// exception.
+void emit(std::ostream& out, bool& first, const Json& event) {
+  out << (first ? "" : ",\n") << event.dump(-1, ' ', false, Json::error_handler_t::replace);
+  first = false;
+}
+
+}  // namespace
 
 struct TraceWriter::Queue {
   boost::lockfree::spsc_queue<TraceEvent> events{1 << 16};
@@ -74,20 +95,15 @@ TraceWriter::TraceWriter(const std::string& path, std::vector<std::string> devic
   for (std::size_t i = 0; i < m_names.size(); ++i) {
     m_queues.push_back(std::make_unique<Queue>());
   }
-  m_out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  m_out << R"({"displayTimeUnit":"ms","traceEvents":[)" << "\n";
   if (pid >= 0) {
     // A rank's file: its process row, and the offset that put its clock on rank 0's.
-    m_out << R"({"name":"process_name","ph":"M","pid":)" << m_pid << R"(,"args":{"name":"rank )" << m_pid << R"("}},)" << "\n"
-          << R"({"name":"clock_offset","ph":"M","pid":)" << m_pid << R"(,"args":{"offset_ns":)" << m_offset_ns << "}},\n";
+    emit(m_out, m_first, Json{{"name", "process_name"}, {"ph", "M"}, {"pid", m_pid}, {"args", {{"name", "rank " + std::to_string(m_pid)}}}});
+    emit(m_out, m_first, Json{{"name", "clock_offset"}, {"ph", "M"}, {"pid", m_pid}, {"args", {{"offset_ns", m_offset_ns}}}});
   }
-  for (std::size_t i = 0; i < m_names.size(); ++i) {
-    m_out << (i ? ",\n" : "") << R"({"name":"thread_name","ph":"M","pid":)" << m_pid << R"(,"tid":)" << i << R"(,"args":{"name":")" << m_names[i]
-          << "\"}}";
-    m_first = false;
-  }
+  for (std::size_t i = 0; i < m_names.size(); ++i) emit(m_out, m_first, thread_name(m_pid, i, m_names[i]));
   // The caller's spans (reduction, optimizer) go on a row of their own, after the devices.
-  m_out << (m_first ? "" : ",\n") << R"({"name":"thread_name","ph":"M","pid":)" << m_pid << R"(,"tid":)" << m_names.size() << R"(,"args":{"name":"host"}})";
-  m_first = false;
+  emit(m_out, m_first, thread_name(m_pid, m_names.size(), "host"));
 }
 
 TraceWriter::~TraceWriter() {
@@ -111,12 +127,10 @@ void TraceWriter::drain() {
 
 void TraceWriter::write(const TraceEvent& e) {
   static const char* const kNames[] = {"chunk", "allreduce", "optimizer", "barrier"};
-  const char* kind = kNames[std::min<std::uint32_t>(static_cast<std::uint32_t>(e.kind), 3)];
-  m_out << (m_first ? "" : ",\n") << "{\"name\":\"" << kind;
-  if (e.kind == TraceKind::kChunk) m_out << ' ' << e.chunk;
-  m_out << "\",\"cat\":\"" << kind << "\",\"ph\":\"X\",\"pid\":" << m_pid << ",\"tid\":" << e.device << ",\"ts\":" << static_cast<double>(e.begin_ns + m_offset_ns) / 1e3
-        << ",\"dur\":" << static_cast<double>(e.end_ns - e.begin_ns) / 1e3 << "}";
-  m_first = false;
+  const std::string kind = kNames[std::min<std::uint32_t>(static_cast<std::uint32_t>(e.kind), 3)];
+  emit(m_out, m_first,
+       Json{{"name", e.kind == TraceKind::kChunk ? kind + ' ' + std::to_string(e.chunk) : kind}, {"cat", kind}, {"ph", "X"}, {"pid", m_pid},
+            {"tid", e.device}, {"ts", static_cast<double>(e.begin_ns + m_offset_ns) / 1e3}, {"dur", static_cast<double>(e.end_ns - e.begin_ns) / 1e3}});
 }
 
 void TraceWriter::close() {

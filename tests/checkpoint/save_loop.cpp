@@ -3,11 +3,14 @@
 // last two. With --verify it loads DIR's newest checkpoint and checks it against the same function, computed
 // afresh: the parameters bit for bit, then one more step from both, which the optimizer's saved state must match.
 //
-//   save_loop DIR [--floats N]        saves until killed
-//   save_loop DIR --verify            exit 0: the newest checkpoint loads, passes its checksum and is right (or there is none yet)
+//   save_loop DIR             saves until killed
+//   save_loop DIR --verify    exit 0: the newest checkpoint loads, passes its checksum and is right (or there is none yet)
+// SB_SAVE_LOOP_FLOATS sets the parameters' size (default 262144), the same for the saving and the verifying process.
 #include <stealbatch/checkpoint/checkpoint_dir.hpp>
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/runtime.hpp>
+
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <cstdlib>
@@ -92,13 +95,15 @@ int verify(const CheckpointDir& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: save_loop DIR [--verify] (SB_SAVE_LOOP_FLOATS: parameters, default 262144)\n");
-    return 2;
-  }
+  std::string folder;
+  bool verify_newest = false;
+  CLI::App app{"save_loop: saves checkpoints back to back until killed, or verifies the newest (SB_SAVE_LOOP_FLOATS: parameters, default 262144)"};
+  app.add_option("DIR", folder, "the checkpoint folder")->required();
+  app.add_flag("--verify", verify_newest, "load the newest checkpoint and check it against what it should hold, then exit");
+  CLI11_PARSE(app, argc, argv);
   try {
-    const CheckpointDir dir(argv[1]);
-    if (argc > 2 && std::strcmp(argv[2], "--verify") == 0) return verify(dir);
+    const CheckpointDir dir(folder);
+    if (verify_newest) return verify(dir);
     const std::size_t floats = std::stoull(std::getenv("SB_SAVE_LOOP_FLOATS") ? std::getenv("SB_SAVE_LOOP_FLOATS") : "262144");
     const ParameterLayout layout = layout_of(floats);
     const auto latest = dir.list();

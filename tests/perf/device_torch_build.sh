@@ -2,14 +2,16 @@
 # The device check's libtorch build (perf/device_torch), rehearsed here: configured and built against Debian's CPU
 # libtorch and this build's static stealbatch libraries, as the GPU machine builds it against its PyTorch and the pack.
 # That machine has no Boost and no TBB headers, so the compile's include closure (ninja's deps log, what the compiler
-# read) must hold no Boost or TBB header. The program must then start and say that it sees no GPU.
+# read) must hold no Boost or TBB header; nor CLI11 from anywhere but the pack. The program must then start and say
+# that it sees no GPU.
 # Usage: device_torch_build.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd) src=$(cd "$2" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/pack/static"
+mkdir -p "$work/pack/static" "$work/pack/include"
 for lib in cuda runtime checkpoint scheduler; do ln -s "$build/$lib/libstealbatch_$lib.a" "$work/pack/static/"; done
+cp -r /usr/include/CLI "$work/pack/include/"  # as perf/pack_device_check.sh packs it
 libs="$(dirname "$(ldconfig -p | awk '/libtbb.so.12 /{print $NF; exit}')");/usr/local/cuda/lib64"
 start=$SECONDS
 cmake -S "$src/perf/device_torch" -B "$work/build" -G Ninja -DSB_CPU_REHEARSAL=ON -DSB_PACK="$work/pack" -DSB_LIBS="$libs" \
@@ -25,7 +27,12 @@ if grep -E "/(boost|tbb|oneapi/tbb)/" "$work/deps.txt" | sort -u > "$work/privat
   head -20 "$work/private.txt"
   exit 1
 fi
-echo "device_torch: include closure of $n stealbatch and $t torch header reads, none of Boost or TBB"
+c=$(grep -c "$work/pack/include/CLI/" "$work/deps.txt" || true)
+if [ "$c" -eq 0 ] || grep -q "/usr/include/CLI/" "$work/deps.txt"; then
+  echo "the device's libtorch build reads CLI11 from outside the pack ($c reads from the pack), which the GPU machine would not have"
+  exit 1
+fi
+echo "device_torch: include closure of $n stealbatch, $t torch and $c CLI11 (packed) header reads, none of Boost or TBB"
 set +e
 out=$("$work/build/torch_gpu_check" --json "$work/t.json" 2>&1)
 rc=$?
