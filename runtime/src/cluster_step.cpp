@@ -18,6 +18,7 @@
 
 #include <stealbatch/runtime/detail/agreement.hpp>
 #include <stealbatch/runtime/detail/speed_shares.hpp>
+#include <stealbatch/stats.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -46,12 +47,6 @@ namespace {
 // The sizes of the chunk phase when a step's chunk size is left to the runtime (chunk_size = 0) across ranks: the
 // fastest rank's chunks hold batch / (kChunksPerDevice x devices) samples, within [kMinAuto, kMaxAuto].
 constexpr std::size_t kChunksPerDevice = 4, kMinAuto = 16, kMaxAuto = 512;
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-  return v[v.size() / 2];
-}
 
 }  // namespace
 

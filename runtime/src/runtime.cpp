@@ -2,6 +2,7 @@
 #include "runtime_impl.hpp"
 
 #include <stealbatch/error.hpp>
+#include <stealbatch/stats.hpp>
 #include <stealbatch/runtime/detail/agreement.hpp>
 #include <stealbatch/runtime/detail/speed_shares.hpp>
 
@@ -198,9 +199,7 @@ std::vector<double> Runtime::Impl::throughput_estimates() const {
   std::vector<double> out;
   for (const auto& h : speed_history) {
     if (h.empty()) return {};
-    std::vector<double> sorted = h;
-    std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2), sorted.end());
-    out.push_back(sorted[sorted.size() / 2]);
+    out.push_back(median(h));
   }
   return detail::pooled_speeds(out, speed_history);
 }

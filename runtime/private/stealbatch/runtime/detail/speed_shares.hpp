@@ -1,6 +1,8 @@
 // How many samples each device gets when the runtime places a step by measured speed (speed-sized chunks).
 #pragma once
 
+#include <stealbatch/stats.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -54,9 +56,7 @@ inline std::vector<double> speed_share_weights(std::span<const double> speeds, s
 inline double data_slowness(std::span<const double> stolen_ratios) {
   constexpr double kFloor = 1.5;
   if (stolen_ratios.size() < 3) return 1.0;
-  std::vector<double> h(stolen_ratios.begin(), stolen_ratios.end());
-  std::nth_element(h.begin(), h.begin() + static_cast<std::ptrdiff_t>(h.size() / 2), h.end());
-  const double m = h[h.size() / 2];
+  const double m = median(std::vector<double>(stolen_ratios.begin(), stolen_ratios.end()));
   return std::isfinite(m) && m >= kFloor ? m : 1.0;
 }
 
