@@ -256,7 +256,7 @@ int main(int argc, char** argv) {
         plan.device = static_cast<std::size_t>(rng() % 4) % n;  // an index at creation; an excluded one never runs, and the fault never fires
         plan.at = static_cast<int>(rng() % 3);
       }
-      const std::vector<float> before(rt.parameters(0).begin(), rt.parameters(0).end());
+      const std::vector<float> before = rt.parameters(0);
       std::vector<float> ref(model.layout().size(), 0.0f);
       {
         MlpModel::Workspace ws;

@@ -71,10 +71,12 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(steals));
     }
     // How close the learned weights are to the truth (every replica holds the same values).
-    const std::span<const float> w = layout.view(rt.parameters(0), w_id);
+    const std::vector<float> kept = rt.parameters(0);
+    const std::span<const float> params(kept);
+    const std::span<const float> w = layout.view(params, w_id);
     double err = 0;
     for (std::size_t j = 0; j < kFeatures; ++j) err = std::max(err, static_cast<double>(std::abs(w[j] - true_w[j])));
-    const float b = layout.view(rt.parameters(0), b_id)[0];
+    const float b = layout.view(params, b_id)[0];
     std::printf("max |w - true w| = %.4f, b = %.4f (true 0.5), on %zu devices\n", err, b, rt.device_count());
     return err < 0.05 && std::abs(b - 0.5f) < 0.05f ? 0 : 1;
   } catch (const Error& e) {

@@ -134,7 +134,15 @@ void check_layout(const CheckpointFile& file, const ParameterLayout& layout, Opt
   }
 }
 
-Staged stage(const CheckpointFile& file, const Runtime::Impl& m) {
+// What a runtime's checkpoint is checked against: its options and layout, and (one process) its devices, whose saved
+// speeds it takes when they are the same devices.
+struct StageTarget {
+  const RuntimeOptions& options;
+  const ParameterLayout& layout;
+  const std::vector<std::unique_ptr<Device>>* devices;  // null across ranks
+};
+
+Staged stage(const CheckpointFile& file, const StageTarget& m) {
   const std::string& source = file.source();
   const SafetensorsMetadata& meta = file.contents().metadata();
   const std::string& version = need(meta, kFormatKey, source);
@@ -172,9 +180,9 @@ Staged stage(const CheckpointFile& file, const Runtime::Impl& m) {
   s.lr = check.lr;
   // The devices' speeds, when they are the same devices: a resumed run is then balanced from its first step.
   const auto devices = meta.find("stealbatch.devices"), speeds = meta.find("stealbatch.speeds");
-  if (!m.cluster && devices != meta.end() && speeds != meta.end() && devices->second == names_of(m.devices)) {
+  if (m.devices != nullptr && devices != meta.end() && speeds != meta.end() && devices->second == names_of(*m.devices)) {
     s.speeds = number_list(speeds->second);
-    if (s.speeds.size() != m.devices.size()) s.speeds.clear();
+    if (s.speeds.size() != m.devices->size()) s.speeds.clear();
   }
   for (const auto& [k, v] : meta) {
     if (!std::string_view(k).starts_with(kOwnPrefix)) s.trainer.emplace(k, v);
@@ -262,7 +270,7 @@ CheckpointMetadata Runtime::load_checkpoint(const std::filesystem::path& path) {
   std::uint32_t crc = 0;
   try {
     const CheckpointFile file = CheckpointFile::read(path);
-    staged = stage(file, *m);
+    staged = stage(file, StageTarget{m->options, m->layout, m->cluster ? nullptr : &m->devices});
     crc = file.crc32();
   } catch (...) {
     error = std::current_exception();

@@ -259,13 +259,13 @@ std::vector<std::pair<std::size_t, double>> Runtime::chunk_curve(std::size_t dev
   return m->chunk_sizer.curve(device);
 }
 
-std::span<const float> Runtime::parameters(std::size_t device) const {
-  m->host_params.resize(m->layout.size());
+std::vector<float> Runtime::parameters(std::size_t device) const {
+  std::vector<float> out(m->layout.size());
   Device& d = *m->devices.at(device);
   m->sched->broadcast([&](std::size_t w) {
-    if (w == device) d.copy_params(m->host_params);
+    if (w == device) d.copy_params(out);
   });
-  return m->host_params;
+  return out;
 }
 
 StepReport Runtime::Impl::finish_step(StepReport& rep, Clock::time_point t_start) {

@@ -296,7 +296,6 @@ struct Runtime::Impl {
   bool lr_pending = false;      // set_learning_rate() ran since the last update: the replicas take options.optimizer.lr
   bool host_devices = false;    // CPU or simulated devices: a chunk's time is known when its call returns
   bool learn_while_running = false;  // devices that sleep through their chunks: the profile learns during the next step
-  mutable std::vector<float> host_params;  // parameters()' copy
   // Host devices share one copy of the parameters and one optimizer: each device's worker reduces and updates its
   // own slice of them in one phase, instead of every device updating a full replica of its own. Double-buffered:
   // the update writes the other buffer (and the optimizer's next state), and only a step that completed switches

@@ -141,7 +141,7 @@ TEST_CASE("CudaRuntime.VirtualGpusStealAndStayExact") {
     steals += rt.step(idx, fn).steals;
   }
   MESSAGE("steals over 5 steps: " << steals);
-  const std::vector<float> p0(rt.parameters(0).begin(), rt.parameters(0).end());
+  const std::vector<float> p0 = rt.parameters(0);
   for (std::size_t d = 1; d < rt.device_count(); ++d) {
     const auto pd = rt.parameters(d);
     CHECK(std::equal(pd.begin(), pd.end(), p0.begin()));

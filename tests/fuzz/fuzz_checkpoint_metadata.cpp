@@ -88,12 +88,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const CheckpointError&) {
     return 0;  // what the header cannot hold (text that is not UTF-8) is refused by name, and nothing written
   }
-  const std::span<const float> now = h.rt->parameters(0);
+  const std::vector<float> now = h.rt->parameters(0);
   const std::vector<float> before(now.begin(), now.end());
   try {
     (void)h.rt->load_checkpoint(path);
   } catch (const CheckpointError&) {
-    const std::span<const float> after = h.rt->parameters(0);
+    const std::vector<float> after = h.rt->parameters(0);
     if (!std::equal(after.begin(), after.end(), before.begin(), before.end())) __builtin_trap();  // a refused checkpoint changed the runtime
     return 0;
   }

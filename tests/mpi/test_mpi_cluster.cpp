@@ -174,7 +174,7 @@ void identical_parameters() {
   Runtime rt(o);
   rt.register_parameters(layout(), initial());
   for (std::uint64_t s = 0; s < 50; ++s) rt.step(batch_of(512, s), linear_chunk);
-  const std::vector<float> p(rt.parameters().begin(), rt.parameters().end());
+  const std::vector<float> p = rt.parameters();
   const std::uint64_t h = hash_floats(p);
   std::vector<double> mine(static_cast<std::size_t>(g_cluster->size()), 0.0);
   mine[static_cast<std::size_t>(g_cluster->rank())] = static_cast<double>(h >> 12);  // exact in a double
@@ -214,17 +214,17 @@ void checkpoint() {
     rt.register_parameters(layout(), initial());
     for (std::uint64_t s = 0; s < 20; ++s) rt.step(batch_of(512, s), linear_chunk);
     rt.save_checkpoint(path, {{"step", "20"}});
-    saved.assign(rt.parameters().begin(), rt.parameters().end());
+    saved = rt.parameters();
   }
   Runtime resumed(o);
   resumed.register_parameters(layout(), initial());
   const CheckpointMetadata meta = resumed.load_checkpoint(path);
   EXPECT(meta.at("step") == "20");
-  const std::vector<float> loaded(resumed.parameters().begin(), resumed.parameters().end());
+  const std::vector<float> loaded = resumed.parameters();
   EXPECT(loaded == saved);
   EXPECT(same_on_every_rank(loaded));
   for (std::uint64_t s = 20; s < 40; ++s) resumed.step(batch_of(512, s), linear_chunk);
-  const std::vector<float> after(resumed.parameters().begin(), resumed.parameters().end());
+  const std::vector<float> after = resumed.parameters();
   EXPECT(same_on_every_rank(after));
   // The last rank cannot read the file (as on a node without the shared file system): no rank applies it.
   const bool last = g_cluster->rank() == g_cluster->size() - 1;
@@ -236,7 +236,7 @@ void checkpoint() {
   }
   EXPECT(!message.empty());
   if (!last) EXPECT(message.find("another rank could not load it") != std::string::npos);
-  const std::vector<float> kept(resumed.parameters().begin(), resumed.parameters().end());
+  const std::vector<float> kept = resumed.parameters();
   EXPECT(kept == after);
   double done[1] = {0};
   g_cluster->allreduce_sum(done);  // every rank is done with the files
@@ -260,7 +260,7 @@ void chunk_throws() {
   Runtime rt(o);
   rt.register_parameters(layout(), initial());
   for (std::uint64_t s = 0; s < 2; ++s) rt.step(batch_of(256, s), linear_chunk);
-  const std::vector<float> before(rt.parameters().begin(), rt.parameters().end());
+  const std::vector<float> before = rt.parameters();
   std::string what;
   try {
     rt.step(batch_of(256, 2), linear_chunk);
@@ -271,7 +271,7 @@ void chunk_throws() {
   EXPECT(!what.empty());
   if (me != 1) EXPECT(what.find("rank 1") != std::string::npos);
   EXPECT(what.find("sim0") != std::string::npos);
-  const std::vector<float> after(rt.parameters().begin(), rt.parameters().end());
+  const std::vector<float> after = rt.parameters();
   EXPECT(before == after);
   const StepReport r = rt.step(batch_of(256, 3), linear_chunk);
   EXPECT(r.step == 3);

@@ -63,7 +63,7 @@ TEST_CASE("Faults.StallFailsTheStepWithATimeoutAndTheRuntimeGoesOn") {
   Runtime rt(o);
   rt.register_parameters(fx.model.layout(), fx.init);
   rt.step(fx.batch, fx.fn());
-  const std::vector<float> before(rt.parameters(0).begin(), rt.parameters(0).end());
+  const std::vector<float> before = rt.parameters(0);
   std::string what;
   try {
     rt.step(fx.batch, fx.fn());

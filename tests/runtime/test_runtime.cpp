@@ -129,7 +129,7 @@ TEST_CASE("Runtime.ReplicasStayBitIdentical") {
     CHECK_FALSE(std::equal(p0.begin(), p0.end(), model.initial_parameters(1).begin()));  // training moved them
     for (std::size_t d = 1; d < 4; ++d) {
       const auto pd = rt.parameters(d);
-      CHECK(std::memcmp(p0.data(), pd.data(), pd.size_bytes()) == 0);
+      CHECK(std::memcmp(p0.data(), pd.data(), pd.size() * sizeof(float)) == 0);
     }
   }
 }
@@ -175,7 +175,7 @@ TEST_CASE("Runtime.FusedHostUpdateEqualsTheSequentialOne") {
       ref_opt.step(ref, buf[0], 1.0f / static_cast<float>(kBatch));
       const auto got = rt.parameters(0);
       REQUIRE(got.size() == ref.size());
-      CHECK(std::memcmp(got.data(), ref.data(), got.size_bytes()) == 0);
+      CHECK(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0);
     }
   }
 }

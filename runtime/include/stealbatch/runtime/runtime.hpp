@@ -228,9 +228,10 @@ class Runtime {
   std::size_t device_count() const noexcept;
   const Device& device(std::size_t i) const;
   const ParameterLayout& layout() const noexcept;
-  // A host copy of a replica's parameters, valid until the next call: copy it to keep it (GPU replicas are copied
-  // from the device; CPU and simulated devices share one).
-  std::span<const float> parameters(std::size_t device = 0) const;
+  // A host copy of a replica's parameters, the caller's own (GPU replicas are copied from the device; CPU and
+  // simulated devices share one). Keep the vector while a view of it is in use:
+  //   const std::vector<float> p = rt.parameters();  const auto w = rt.layout().view(std::span<const float>(p), w_id);
+  std::vector<float> parameters(std::size_t device = 0) const;
   // The full-batch mean gradient of the last compute_gradient().
   std::span<const float> gradient() const noexcept;
   const RuntimeOptions& options() const noexcept;
@@ -242,9 +243,8 @@ class Runtime {
   // the chunk sizes it has run so far.
   std::vector<std::pair<std::size_t, double>> chunk_curve(std::size_t device) const;
 
-  struct Impl;  // runtime/src/runtime_impl.hpp: opaque outside the library (named here so its phases can be free functions)
-
  private:
+  struct Impl;  // runtime/src/runtime_impl.hpp
   std::unique_ptr<Impl> m;
 };
 
