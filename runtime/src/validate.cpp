@@ -48,6 +48,14 @@ void validate(const RuntimeOptions& o) {
   if (!std::isfinite(o.heartbeat_timeout) || o.heartbeat_timeout <= 0 || o.heartbeat_timeout > 86400) {
     throw ConfigError("heartbeat_timeout = " + text(o.heartbeat_timeout) + " s; valid range is (0, 86400]");
   }
+  // Settings that nothing would read are refused, not ignored.
+  if (!o.placement_weights.empty() && o.placement != PlacementPolicy::kGiven) {
+    throw ConfigError("placement_weights has " + std::to_string(o.placement_weights.size()) +
+                      " values but placement is not given: they would be ignored; set placement = given, or leave them empty");
+  }
+  if (o.gather && o.input_bytes == 0) {
+    throw ConfigError("a gather function is set but input_bytes = 0: no inputs travel, so it would never be called; set input_bytes");
+  }
   if (o.placement == PlacementPolicy::kGiven) {
     if (o.placement_weights.empty()) throw ConfigError("placement = given but placement_weights is empty; give one weight >= 0 per device");
     (void)place_proportional(1, o.placement_weights);  // finite, >= 0, not all 0

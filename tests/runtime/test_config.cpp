@@ -56,6 +56,8 @@ TEST_CASE("Config.EveryFieldOutsideItsRangeNamesFieldAndValue") {
       {"sim.launch_lead", "nan", [nan](RuntimeOptions& o) { o.sim.launch_lead = nan; }},
       {"input_bytes", "2147483648", [](RuntimeOptions& o) { o.input_bytes = std::size_t{1} << 31; }},
       {"input_bytes", "16", [](RuntimeOptions& o) { o.input_bytes = 16; }},  // no gather function
+      {"input_bytes = 0", "never be called", [](RuntimeOptions& o) { o.gather = [](std::uint32_t, std::byte*) {}; }},
+      {"placement_weights has 2 values", "ignored", [](RuntimeOptions& o) { o.placement_weights = {1, 2}; }},
       {"stall_timeout", "0", [](RuntimeOptions& o) { o.stall_timeout = 0; }},
       {"stall_timeout", "100000", [](RuntimeOptions& o) { o.stall_timeout = 1e5; }},
       {"trace_path", "/nonexistent-dir/trace.json", [](RuntimeOptions& o) { o.trace_path = "/nonexistent-dir/trace.json"; }},

@@ -101,7 +101,7 @@ struct RuntimeOptions {
   // a fast device that steals a slow one's small chunks then pays that cost once. The gradient is the same sum.
   bool merge_stolen = false;
   SimOptions sim{};                                // simulated devices ("sim:..." specs)
-  std::vector<double> placement_weights{};         // kGiven: one weight >= 0 per device
+  std::vector<double> placement_weights{};         // kGiven: one weight >= 0 per device (refused with another placement)
   OptimizerOptions optimizer{};
   std::string trace_path{};                        // Chrome Trace Event JSON; empty = no trace
   // GPU devices: a chunk's inputs are gathered on the host, sample after sample, into pinned staging, then copied
