@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs the Release suite N times in a row (default 20) under `ctest -j2` while a third process keeps one core busy,
-# and stops at the first failure: the check that no test depends on which device runs which chunk, or on timing
-# under load.
+# Runs the Release suite N times in a row (default 20) and stops at the first failure: the check that no test
+# depends on which device runs which chunk, or on timing under load. Each run has two passes: every test but the
+# `perf`-labelled ones under `ctest -j2` while a third process keeps one core busy, then the `perf` cases (those
+# that time the wall clock: step times, latencies, a deadline) one at a time with the load stopped.
 #
 #   bash scripts/repeat_tests.sh [RUNS] [BUILD_DIR] [CTEST_ARGS...]   (build/ configured as scripts/test.sh does)
 #   bash scripts/repeat_tests.sh 20 build -L "checkpoint|torch"       (some labels only)
@@ -11,18 +12,27 @@ runs=${1:-20}
 build=${2:-build}
 shift $(( $# < 2 ? $# : 2 ))
 [ -f "$build/CTestTestfile.cmake" ] || { echo "repeat_tests: no CTest build in $build (run scripts/test.sh or configure it first)"; exit 2; }
-# The load: one busy process for the whole run, stopped on any exit.
-( while :; do :; done ) &
-load=$!
-trap 'kill "$load" 2>/dev/null' EXIT
+# The load: one busy process for each loaded pass, stopped after it and on any exit.
+load=
+start_load() { ( while :; do :; done ) & load=$!; }
+stop_load() { [ -n "$load" ] && kill "$load" 2>/dev/null && wait "$load" 2>/dev/null; load=; }
+trap stop_load EXIT
+pass() {  # run, what, ctest args...: 0 if the pass passed
+  local i=$1 what=$2 log="ctest-repeat-$1-$2.log"
+  shift 2
+  if ! (cd "$build" && ctest --output-on-failure "$@" > "$log" 2>&1); then
+    echo "repeat_tests: run $i of $runs FAILED ($what) after $((SECONDS - start)) s; its log: $build/$log"
+    grep -E "\*\*\*Failed|\(Failed\)|Timeout" "$build/$log" | head -20
+    return 1
+  fi
+  echo "repeat_tests: run $i of $runs, $what passed ($(grep -E 'tests passed|No tests were found' "$build/$log")) at $((SECONDS - start)) s"
+  rm -f "$build/$log"
+}
 start=$SECONDS
 for i in $(seq "$runs"); do
-  if ! (cd "$build" && ctest -j2 --output-on-failure "$@" > "ctest-repeat-$i.log" 2>&1); then
-    echo "repeat_tests: run $i of $runs FAILED after $((SECONDS - start)) s; its log: $build/ctest-repeat-$i.log"
-    grep -E "\*\*\*Failed|\(Failed\)|Timeout" "$build/ctest-repeat-$i.log" | head -20
-    exit 1
-  fi
-  echo "repeat_tests: run $i of $runs passed ($(grep -E 'tests passed' "$build/ctest-repeat-$i.log")) at $((SECONDS - start)) s"
-  rm -f "$build/ctest-repeat-$i.log"
+  start_load
+  pass "$i" loaded -j2 -LE perf "$@" || exit 1
+  stop_load
+  pass "$i" perf -L perf "$@" || exit 1
 done
-echo "repeat_tests: all $runs runs passed in $((SECONDS - start)) s, one core kept busy throughout"
+echo "repeat_tests: all $runs runs passed in $((SECONDS - start)) s, one core kept busy for all but the perf cases"

@@ -278,10 +278,22 @@ void chunk_throws() {
 }
 
 // The victim's devices are inside 200 ms chunks and call no MPI; the thief still takes chunks from the victim's share
-// within milliseconds of running out (passive-target progress), so the step lasts about one victim chunk, not the
-// victim's whole share.
-void remote_steal_while_victim_computes() {
+// (passive-target progress). kForced: the victim's first chunk lasts until the thief has started 5 of the victim's
+// chunks (told through a file, not MPI; 20 s at most), so the thief can only get there by taking them while the victim
+// computes, however late either rank runs. kTimed (a perf case): nothing waits, and the thief takes them within
+// milliseconds of running out, so the step lasts about one victim chunk, not the victim's whole share.
+enum class StealCheck { kForced, kTimed };
+
+void remote_steal_while_victim_computes(StealCheck check) {
   const int me = g_cluster->rank();
+  std::vector<char> dir(256, '\0');
+  if (check == StealCheck::kForced && me == 0) {
+    char tmpl[] = "/tmp/sb_steal_XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+    std::strncpy(dir.data(), tmpl, dir.size() - 1);
+  }
+  if (check == StealCheck::kForced) g_cluster->broadcast(dir, 0);
+  const std::filesystem::path taken_five = std::filesystem::path(dir.data()) / "taken_five";
   RuntimeOptions o;
   o.devices = "sim:1";
   o.cluster = g_cluster;
@@ -293,12 +305,27 @@ void remote_steal_while_victim_computes() {
   using Clock = std::chrono::steady_clock;
   std::vector<Clock::time_point> starts;
   std::vector<bool> remote;
+  std::size_t remote_started = 0;
+  bool waited_out = false;
   const std::size_t batch = 160;  // 8 chunks per rank in the first step (speeds not yet known: equal shares)
   const std::vector<std::uint32_t> b = batch_of(batch, 0);
   const auto t0 = Clock::now();
   const StepReport r = rt.compute_gradient(b, [&](ChunkContext& ctx) {
     starts.push_back(Clock::now());
     remote.push_back(static_cast<std::size_t>(ctx.samples.data() - b.data()) < batch / 2);
+    if (check == StealCheck::kForced) {
+      if (me == 1 && remote.back() && ++remote_started == 5) std::ofstream(taken_five).put('5');
+      if (me == 0 && starts.size() == 1) {
+        const auto until = Clock::now() + std::chrono::seconds(20);
+        while (!std::filesystem::exists(taken_five)) {
+          if (Clock::now() > until) {
+            waited_out = true;
+            break;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      }
+    }
     linear_chunk(ctx);
   });
   const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -311,9 +338,15 @@ void remote_steal_while_victim_computes() {
     std::printf("remote steal: step %.3f s, %llu chunks taken from rank 0, first remote chunk %.2f ms after the last own one started\n", step_s,
                 static_cast<unsigned long long>(r.remote_chunks), gap_ms);
     EXPECT(r.remote_chunks >= 5);
-    EXPECT(gap_ms >= 0 && gap_ms < 50);
+    if (check == StealCheck::kTimed) EXPECT(gap_ms >= 0 && gap_ms < 50);
   }
-  EXPECT(step_s < 0.8);  // rank 0 alone would take 8 x 200 ms
+  if (check == StealCheck::kTimed) EXPECT(step_s < 0.8);  // rank 0 alone would take 8 x 200 ms
+  if (check == StealCheck::kForced) {
+    EXPECT(!waited_out);
+    std::vector<double> sync{0};
+    g_cluster->allreduce_sum(sync);  // rank 1 is done with the file
+    if (me == 0) std::filesystem::remove_all(dir.data());
+  }
 }
 
 // Each rank writes its own trace, on rank 0's timeline: rank 1 makes its runtime 300 ms after rank 0, and its chunk
@@ -536,13 +569,14 @@ void long_but_alive() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|trace|config|disagree|long-but-alive|stall|hang|die|absent\n", argv[0]);
+    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|remote-steal-timed|trace|config|disagree|long-but-alive|stall|hang|die|absent\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
   const std::map<std::string, std::function<void()>> cases = {
       {"exactly-once", exactly_once}, {"gradient", gradient},         {"identical", identical_parameters}, {"checkpoint", checkpoint},
-      {"throw", chunk_throws},       {"remote-steal", remote_steal_while_victim_computes}, {"stall", stall},
+      {"throw", chunk_throws},       {"remote-steal", [] { remote_steal_while_victim_computes(StealCheck::kForced); }},
+      {"remote-steal-timed", [] { remote_steal_while_victim_computes(StealCheck::kTimed); }}, {"stall", stall},
       {"hang", [] { hang_or_die(false); }}, {"die", [] { hang_or_die(true); }}, {"trace", trace_across_ranks}, {"config", config_errors},
       {"disagree", ranks_disagree}, {"absent", absent}, {"long-but-alive", long_but_alive}};
   const auto it = cases.find(which);

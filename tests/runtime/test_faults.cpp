@@ -51,7 +51,7 @@ TEST_CASE("Faults.StallFailsTheStepWithATimeoutAndTheRuntimeGoesOn") {
   o.chunk_size = 8;
   o.policy = SchedulePolicy::kStatic;  // device 1 surely runs its own chunks: nobody steals them first
   o.sim.sample_seconds = 20e-6;
-  o.stall_timeout = 0.2;
+  o.stall_timeout = 2;  // at 0.2 s a starved host tripped it in an ordinary chunk
   o.inject_fault = [&](std::size_t device, std::uint64_t step, ChunkId chunk) {
     std::int64_t zero = 0;  // one stall: the first chunk device 1 runs in step 2
     (void)chunk;
@@ -72,11 +72,12 @@ TEST_CASE("Faults.StallFailsTheStepWithATimeoutAndTheRuntimeGoesOn") {
     what = e.what();
   }
   const double ms = static_cast<double>(Clock::now().time_since_epoch().count() - stall_at.load()) / 1e6;
-  MESSAGE("stall to TimeoutError: " << ms << " ms (timeout 200 ms): " << what);
+  MESSAGE("stall to TimeoutError: " << ms << " ms (timeout 2000 ms): " << what);
   // The watchdog times the stall from the chunk's stamp, taken a moment before the fault fires; it looks every 10 ms,
-  // and the target is timeout + 50 ms (perf/soak reports the figure). Here only that it fired, and not much later.
-  CHECK(ms >= 195);
-  CHECK(ms < 1000);
+  // and the target is timeout + 50 ms (perf/soak reports the figure). Here only that it fired, not before the
+  // timeout, and within 5 times it: a loaded machine delays the watchdog by milliseconds, not by 8 s.
+  CHECK(ms >= 1995);
+  CHECK(ms < 10000);
   CHECK(what.find("sim1") != std::string::npos);
   CHECK(what.find("step 2") != std::string::npos);
   CHECK(what.find("can run another step") != std::string::npos);
@@ -147,14 +148,17 @@ TEST_CASE("Faults.ExcludedDeviceIsDroppedAndTheGradientStaysExact") {
 }
 
 TEST_CASE("Faults.StalledReductionTimesOutToo") {
-  // The simulated ring AllReduce takes 2 (n - 1) / n * bytes / busbw: 1 s here, five times the timeout.
+  // The simulated ring AllReduce takes 2 (n - 1) / n * bytes / busbw: 40 s here, twenty times the timeout. The
+  // timeout is 2 s, which no chunk of this step comes near however loaded the machine (at 0.2 s a starved host
+  // tripped it inside a chunk), and the bound of 20 s only tells a wait cut short by the timeout from one slept out in
+  // full (a precise sleep never ends early).
   Fixture fx;
   RuntimeOptions o;
   o.devices = "sim:1,1";
   o.sim.sample_seconds = 0;
-  o.sim.allreduce_bytes = 1e9;
+  o.sim.allreduce_bytes = 4e10;
   o.sim.busbw = 1e9;
-  o.stall_timeout = 0.2;
+  o.stall_timeout = 2;
   Runtime rt(o);
   rt.register_parameters(fx.model.layout(), fx.init);
   const auto t0 = Clock::now();
@@ -166,8 +170,9 @@ TEST_CASE("Faults.StalledReductionTimesOutToo") {
     what = e.what();
   }
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  MESSAGE("step with a 1 s reduction failed after " << ms << " ms: " << what);
-  CHECK(ms < 400);
+  MESSAGE("step with a 40 s reduction failed after " << ms << " ms: " << what);
+  CHECK(ms >= 2000);
+  CHECK(ms < 20000);
   CHECK(what.find("in the reduction or the update") != std::string::npos);
   const auto p = rt.parameters(0);
   CHECK(std::equal(p.begin(), p.end(), fx.init.begin()));

@@ -434,19 +434,36 @@ TEST_CASE("Scheduler.MeanwhileRunsOnTheCallerWhileTheWorkersRun") {
 TEST_CASE("Scheduler.EndGameLeavesTheTailToFastWorkers") {
   // Worker 0 is 10x slower. Without the rule it would start one of the last chunks and hold the step up; with it,
   // it stops once the fast workers would finish the rest sooner, and they run what is left in its deque.
+  // The order is forced, not timed. The fast workers start only once worker 0 is inside its first chunk, which lasts
+  // until both fast workers are inside a chunk they hold, having started 38 in all. They hold it (5 s at most) until
+  // worker 0 has declined and parked: with both of them inside chunks, a parked worker is worker 0. So worker 0
+  // decides with 22 or 23 chunks left (2 x 1 per unit: 11 or more units for the others, worth its 10), takes chunks
+  // until fewer than 20 are left, and then declines with most of its share still in its deque.
   Scheduler sched({.workers = 3});
   sched.set_chunk_costs({10, 1, 1});
   std::vector<std::atomic<int>> runs(60);
+  std::atomic<int> fast_started{0}, holding{0};
+  std::atomic<bool> w0_started{false}, released{false};
   const StepStats st = sched.run(place_equal(60, 3), [&](std::size_t w, ChunkId c) {
     runs[c].fetch_add(1);
-    std::this_thread::sleep_for(w == 0 ? 2000us : 200us);
+    if (w == 0) {
+      if (!w0_started.exchange(true)) (void)wait_for([&] { return holding.load() == 2; }, 5000ms);
+      return;
+    }
+    (void)wait_for([&] { return w0_started.load(); }, 5000ms);
+    if (fast_started.fetch_add(1) + 1 <= 36) return;
+    holding.fetch_add(1);
+    (void)wait_for([&] { return released.load() || (holding.load() == 2 && sched.parked_workers() > 0); }, 5000ms);
+    released = true;
   });
   int wrong = 0;
   for (auto& r : runs) wrong += r.load() != 1;
   CHECK(wrong == 0);
   CHECK(st.workers[0].endgame_declines == 1);
   CHECK(st.workers[1].endgame_declines == 0);  // the fastest always take
+  CHECK(st.workers[2].endgame_declines == 0);
   CHECK(st.workers[0].chunks_run < 20);        // it gave part of its equal share to the fast workers
+  CHECK(st.workers[1].chunks_stolen + st.workers[2].chunks_stolen > 0);
   MESSAGE("slow worker ran " << st.workers[0].chunks_run << " of its 20 chunks");
 
   CHECK_THROWS_AS(sched.set_chunk_costs({1, 2}), ConfigError);
