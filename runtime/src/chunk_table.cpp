@@ -257,8 +257,8 @@ void Runtime::Impl::set_endgame_costs(ChunkTable& t, StepPlan& p) {
   // What is left is weighed in full chunks, the unit of the stolen costs: a step ends on the small pieces of the
   // shares' ends, and a slow device that counted each as a full chunk of the others' time would start one of its
   // own chunks with little left, and end the step late. (A step from the ranks' share words counts what they hold
-  // in full chunks itself: its ids are not placed before it.)
-  std::vector<double> weight(t.size());
+  // in full chunks itself, held_by_shares(): its ids are not placed before it, and it has no weights.)
+  std::vector<double> weight(cluster ? 0 : t.size());
   const double full = static_cast<double>(std::max<std::size_t>(1, t.full_chunk));
   for (std::size_t c = 0; c < weight.size(); ++c) weight[c] = std::max(t.chunk_cost[c], 1e-9) / full;
   sched->set_chunk_weights(std::move(weight));

@@ -268,7 +268,7 @@ std::vector<float> Runtime::parameters(std::size_t device) const {
   return out;
 }
 
-StepReport Runtime::Impl::finish_step(StepReport& rep, Clock::time_point t_start) {
+StepReport Runtime::Impl::finish_step(StepReport rep, Clock::time_point t_start) {
   grads_dirty = false;  // every buffer was zeroed after its update, or handed over
   rep.step_s = seconds(Clock::now() - t_start);
   for (DeviceReport& d : rep.devices) {
@@ -276,7 +276,7 @@ StepReport Runtime::Impl::finish_step(StepReport& rep, Clock::time_point t_start
     d.utilization = rep.step_s > 0 ? d.busy_s / rep.step_s : 0;
   }
   if (trace) trace->drain();
-  return std::move(rep);
+  return rep;
 }
 
 void Runtime::Impl::switch_shared_params(StepReport& rep) {
@@ -335,7 +335,7 @@ StepReport Runtime::compute_gradient(std::span<const std::uint32_t> samples, con
   const auto t0 = Clock::now();
   StepReport rep = m->run_step(samples, fn, m->host_devices ? Reduce::kMean : Reduce::kSum);
   m->take_mean_gradient(samples.size());
-  return m->finish_step(rep, t0);
+  return m->finish_step(std::move(rep), t0);
 }
 
 StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
@@ -346,7 +346,7 @@ StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunc
   } else {
     m->update_replicas(rep, samples.size());
   }
-  return m->finish_step(rep, t0);
+  return m->finish_step(std::move(rep), t0);
 }
 
 }  // namespace stealbatch

@@ -258,7 +258,7 @@ struct Runtime::Impl {
   void switch_shared_params(StepReport& rep);
   void update_replicas(StepReport& rep, std::size_t batch);
   void take_mean_gradient(std::size_t batch);
-  StepReport finish_step(StepReport& rep, Clock::time_point t_start);
+  StepReport finish_step(StepReport rep, Clock::time_point t_start);
   // runtime.cpp
   void make_communicator();
   void make_scheduler();

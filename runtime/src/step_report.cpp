@@ -69,9 +69,8 @@ StepReport Runtime::Impl::build_report(std::size_t batch, const ChunkTable& t, c
     local[d].busy_s = local[d].compute_s + std::max(0.0, in_reduction - seconds(r.finish) - seconds(r.model_wait)) + model_s;
     loss += r.loss;
   }
-  for (std::size_t c = 0; c < t.size(); ++c) {
-    if (t.runs[c] == 0 || t.ran_on[c] == t.home[c]) continue;
-    if (kind == DeviceKind::kSim) rep.bytes_moved += options.sim.bytes_per_sample * t.spans[c].size;
+  for (std::size_t c = 0; kind == DeviceKind::kSim && c < t.size(); ++c) {
+    if (t.runs[c] != 0 && t.ran_on[c] != t.home[c]) rep.bytes_moved += options.sim.bytes_per_sample * t.spans[c].size;  // a stolen chunk's inputs
   }
   rep.loss = loss / static_cast<double>(batch);
   rep.placed_by_cost = plan.by_cost();

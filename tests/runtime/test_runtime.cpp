@@ -25,6 +25,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -601,6 +602,27 @@ TEST_CASE("Runtime.SimDevicesGiveTheExactGradient") {
   }
 }
 
+namespace {
+
+// Twelve steps of 512 samples on sim:1,1,0.15,0.15 (two devices at 15% speed), chunks of 8: each step's report to
+// `seen`, with its index (the first two measure the devices).
+void unequal_sim_steps(SchedulePolicy policy, double sample_seconds, const std::function<void(int, const StepReport&)>& seen) {
+  Runtime rt({.devices = "sim:1,1,0.15,0.15", .chunk_size = 8, .policy = policy, .sim = {.sample_seconds = sample_seconds}});
+  ParameterLayout layout;
+  layout.add("p", 4);
+  rt.register_parameters(layout, std::vector<float>(4, 0.0f));
+  std::vector<std::uint32_t> batch(512);
+  std::iota(batch.begin(), batch.end(), 0u);
+  for (int i = 0; i < 12; ++i) {
+    const StepReport r = rt.step(batch, [](ChunkContext& ctx) { ctx.grad[0] += static_cast<float>(ctx.samples.size()); });
+    REQUIRE(r.devices.size() == 4);
+    CHECK(r.samples == 512);
+    seen(i, r);
+  }
+}
+
+}  // namespace
+
 TEST_CASE("Runtime.StealingBeatsStaticOnUnequalSimDevices" * doctest::test_suite("perf")) {
   // Two devices at 15% speed: a static split waits for them; stealing does not. The ideal gain is 3.8x; the check
   // asks for a third of it, so a noisy machine cannot fail it, while a runtime that did not balance would. The
@@ -608,18 +630,10 @@ TEST_CASE("Runtime.StealingBeatsStaticOnUnequalSimDevices" * doctest::test_suite
   // steal steps land on 4 ms timer ticks (preempt=none kernels wake a waiting thread at the tick) and lose.
   // Step times on the wall: a perf case (run without load).
   auto mean_step = [](SchedulePolicy policy) {
-    Runtime rt({.devices = "sim:1,1,0.15,0.15", .chunk_size = 8, .policy = policy, .sim = {.sample_seconds = 100e-6}});
-    ParameterLayout layout;
-    layout.add("p", 4);
-    rt.register_parameters(layout, std::vector<float>(4, 0.0f));
-    std::vector<std::uint32_t> batch(512);
-    std::iota(batch.begin(), batch.end(), 0u);
     double total = 0;
-    for (int i = 0; i < 12; ++i) {
-      const StepReport r = rt.step(batch, [](ChunkContext& ctx) { ctx.grad[0] += static_cast<float>(ctx.samples.size()); });
+    unequal_sim_steps(policy, 100e-6, [&](int i, const StepReport& r) {
       if (i >= 2) total += r.step_s;  // the first steps measure the devices
-      CHECK(r.samples == 512);
-    }
+    });
     return total / 10;
   };
   const double stat = mean_step(SchedulePolicy::kStatic), steal = mean_step(SchedulePolicy::kSteal);
@@ -634,24 +648,15 @@ TEST_CASE("Runtime.StealingMovesTheSamplesOffSlowSimDevices") {
   // to fall below it the slow devices would have to take whole fast-device chunks, each worth 6.7 of their own,
   // which the end game refuses while the fast devices would finish them sooner.
   auto fast_share = [](SchedulePolicy policy) {
-    Runtime rt({.devices = "sim:1,1,0.15,0.15", .chunk_size = 8, .policy = policy, .sim = {.sample_seconds = 20e-6}});
-    ParameterLayout layout;
-    layout.add("p", 4);
-    rt.register_parameters(layout, std::vector<float>(4, 0.0f));
-    std::vector<std::uint32_t> batch(512);
-    std::iota(batch.begin(), batch.end(), 0u);
     std::uint64_t fast = 0, all = 0;
-    for (int i = 0; i < 12; ++i) {
-      const StepReport r = rt.step(batch, [](ChunkContext& ctx) { ctx.grad[0] += static_cast<float>(ctx.samples.size()); });
-      REQUIRE(r.devices.size() == 4);
-      CHECK(r.samples == 512);
+    unequal_sim_steps(policy, 20e-6, [&](int i, const StepReport& r) {
       if (policy == SchedulePolicy::kStatic) {
         for (const DeviceReport& d : r.devices) CHECK(d.samples == 128);
       }
-      if (i < 2) continue;  // the first steps measure the devices
+      if (i < 2) return;  // the first steps measure the devices
       fast += r.devices[0].samples + r.devices[1].samples;
       all += r.samples;
-    }
+    });
     return static_cast<double>(fast) / static_cast<double>(all);
   };
   const double stat = fast_share(SchedulePolicy::kStatic), steal = fast_share(SchedulePolicy::kSteal);
