@@ -74,62 +74,75 @@ int MpiCluster::local_rank() noexcept {
   return v != nullptr ? std::atoi(v) : 0;
 }
 
-std::shared_ptr<MpiCluster> MpiCluster::world() {
-  {
-    const std::lock_guard g(g_init_lock);
-    int initialised = 0;
-    MPI_Initialized(&initialised);
-    if (!initialised) {
-      // Passive-target progress: a thief's compare-and-swap must complete while the victim computes. Open MPI's shared
-      // memory component gives that within a node; its default selection does not (see the design document).
-      setenv("OMPI_MCA_osc", "sm,ucx", /*overwrite=*/0);
-      int provided = 0;
-      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
-      g_we_initialised = true;
-      if (provided < MPI_THREAD_MULTIPLE) {
-        throw Error("MPI: the library gives thread level " + std::to_string(provided) + ", below MPI_THREAD_MULTIPLE, which the runtime needs");
-      }
+namespace {
+
+// MPI_Init_thread once per process (MPI_THREAD_MULTIPLE), and one more user of it.
+void init_mpi() {
+  const std::lock_guard g(g_init_lock);
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  if (!initialised) {
+    // Passive-target progress: a thief's compare-and-swap must complete while the victim computes. Open MPI's shared
+    // memory component gives that within a node; its default selection does not (see the design document).
+    setenv("OMPI_MCA_osc", "sm,ucx", /*overwrite=*/0);
+    int provided = 0;
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    g_we_initialised = true;
+    if (provided < MPI_THREAD_MULTIPLE) {
+      throw Error("MPI: the library gives thread level " + std::to_string(provided) + ", below MPI_THREAD_MULTIPLE, which the runtime needs");
     }
-    ++g_users;
   }
+  ++g_users;
+}
+
+}  // namespace
+
+// Which ranks share this node (a shared-memory split, then each rank's node leader gathered), and each rank's node
+// name, for messages.
+void MpiCluster::find_nodes(State& s) {
+  MPI_Comm node = MPI_COMM_NULL;
+  check(MPI_Comm_split_type(s.comm, MPI_COMM_TYPE_SHARED, s.rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  int node_leader = s.rank;
+  check(MPI_Bcast(&node_leader, 1, MPI_INT, 0, node), "MPI_Bcast");
+  MPI_Comm_free(&node);
+  std::vector<int> leaders(static_cast<std::size_t>(s.size));
+  check(MPI_Allgather(&node_leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, s.comm), "MPI_Allgather");
+  for (int l : leaders) s.same_node.push_back(l == node_leader ? 1 : 0);
+  std::vector<char> names(static_cast<std::size_t>(s.size) * MPI_MAX_PROCESSOR_NAME, '\0');
+  char mine[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  check(MPI_Get_processor_name(mine, &len), "MPI_Get_processor_name");
+  check(MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, s.comm), "MPI_Allgather");
+  for (int r = 0; r < s.size; ++r) {
+    const char* n = names.data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    s.node_names.emplace_back(n, strnlen(n, MPI_MAX_PROCESSOR_NAME));
+  }
+}
+
+// The window: kWords words per rank, zero (tag 0 matches no step), locked once for the cluster's life.
+void MpiCluster::open_window(State& s) {
+  void* mem = nullptr;
+  check(MPI_Win_allocate(static_cast<MPI_Aint>(kWords * sizeof(std::uint64_t)), sizeof(std::uint64_t), MPI_INFO_NULL, s.comm, &mem, &s.win),
+        "MPI_Win_allocate");
+  s.base = static_cast<std::uint64_t*>(mem);
+  check(MPI_Win_lock_all(MPI_MODE_NOCHECK, s.win), "MPI_Win_lock_all");
+  for (std::size_t w = 0; w < kWords; ++w) {
+    const std::uint64_t zero = 0;
+    std::uint64_t old = 0;
+    check(MPI_Fetch_and_op(&zero, &old, MPI_UINT64_T, s.rank, static_cast<MPI_Aint>(w), MPI_REPLACE, s.win), "MPI_Fetch_and_op");
+  }
+  check(MPI_Win_flush(s.rank, s.win), "MPI_Win_flush");
+}
+
+std::shared_ptr<MpiCluster> MpiCluster::world() {
+  init_mpi();
   auto s = std::make_unique<State>();
   check(MPI_Comm_dup(MPI_COMM_WORLD, &s->comm), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(s->comm, &s->rank);
   MPI_Comm_size(s->comm, &s->size);
-  // Which ranks share this node: a shared-memory split, then each rank's node id gathered.
-  MPI_Comm node = MPI_COMM_NULL;
-  check(MPI_Comm_split_type(s->comm, MPI_COMM_TYPE_SHARED, s->rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
-  int node_leader = s->rank;
-  check(MPI_Bcast(&node_leader, 1, MPI_INT, 0, node), "MPI_Bcast");
-  MPI_Comm_free(&node);
-  std::vector<int> leaders(static_cast<std::size_t>(s->size));
-  check(MPI_Allgather(&node_leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, s->comm), "MPI_Allgather");
-  for (int l : leaders) s->same_node.push_back(l == node_leader ? 1 : 0);
-  // Each rank's node name, for messages.
-  std::vector<char> names(static_cast<std::size_t>(s->size) * MPI_MAX_PROCESSOR_NAME, '\0');
-  {
-    char mine[MPI_MAX_PROCESSOR_NAME] = {};
-    int len = 0;
-    check(MPI_Get_processor_name(mine, &len), "MPI_Get_processor_name");
-    check(MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, s->comm), "MPI_Allgather");
-  }
-  for (int r = 0; r < s->size; ++r) {
-    const char* n = names.data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME;
-    s->node_names.emplace_back(n, strnlen(n, MPI_MAX_PROCESSOR_NAME));
-  }
-  // The window: kWords words per rank, zero (tag 0 matches no step), locked once for the cluster's life.
-  void* mem = nullptr;
-  check(MPI_Win_allocate(static_cast<MPI_Aint>(kWords * sizeof(std::uint64_t)), sizeof(std::uint64_t), MPI_INFO_NULL, s->comm, &mem, &s->win),
-        "MPI_Win_allocate");
-  s->base = static_cast<std::uint64_t*>(mem);
-  check(MPI_Win_lock_all(MPI_MODE_NOCHECK, s->win), "MPI_Win_lock_all");
-  for (std::size_t w = 0; w < kWords; ++w) {
-    const std::uint64_t zero = 0;
-    std::uint64_t old = 0;
-    check(MPI_Fetch_and_op(&zero, &old, MPI_UINT64_T, s->rank, static_cast<MPI_Aint>(w), MPI_REPLACE, s->win), "MPI_Fetch_and_op");
-  }
-  check(MPI_Win_flush(s->rank, s->win), "MPI_Win_flush");
+  find_nodes(*s);
+  open_window(*s);
   check(MPI_Barrier(s->comm), "MPI_Barrier");
   if (wants_progress_agent(s->same_node)) {
     State* st = s.get();

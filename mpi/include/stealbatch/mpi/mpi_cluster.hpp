@@ -53,6 +53,8 @@ class MpiCluster final : public Cluster {
  private:
   struct State;
   explicit MpiCluster(std::unique_ptr<State> s);
+  static void find_nodes(State& s);   // which ranks share this node, and every rank's node name
+  static void open_window(State& s);  // the share words, zeroed and locked for the cluster's life
   void wait(void* request, const std::function<void()>& waiting);  // an MPI_Request*, tested under the lock
   std::unique_ptr<State> m;
 };
