@@ -167,7 +167,7 @@ void CudaDevice::wait_slot(Slot& s) {
   }
 }
 
-void CudaDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
+ChunkTiming CudaDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   Slot& s = *m_slots[m_next_slot];
   wait_slot(s);  // normally already free: the previous call waited until fewer than in_flight were running
   cudaStream_t compute = m_compute.get();
@@ -200,6 +200,7 @@ void CudaDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   m_next_slot = (m_next_slot + 1) % m_slots.size();
   // Leave a slot free before taking the next chunk: with every slot busy, wait for the oldest chunk.
   wait_slot(*m_slots[m_next_slot]);
+  return {};  // its time is the step's (step_device_seconds()), not the call's
 }
 
 void CudaDevice::finish_chunks() {

@@ -214,16 +214,16 @@ void Runtime::save_checkpoint(const std::filesystem::path& path, const Checkpoin
   }
   std::vector<float> params(m->layout.size());
   OptimizerState state;
-  if (m->host_devices) {
-    params = m->shared_params[m->shared_live];
-    const auto first = m->shared_optimizer->first_moment(), second = m->shared_optimizer->second_moment();
-    state = {{first.begin(), first.end()}, {second.begin(), second.end()}, m->shared_optimizer->steps()};
+  if (m->dev.host) {
+    params.assign(m->shared.live().begin(), m->shared.live().end());
+    const auto first = m->shared.optimizer->first_moment(), second = m->shared.optimizer->second_moment();
+    state = {{first.begin(), first.end()}, {second.begin(), second.end()}, m->shared.optimizer->steps()};
   } else {
     // Device 0's replica, on its worker (a GPU's context is bound there); every replica holds the same values.
     m->sched->broadcast([&](std::size_t w) {
       if (w != 0) return;
-      m->devices[0]->copy_params(params);
-      state = m->devices[0]->optimizer_state();
+      m->dev.devices[0]->copy_params(params);
+      state = m->dev.devices[0]->optimizer_state();
     });
   }
   const OptimizerOptions& o = m->options.optimizer;
@@ -232,9 +232,9 @@ void Runtime::save_checkpoint(const std::filesystem::path& path, const Checkpoin
   meta["stealbatch.optimizer.lr"] = exact(o.lr);
   for (const Setting& s : kSettings) meta[s.key] = exact(o.*(s.field));
   meta["stealbatch.optimizer.steps"] = std::to_string(state.steps);
-  meta["stealbatch.devices"] = names_of(m->devices);
+  meta["stealbatch.devices"] = names_of(m->dev.devices);
   std::string speeds;
-  for (double v : m->throughput_estimates()) speeds += (speeds.empty() ? "" : ",") + exact(v);
+  for (double v : m->speed.estimates()) speeds += (speeds.empty() ? "" : ",") + exact(v);
   meta["stealbatch.speeds"] = speeds;
   if (m->cluster) meta["stealbatch.ranks"] = std::to_string(m->cluster->size());
 
@@ -258,7 +258,7 @@ void Runtime::save_checkpoint(const std::filesystem::path& path, const Checkpoin
       error = std::current_exception();
     }
   }
-  const bool ok = all_ranks_ok(m->cluster.get(), error == nullptr);
+  const bool ok = all_ranks_ok(m->cluster.job.get(), error == nullptr);
   if (error) std::rethrow_exception(error);
   if (!ok) throw CheckpointError(CheckpointError::Reason::kIo, path.string(), "rank 0 could not write it");
 }
@@ -270,28 +270,28 @@ CheckpointMetadata Runtime::load_checkpoint(const std::filesystem::path& path) {
   std::uint32_t crc = 0;
   try {
     const CheckpointFile file = CheckpointFile::read(path);
-    staged = stage(file, StageTarget{m->options, m->layout, m->cluster ? nullptr : &m->devices});
+    staged = stage(file, StageTarget{m->options, m->layout, m->cluster ? nullptr : &m->dev.devices});
     crc = file.crc32();
   } catch (...) {
     error = std::current_exception();
   }
   // Across ranks: every rank read it, and they all read the same bytes, or none applies it.
-  const bool ok = all_ranks_ok(m->cluster.get(), error == nullptr, crc);
+  const bool ok = all_ranks_ok(m->cluster.job.get(), error == nullptr, crc);
   if (error) std::rethrow_exception(error);
   if (!ok) throw CheckpointError(CheckpointError::Reason::kIo, path.string(), "another rank could not load it, or read other bytes under this path");
 
   Staged& s = *staged;
-  if (m->host_devices) {
-    for (auto& buffer : m->shared_params) buffer = s.params;
-    m->shared_optimizer->restore(s.state.first, s.state.second, s.state.steps);
+  if (m->dev.host) {
+    m->shared.assign(s.params);
+    m->shared.optimizer->restore(s.state.first, s.state.second, s.state.steps);
   } else {
-    m->sched->broadcast([&](std::size_t d) { m->devices[d]->load_replica(s.params, s.state); });
+    m->sched->broadcast([&](std::size_t d) { m->dev.devices[d]->load_replica(s.params, s.state); });
   }
   m->options.optimizer.lr = s.lr;
   m->lr_pending = true;  // the replicas take it in the next update, as after set_learning_rate()
   if (!s.speeds.empty()) {
     for (std::size_t d = 0; d < s.speeds.size(); ++d) {
-      if (s.speeds[d] > 0) m->speed_history[d] = {s.speeds[d]};
+      if (s.speeds[d] > 0) m->speed.history[d] = {s.speeds[d]};
     }
   }
   return s.trainer;

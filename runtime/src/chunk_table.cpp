@@ -10,11 +10,11 @@
 namespace stealbatch {
 
 StepPlan Runtime::Impl::plan_step(std::size_t batch) {
-  const std::size_t n = devices.size();
+  const std::size_t n = dev.devices.size();
   StepPlan p;
-  p.speeds = throughput_estimates();  // samples/s per device; empty until measured
+  p.speeds = speed.estimates();  // samples/s per device; empty until measured
   if (options.placement == PlacementPolicy::kPreviousStep && !p.speeds.empty()) {
-    for (std::size_t d = 0; d < n; ++d) p.speeds[d] = speed_history[d].back();
+    for (std::size_t d = 0; d < n; ++d) p.speeds[d] = speed.history[d].back();
   }
   p.known = !p.speeds.empty();
   for (double v : p.speeds) p.known = p.known && std::isfinite(v) && v > 0;
@@ -37,14 +37,14 @@ StepPlan Runtime::Impl::plan_step(std::size_t batch) {
   p.finer_ends = by_speed;
   // Positions' costs and devices' speeds learnt apart (detail::CostProfile): where a chunk's time is known when its
   // call returns (host devices), with the policy that places by speed.
-  p.learn_costs = host_devices && options.cost_by_position && steal && options.placement == PlacementPolicy::kThroughput &&
+  p.learn_costs = dev.host && options.cost_by_position && steal && options.placement == PlacementPolicy::kThroughput &&
                   options.chunk_sizing == ChunkSizing::kBySpeed;
-  if (by_speed && p.learn_costs && cost_profile.active(batch, n)) {
+  if (by_speed && p.learn_costs && speed.cost_profile.active(batch, n)) {
     // Each device's speed in cost units per second: the profile's speeds. Read only before the chunk phase: the
     // profile learns (and may reallocate its costs) while the chunks run.
     p.placement = Placement::kByCost;
-    p.rate.assign(cost_profile.speeds().begin(), cost_profile.speeds().end());
-    p.position_cost = cost_profile.costs();
+    p.rate.assign(speed.cost_profile.speeds().begin(), speed.cost_profile.speeds().end());
+    p.position_cost = speed.cost_profile.costs();
   }
   return p;
 }
@@ -85,15 +85,15 @@ void cut_shares(const Shares& share, const std::vector<double>& target, const st
 // Sized (chunk_size = 0): shares in samples (by speed or cost once measured, else equal or given), each cut into
 // chunks of its device's size: a rung of its ladder while it explores, its chosen rung after that.
 void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& t) {
-  const std::size_t n = devices.size();
+  const std::size_t n = dev.devices.size();
   const std::vector<ChunkRange> plain = options.placement == PlacementPolicy::kGiven ? place_proportional(batch, options.placement_weights)
                                         : p.placement != Placement::kEqualOrGiven      ? place_proportional(batch, p.rate)
                                                                                        : place_equal(batch, n);
   Shares share = to_shares(plain);
-  for (std::size_t d = 0; d < n; ++d) t.own_size[d] = chunk_sizer.size(d, std::max<std::size_t>(1, plain[d].end - plain[d].begin));
+  for (std::size_t d = 0; d < n; ++d) t.own_size[d] = speed.chunk_sizer.size(d, std::max<std::size_t>(1, plain[d].end - plain[d].begin));
   if (p.finer_ends) {
     // Plus a margin for slower devices whose speed is uncertain (see speed_share_weights()).
-    const std::vector<double> weights = detail::speed_share_weights(p.rate, speed_history, t.own_size, batch);
+    const std::vector<double> weights = detail::speed_share_weights(p.rate, speed.history, t.own_size, batch);
     share = p.by_cost() ? detail::split_by_cost(p.position_cost, weights) : to_shares(place_proportional(batch, weights));
     // No device's chunk takes longer than the fastest device's: a device at under half the fastest one's speed
     // (compared at a rung both ran: speeds measured while the ladders are explored differ by the rungs'
@@ -102,10 +102,10 @@ void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& 
     // for long at a time. A capped device stops exploring: it will not run larger chunks.
     const std::size_t f = static_cast<std::size_t>(std::max_element(p.rate.begin(), p.rate.end()) - p.rate.begin());
     for (std::size_t d = 0; d < n; ++d) {
-      const double relative = chunk_sizer.relative_speed(d, f);
+      const double relative = speed.chunk_sizer.relative_speed(d, f);
       const auto scaled = static_cast<std::size_t>(std::lround(relative * static_cast<double>(t.own_size[f])));
       if (relative <= 0 || relative >= 0.5 || scaled >= t.own_size[d]) continue;
-      chunk_sizer.stop_exploring(d);
+      speed.chunk_sizer.stop_exploring(d);
       t.own_size[d] = std::max<std::size_t>(1, scaled);
     }
   }
@@ -116,7 +116,7 @@ void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& 
     t.own_size[d] = std::min<std::size_t>(t.own_size[d], std::max<std::uint32_t>(1, t.share_len[d]));
     t.own_cost[d] = target[d] = static_cast<double>(t.own_size[d]);
     floor[d] = std::max(1.0, target[d] / 4);
-    finer[d] = p.finer_ends && !chunk_sizer.exploring(d);  // an exploring device's chunks are all of its rung
+    finer[d] = p.finer_ends && !speed.chunk_sizer.exploring(d);  // an exploring device's chunks are all of its rung
   }
   cut_shares(share, target, floor, finer, p.position_cost, t, t.ranges);
   t.full_chunk = *std::max_element(t.own_size.begin(), t.own_size.end());
@@ -124,7 +124,7 @@ void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& 
 
 // Placed by speed with fixed sizes: samples in proportion to speed, and chunks sized to it.
 void Runtime::Impl::cut_by_speed(std::size_t batch, const StepPlan& p, ChunkTable& t) {
-  const std::size_t n = devices.size(), cs = options.chunk_size;
+  const std::size_t n = dev.devices.size(), cs = options.chunk_size;
   // Samples in proportion to speed, and chunks sized to it: a device at a sixth of the fastest one's speed gets a
   // sixth of the samples in chunks a sixth as large, so its chunks take about as long as anyone's and the step's
   // tail stays about one fast chunk long. Placed by cost, the same in cost units: a device's share is its part of
@@ -136,7 +136,7 @@ void Runtime::Impl::cut_by_speed(std::size_t batch, const StepPlan& p, ChunkTabl
     t.own_cost[d] = p.by_cost() ? static_cast<double>(cs) * p.rate[d] / fastest : static_cast<double>(t.own_size[d]);
     floor[d] = p.by_cost() ? t.own_cost[d] / 4 : static_cast<double>(std::max<std::size_t>(1, t.own_size[d] / 4));  // a quarter chunk
   }
-  const std::vector<double> weights = detail::speed_share_weights(p.rate, speed_history, t.own_size, batch);
+  const std::vector<double> weights = detail::speed_share_weights(p.rate, speed.history, t.own_size, batch);
   const Shares share = p.by_cost() ? detail::split_by_cost(p.position_cost, weights) : to_shares(place_proportional(batch, weights));
   cut_shares(share, t.own_cost, floor, std::vector<bool>(n, true), p.position_cost, t, t.ranges);
 }
@@ -144,7 +144,7 @@ void Runtime::Impl::cut_by_speed(std::size_t batch, const StepPlan& p, ChunkTabl
 // Fixed sizes, placed by count: the batch cut into chunks of chunk_size (the last may hold fewer), placed equally,
 // by weight or by speed.
 void Runtime::Impl::cut_fixed(std::size_t batch, const StepPlan& p, ChunkTable& t) {
-  const std::size_t n = devices.size(), cs = options.chunk_size;
+  const std::size_t n = dev.devices.size(), cs = options.chunk_size;
   for (std::size_t at = 0; at < batch; at += cs) t.spans.push_back({static_cast<std::uint32_t>(at), static_cast<std::uint32_t>(std::min(cs, batch - at))});
   if (options.placement == PlacementPolicy::kGiven) {
     t.ranges = place_proportional(t.size(), options.placement_weights);
@@ -163,9 +163,9 @@ void Runtime::Impl::cut_rank_shares(std::size_t batch, StepPlan& p, ChunkTable& 
   for (std::size_t r = 0; r < ranks; ++r) target[r] = static_cast<double>(rs.chunk[r]), floor[r] = std::max(1.0, std::floor(target[r] / 4));
   rs.share.assign(ranks, {});
   cut_shares(share, target, floor, std::vector<bool>(ranks, true), {}, t, rs.share);
-  t.ranges.assign(devices.size(), {});  // the devices claim chunks from the share words as they go
-  t.own_size.assign(devices.size(), rs.chunk[rs.me]);
-  t.own_cost.assign(devices.size(), static_cast<double>(rs.chunk[rs.me]));
+  t.ranges.assign(dev.devices.size(), {});  // the devices claim chunks from the share words as they go
+  t.own_size.assign(dev.devices.size(), rs.chunk[rs.me]);
+  t.own_cost.assign(dev.devices.size(), static_cast<double>(rs.chunk[rs.me]));
   t.full_chunk = rs.chunk[rs.me];
   rs.before.assign(t.size() + 1, 0);
   for (std::size_t c = 0; c < t.size(); ++c) rs.before[c + 1] = rs.before[c] + t.spans[c].size;
@@ -176,7 +176,7 @@ void Runtime::Impl::cut_rank_shares(std::size_t batch, StepPlan& p, ChunkTable& 
 }
 
 ChunkTable Runtime::Impl::cut_and_place(std::size_t batch, StepPlan& p) {
-  const std::size_t n = devices.size();
+  const std::size_t n = dev.devices.size();
   ChunkTable t;
   t.ranges.resize(n);
   t.share_len.assign(n, 0);
@@ -240,7 +240,7 @@ void Runtime::Impl::set_endgame_costs(ChunkTable& t, StepPlan& p) {
     sched->set_outside_rate(0);
     return;
   }
-  const std::size_t n = devices.size();
+  const std::size_t n = dev.devices.size();
   std::vector<double> own(n), stolen(n);
   for (std::size_t d = 0; d < n; ++d) {
     // A device's samples/s mixes its speed with the cost of the samples placed on it. When the chunks taken from its
@@ -249,7 +249,7 @@ void Runtime::Impl::set_endgame_costs(ChunkTable& t, StepPlan& p) {
     // measured speed times that slowness (the median of the last stolen chunks) is then its speed for the end game,
     // so it keeps taking work instead of idling as a "slow" device. Placed by cost, the speeds are already apart
     // from the costs.
-    const double slowness = p.by_cost() ? 1.0 : detail::data_slowness(stolen_slowness[d]);
+    const double slowness = p.by_cost() ? 1.0 : detail::data_slowness(speed.stolen_slowness[d]);
     own[d] = t.own_cost[d] / p.rate[d];
     stolen[d] = std::max(own[d], static_cast<double>(t.full_chunk) / (p.rate[d] * slowness));  // a stolen chunk is at most a full one
   }
@@ -268,7 +268,7 @@ void Runtime::Impl::set_endgame_costs(ChunkTable& t, StepPlan& p) {
   // A device whose own chunks take far longer than its measured speed says has slowed down in this step (a throttled
   // GPU, a device that lost speed mid-step): the end game then weighs its chunks at what they take now. Only where a
   // chunk's time is known when its call returns: host devices and simulated ones (their timeline); across ranks, any.
-  p.watch_speed = host_devices || cluster;
+  p.watch_speed = dev.host || cluster;
   t.stolen_ratio.assign(p.watch_speed ? t.size() : 0, 0.0f);
 }
 

@@ -71,23 +71,23 @@ void Runtime::Impl::join_cluster(DeviceSpec& spec) {
   std::vector<double> counts(static_cast<std::size_t>(ranks), 0.0);
   counts[static_cast<std::size_t>(me)] = static_cast<double>(spec.count);
   cluster->allreduce_sum(counts);
-  rank_devices.clear();
-  for (double c : counts) rank_devices.push_back(static_cast<std::size_t>(c));
-  first_device = std::accumulate(rank_devices.begin(), rank_devices.begin() + me, std::size_t{0});
-  const std::size_t total = std::accumulate(rank_devices.begin(), rank_devices.end(), std::size_t{0});
+  cluster.rank_devices.clear();
+  for (double c : counts) cluster.rank_devices.push_back(static_cast<std::size_t>(c));
+  cluster.first_device = std::accumulate(cluster.rank_devices.begin(), cluster.rank_devices.begin() + me, std::size_t{0});
+  const std::size_t total = cluster.total_devices();
   if (!options.slowdown.empty() && options.slowdown.size() == total && total != spec.count) {
     // One factor per device of the whole job, in rank order: keep this rank's.
-    options.slowdown = std::vector<double>(options.slowdown.begin() + static_cast<std::ptrdiff_t>(first_device),
-                                           options.slowdown.begin() + static_cast<std::ptrdiff_t>(first_device + spec.count));
+    options.slowdown = std::vector<double>(options.slowdown.begin() + static_cast<std::ptrdiff_t>(cluster.first_device),
+                                           options.slowdown.begin() + static_cast<std::ptrdiff_t>(cluster.first_device + spec.count));
   }
   if (options.threads_per_device == 0 && spec.kind == DeviceKind::kCpu) {
     // The node's cores shared among the devices of every rank on it.
     std::size_t on_node = 0;
-    for (int r = 0; r < ranks; ++r) on_node += cluster->same_node(r) ? rank_devices[static_cast<std::size_t>(r)] : 0;
+    for (int r = 0; r < ranks; ++r) on_node += cluster->same_node(r) ? cluster.rank_devices[static_cast<std::size_t>(r)] : 0;
     options.threads_per_device = std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / std::max<std::size_t>(1, on_node)));
   }
-  rank_speed_history.assign(static_cast<std::size_t>(ranks), {});
-  peers_seen.assign(static_cast<std::size_t>(ranks), {});
+  cluster.rank_speed_history.assign(static_cast<std::size_t>(ranks), {});
+  cluster.peers_seen.assign(static_cast<std::size_t>(ranks), {});
   // The clocks: each of a few rounds ends a collective on every rank at about the same moment; there every rank reads
   // its time since its own epoch, and the median difference from rank 0's is the offset (within the collective's
   // exit skew, microseconds on a node). The trace puts every rank on rank 0's timeline with it.
@@ -100,11 +100,11 @@ void Runtime::Impl::join_cluster(DeviceSpec& spec) {
     cluster->allreduce_sum(at);
     offsets.push_back(at[0] - at[static_cast<std::size_t>(me)]);
   }
-  clock_offset_ns = static_cast<std::int64_t>(median(offsets));
+  cluster.clock_offset_ns = static_cast<std::int64_t>(median(offsets));
 }
 
 void Runtime::Impl::publish_progress() {
-  cluster->write(cluster->rank(), Cluster::kProgress, (cluster_step_now << 32) | (++progress & 0xffffffffu));
+  cluster->write(cluster->rank(), Cluster::kProgress, (cluster.step_now << 32) | (++cluster.progress & 0xffffffffu));
 }
 
 void Runtime::Impl::watch_cluster() {
@@ -113,11 +113,11 @@ void Runtime::Impl::watch_cluster() {
   // Where this rank is: the chunk its longest-running device is in (for the others' message if it stops).
   std::int64_t oldest = 0;
   std::uint64_t where = 0;
-  for (std::size_t d = 0; d < replicas.size(); ++d) {
-    const std::int64_t started = replicas[d]->chunk_started_ns.load(std::memory_order_relaxed);
+  for (std::size_t d = 0; d < dev.replicas.size(); ++d) {
+    const std::int64_t started = dev.replicas[d]->chunk_started_ns.load(std::memory_order_relaxed);
     if (started != 0 && (oldest == 0 || started < oldest)) {
       oldest = started;
-      where = (std::uint64_t{1} << 63) | (std::uint64_t{d} << 32) | replicas[d]->current_chunk.load(std::memory_order_relaxed);
+      where = (std::uint64_t{1} << 63) | (std::uint64_t{d} << 32) | dev.replicas[d]->current_chunk.load(std::memory_order_relaxed);
     }
   }
   cluster->write(me, Cluster::kWhere, where);
@@ -127,13 +127,13 @@ void Runtime::Impl::watch_cluster() {
   for (int r = 0; r < cluster->size(); ++r) {
     if (r == me) continue;
     const std::uint64_t beat = cluster->read(r, Cluster::kProgress);
-    const double quiet = peers_seen[static_cast<std::size_t>(r)].seconds_still(beat, now);
+    const double quiet = cluster.peers_seen[static_cast<std::size_t>(r)].seconds_still(beat, now);
     if (quiet <= options.stall_timeout) continue;
     char msg[640];
     std::snprintf(msg, sizeof msg,
                   "stealbatch: %s made no progress for %.0f ms while this rank is in step %llu; last seen in %s (stuck, or not calling step() "
                   "with the others; stall_timeout = %g s): ending the job",
-                  detail::rank_and_node(*cluster, r).c_str(), quiet * 1e3, static_cast<unsigned long long>(cluster_step_now),
+                  detail::rank_and_node(*cluster, r).c_str(), quiet * 1e3, static_cast<unsigned long long>(cluster.step_now),
                   detail::last_seen(beat, cluster->read(r, Cluster::kWhere)).c_str(), options.stall_timeout);
     cluster->abort(msg, 1);
   }
@@ -142,14 +142,14 @@ void Runtime::Impl::watch_cluster() {
 void Runtime::Impl::begin_rank_step(std::span<const std::uint32_t> samples, Reduce reduce_to) {
   // Before the step's first collective, whose size follows the batch: every rank must be at the same step, with the
   // same batch and learning rate, or the job would corrupt the MPI library's buffers, hang, or train wrongly.
-  for (auto& seen : peers_seen) seen.restart();  // each step's watch starts afresh
-  cluster_step_now = cluster_steps + 1;
+  for (auto& seen : cluster.peers_seen) seen.restart();  // each step's watch starts afresh
+  cluster.step_now = cluster.steps + 1;
   publish_progress();  // in this step now
   char lr[32];
   std::snprintf(lr, sizeof lr, "%.9g", static_cast<double>(options.optimizer.lr));
   const char* call = reduce_to == Reduce::kUpdate ? "step()" : reduce_to == Reduce::kMean ? "compute_gradient()" : "a summed gradient";
   detail::check_agreement(*cluster,
-                          {{"step", std::to_string(cluster_step_now)}, {"call", call}, {"batch size", std::to_string(samples.size())},
+                          {{"step", std::to_string(cluster.step_now)}, {"call", call}, {"batch size", std::to_string(samples.size())},
                            {"batch (hash of its sample ids)", detail::hex16(detail::fnv1a(std::as_bytes(samples)))}, {"learning rate", lr}},
                           "at a step", [this] { watch_cluster(); });
 }
@@ -158,15 +158,15 @@ void Runtime::Impl::plan_ranks(std::size_t batch, StepPlan& p) {
   const std::size_t ranks = static_cast<std::size_t>(cluster->size());
   RankShares& rs = p.ranks;
   rs.me = static_cast<std::size_t>(cluster->rank());
-  rs.tag = static_cast<std::uint16_t>(cluster_steps++ % 65535 + 1);  // 1 to 65535: never a fresh word's 0
+  rs.tag = static_cast<std::uint16_t>(cluster.steps++ % 65535 + 1);  // 1 to 65535: never a fresh word's 0
   // The rank speeds, the same on every rank (gathered with the last reduction): the shares in proportion to them, each
   // cut into chunks sized by its rank's speed.
   rs.speed.assign(ranks, 0.0);
   bool known = true;
-  for (std::size_t r = 0; r < ranks; ++r) rs.speed[r] = median(rank_speed_history[r]), known = known && rs.speed[r] > 0;
+  for (std::size_t r = 0; r < ranks; ++r) rs.speed[r] = median(cluster.rank_speed_history[r]), known = known && rs.speed[r] > 0;
   rs.measured = known && options.policy == SchedulePolicy::kSteal;
   if (!rs.measured) rs.speed.assign(ranks, 1.0);
-  const std::size_t total_devices = std::accumulate(rank_devices.begin(), rank_devices.end(), std::size_t{0});
+  const std::size_t total_devices = cluster.total_devices();
   const std::size_t full = options.chunk_size > 0 ? options.chunk_size : std::clamp(batch / (kChunksPerDevice * total_devices), kMinAuto, kMaxAuto);
   const double fastest = *std::max_element(rs.speed.begin(), rs.speed.end());
   rs.chunk.resize(ranks);
@@ -268,7 +268,7 @@ ChunkPhase Runtime::Impl::run_from_shares(std::span<const std::uint32_t> samples
     const auto t0 = Clock::now();
     const auto room = static_cast<std::uint32_t>(out.size());
     std::uint32_t first = 0;
-    std::size_t k = claim_own(*cluster, rs, static_cast<std::uint32_t>(devices.size()), room, first);
+    std::size_t k = claim_own(*cluster, rs, static_cast<std::uint32_t>(dev.devices.size()), room, first);
     for (std::size_t i = 0; k == 0 && options.policy == SchedulePolicy::kSteal && i < rs.victims.size(); ++i) {
       k = steal_from(*cluster, rs, rs.victims[i], room, first);
       if (k != 0) phase.remote_chunks += k, ++phase.remote_steals;
@@ -286,7 +286,7 @@ ChunkPhase Runtime::Impl::run_from_shares(std::span<const std::uint32_t> samples
     phase.failure = std::current_exception(), phase.failure_text = "a non-standard exception";
   }
   // A failure is every rank's (the reduction carries it): nothing of the own share is left for the others to run.
-  if (phase.failure) give_up_share(*cluster, rs.tag), phase.stats.workers.resize(devices.size());
+  if (phase.failure) give_up_share(*cluster, rs.tag), phase.stats.workers.resize(dev.devices.size());
   phase.end = Clock::now();
   return phase;
 }
@@ -295,13 +295,13 @@ void Runtime::Impl::sum_across_ranks(const ChunkTable& t, const ChunkPhase& phas
   const std::size_t ranks = static_cast<std::size_t>(cluster->size());
   const int me = cluster->rank();
   double busy = 0, samples = 0, loss = 0;
-  for (std::size_t d = 0; d < devices.size(); ++d) {
+  for (std::size_t d = 0; d < dev.devices.size(); ++d) {
     const DeviceReport& dr = local[d];
-    float* f = tally.device(first_device + d);
+    float* f = tally.device(cluster.first_device + d);
     f[0] = static_cast<float>(dr.compute_s), f[1] = static_cast<float>(dr.chunks_run), f[2] = static_cast<float>(dr.chunks_stolen);
     f[3] = static_cast<float>(dr.samples), f[4] = static_cast<float>(dr.chunk_samples);
-    f[5] = kind == DeviceKind::kSim ? 1.0f : kind == DeviceKind::kCuda ? 2.0f : 0.0f;
-    busy = std::max(busy, dr.compute_s), samples += static_cast<double>(dr.samples), loss += replicas[d]->loss;
+    f[5] = dev.kind == DeviceKind::kSim ? 1.0f : dev.kind == DeviceKind::kCuda ? 2.0f : 0.0f;
+    busy = std::max(busy, dr.compute_s), samples += static_cast<double>(dr.samples), loss += dev.replicas[d]->loss;
   }
   // This rank's samples/s: what its devices ran over the time the busiest computed (0 when it ran nothing).
   tally.speed()[me] = busy > 0 ? static_cast<float>(samples / busy) : 0.0f;
@@ -326,7 +326,7 @@ void Runtime::Impl::sum_across_ranks(const ChunkTable& t, const ChunkPhase& phas
     }
   }
   for (std::size_t r = 0; r < ranks; ++r) {
-    if (tally.speed()[r] > 0) push_window(rank_speed_history[r], tally.speed()[r], options.throughput_window);
+    if (tally.speed()[r] > 0) push_window(cluster.rank_speed_history[r], tally.speed()[r], options.throughput_window);
   }
 }
 
@@ -337,7 +337,7 @@ void Runtime::Impl::add_rank_devices(StepReport& rep, RankTally& tally, std::vec
   for (std::size_t r = 0; r < ranks; ++r) loss += tally.loss()[r];
   rep.loss = loss / static_cast<double>(rep.samples);
   for (std::size_t r = 0, g = 0; r < ranks; ++r) {
-    for (std::size_t d = 0; d < rank_devices[r]; ++d, ++g) {
+    for (std::size_t d = 0; d < cluster.rank_devices[r]; ++d, ++g) {
       const float* f = tally.device(g);
       DeviceReport dr;
       if (r == me) {

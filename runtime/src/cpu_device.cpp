@@ -76,10 +76,10 @@ void CpuDevice::bind() {
 
 std::string CpuDevice::name() const { return "cpu" + std::to_string(m_index); }
 
-void CpuDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
+ChunkTiming CpuDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   // With one thread, the chunk's compute time is the CPU time this thread spent in it: on a machine with fewer cores
   // than devices the wall time also holds the time the thread waited for a core. That is what the device reports
-  // (ChunkContext::compute_seconds, its slowdown included), and what a slowed device multiplies: multiplying the
+  // (ChunkTiming::compute_seconds, its slowdown included), and what a slowed device multiplies: multiplying the
   // wait would make the device far slower than asked. With more threads the work is spread over the arena's threads,
   // whose CPU time this thread does not see, so the wall time stands in. The clock reads are also a system call per
   // chunk, the preemption point of set_preemption_point(): on a kernel without full preemption (preempt=none or
@@ -89,18 +89,19 @@ void CpuDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   if (m_slowdown <= 1.0 && !m_compute_time) {
     m_arena->arena.execute([&] { fn(ctx); });
     if (m_preemption_point) (void)thread_cpu_time();
-    return;
+    return {};
   }
   const bool cpu_clock = m_threads == 1;
   const auto w0 = std::chrono::steady_clock::now();
   const auto c0 = cpu_clock ? thread_cpu_time() : std::chrono::nanoseconds(0);
   m_arena->arena.execute([&] { fn(ctx); });
   const auto compute = cpu_clock ? thread_cpu_time() - c0 : std::chrono::steady_clock::now() - w0;
-  ctx.compute_seconds = std::chrono::duration<double>(compute).count() * m_slowdown;
+  const ChunkTiming timing{.compute_seconds = std::chrono::duration<double>(compute).count() * m_slowdown};
   if (m_slowdown > 1.0) {
     // Slowed: the device idles for (slowdown - 1) x the chunk's compute time.
     sleep_until_or_cancel(std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(compute * (m_slowdown - 1.0)));
   }
+  return timing;
 }
 
 }  // namespace stealbatch

@@ -9,40 +9,40 @@
 namespace stealbatch {
 
 void Runtime::Impl::update_slice(std::size_t d, std::span<const float> sum, float scale, Reduce reduce_to) {
-  const std::size_t n = devices.size(), count = layout.size();
+  const std::size_t n = dev.devices.size(), count = layout.size();
   const auto u0 = Clock::now();
   const auto [b, e] = InProcessCommunicator::slice(d, n, count);
   if (reduce_to == Reduce::kUpdate) {
-    shared_optimizer->update_into(shared_params[shared_live], shared_params[1 - shared_live], sum, scale, b, e);
+    shared.optimizer->update_into(shared.live(), shared.next(), sum, scale, b, e);
   } else {
     for (std::size_t i = b; i < e; ++i) mean_next[i] = sum[i] * scale;  // compute_gradient() swaps it in on success
   }
-  for (const auto& dev : devices) std::fill(dev->grad().data() + b, dev->grad().data() + e, 0.0f);
-  replicas[d]->update = Clock::now() - u0;
+  for (const auto& device : dev.devices) std::fill(device->grad().data() + b, device->grad().data() + e, 0.0f);
+  dev.replicas[d]->update = Clock::now() - u0;
 }
 
 StepStats Runtime::Impl::reduce_within(std::size_t batch, Reduce reduce_to, const ChunkTable& t, RankTally& tally) {
-  const std::size_t n = devices.size(), count = layout.size();
+  const std::size_t n = dev.devices.size(), count = layout.size();
   std::vector<float*> bufs(n);
-  for (std::size_t d = 0; d < n; ++d) bufs[d] = devices[d]->grad().data();
+  for (std::size_t d = 0; d < n; ++d) bufs[d] = dev.devices[d]->grad().data();
   const float scale = 1.0f / static_cast<float>(batch);
   const bool sliced = reduce_to != Reduce::kSum;
   // Across ranks the update waits for the job's sum (finish_reduction()); in one process it is fused in here.
   const bool fused = sliced && !cluster;
   if (cluster) {
     const std::size_t ranks = static_cast<std::size_t>(cluster->size());
-    tally = RankTally(host_devices ? count : 0, ranks, t.size(), std::accumulate(rank_devices.begin(), rank_devices.end(), std::size_t{0}));
+    tally = RankTally(dev.host ? count : 0, ranks, t.size(), cluster.total_devices());
   }
-  if (reduce_to == Reduce::kUpdate && lr_pending) shared_optimizer->set_lr(options.optimizer.lr), lr_pending = false;  // set since the last update
+  if (reduce_to == Reduce::kUpdate && lr_pending) shared.optimizer->set_lr(options.optimizer.lr), lr_pending = false;  // set since the last update
   return sched->broadcast([&](std::size_t d) {
-    Device& dev = *devices[d];
-    Replica& r = *replicas[d];
+    Device& device = *dev.devices[d];
+    Replica& r = *dev.replicas[d];
     const WatchStamp stamp(r, kReductionPhase, epoch);  // the watchdog covers the reduction too
     const auto f0 = Clock::now();
-    dev.finish_chunks();  // chunks still in flight (GPU, simulated device)
+    device.finish_chunks();  // chunks still in flight (GPU, simulated device)
     r.finish = Clock::now() - f0;
-    r.loss += dev.take_device_loss();
-    dev.set_sample_count(r.samples);
+    r.loss += device.take_device_loss();
+    device.set_sample_count(r.samples);
     if (sliced) {
       // Slice d of every device's gradient is complete (the chunk phase is over, and a host device's chunks write
       // their gradient before their call returns), and no other device touches slice d: sum it, write slice d of the
@@ -64,27 +64,27 @@ StepStats Runtime::Impl::reduce_within(std::size_t batch, Reduce reduce_to, cons
     // A modelled reduction (simulated devices) starts once the device is ready: when its part was issued or its last
     // chunk ended on its own timeline, whichever is later, as a GPU stream starts a collective queued behind a
     // kernel; not when its worker woke from waiting for that chunk (a host thread's lateness, not the device's).
-    r.model_wait = comm->wait_for_model(d, std::max(f0, r.device_end), dev);
+    r.model_wait = comm->wait_for_model(d, std::max(f0, r.device_end), device);
     if (fused) update_slice(d, std::span<const float>(bufs[0], count), scale, reduce_to);
   });
 }
 
 StepStats Runtime::Impl::finish_reduction(std::size_t batch, Reduce reduce_to, RankTally& tally) {
-  if (cluster && host_devices) {
+  if (cluster && dev.host) {
     // The update (or the mean) from the job's sum divided by the global batch, slice by slice on this rank's devices.
     const float scale = 1.0f / static_cast<float>(batch);
     const std::span<const float> sum(tally.grad(), layout.size());
     return sched->broadcast([&](std::size_t d) {
-      const WatchStamp stamp(*replicas[d], kReductionPhase, epoch);
+      const WatchStamp stamp(*dev.replicas[d], kReductionPhase, epoch);
       update_slice(d, sum, scale, reduce_to);
     });
   }
   // A collective issued from one thread (NCCL's group call): across ranks the job-wide sum on the devices, queued
   // after their chunks; step() and compute_gradient() then update or read each replica from it.
   std::vector<float*> bufs;
-  for (auto& d : devices) bufs.push_back(d->grad().data());
+  for (auto& d : dev.devices) bufs.push_back(d->grad().data());
   comm->allreduce_all(bufs, layout.size());
-  return StepStats{std::vector<WorkerCounters>(devices.size()), {}, 0};
+  return StepStats{std::vector<WorkerCounters>(dev.devices.size()), {}, 0};
 }
 
 }  // namespace stealbatch

@@ -42,7 +42,7 @@ std::size_t Runtime::Impl::mergeable(std::size_t w, ChunkId first, std::span<con
 
 void Runtime::Impl::run_call(std::size_t w, std::span<const ChunkId> chunks, std::span<const std::uint32_t> samples, const ChunkFunction& fn,
                              ChunkTable& t, const StepPlan& plan) {
-  Replica& r = *replicas[w];
+  Replica& r = *dev.replicas[w];
   const ChunkId c = chunks.front();
   // A merged call's chunks descend, each ending where the one before began (mergeable()): the last one begins the
   // call's span and the first one ends it.
@@ -53,23 +53,24 @@ void Runtime::Impl::run_call(std::size_t w, std::span<const ChunkId> chunks, std
   ctx.chunks = chunks;
   ctx.home_device = t.home[c];
   ctx.samples = samples.subspan(lo, hi - lo);
-  ctx.params = devices[w]->params();
-  ctx.grad = devices[w]->grad();
-  ctx.owner = devices[w].get();
+  ctx.params = dev.devices[w]->params();
+  ctx.grad = dev.devices[w]->grad();
+  ctx.owner = dev.devices[w].get();
   ctx.layout = &layout;
   ctx.loss_sum = &r.loss;
   const auto t0 = Clock::now();
+  ChunkTiming timing;
   {
     const WatchStamp stamp(r, c, epoch, t0);
-    run_guarded(w, chunks, ctx, fn);
+    timing = run_guarded(w, chunks, ctx, fn);
   }
   r.samples += ctx.samples.size();
   for (ChunkId id : chunks) t.ran_on[id] = static_cast<std::uint32_t>(w), ++t.runs[id];
-  record_call(w, chunks, ctx, t0, t, plan);
+  record_call(w, chunks, timing, t0, t, plan);
 }
 
-void Runtime::Impl::run_guarded(std::size_t w, std::span<const ChunkId> chunks, ChunkContext& ctx, const ChunkFunction& fn) {
-  Device& dev = *devices[w];
+ChunkTiming Runtime::Impl::run_guarded(std::size_t w, std::span<const ChunkId> chunks, ChunkContext& ctx, const ChunkFunction& fn) {
+  Device& device = *dev.devices[w];
   const std::uint64_t step_no = steps + 1;
   const ChunkId c = chunks.front();
   ChunkId at = c;  // the chunk an error names: the one whose fault fired, else the call's first
@@ -77,37 +78,37 @@ void Runtime::Impl::run_guarded(std::size_t w, std::span<const ChunkId> chunks, 
     Fault fault = Fault::kNone;
     for (ChunkId id : chunks) {
       if (fault != Fault::kNone || !options.inject_fault) break;
-      fault = options.inject_fault(ids[w], step_no, id);
+      fault = options.inject_fault(dev.ids[w], step_no, id);
       at = id;
     }
     if (fault == Fault::kNone) at = c;
-    if (fault == Fault::kDeviceLoss) throw DeviceLostError(dev.name(), w, step_no, at, "injected fault");
+    if (fault == Fault::kDeviceLoss) throw DeviceLostError(device.name(), w, step_no, at, "injected fault");
     if (fault == Fault::kThrow) throw std::runtime_error("injected fault: the chunk function threw");
     if (fault == Fault::kStall) {
-      dev.sleep_until_or_cancel(Clock::time_point::max());  // never completes on its own
+      device.sleep_until_or_cancel(Clock::time_point::max());  // never completes on its own
       throw std::runtime_error("injected stall, cancelled by the watchdog");
     }
-    dev.run_chunk(ctx, fn);
+    return device.run_chunk(ctx, fn);
   } catch (const DeviceLostError& e) {
     if (options.on_device_failure == OnDeviceFailure::kExclude) throw;  // run_with_recovery() drops the device and re-runs its chunks
-    std::throw_with_nested(ChunkError(dev.name(), step_no, at, e.what(), false));
+    std::throw_with_nested(ChunkError(device.name(), step_no, at, e.what(), false));
   } catch (const std::exception& e) {
     const bool gpu_error = dynamic_cast<const CudaError*>(&e) != nullptr || dynamic_cast<const NcclError*>(&e) != nullptr;
-    std::throw_with_nested(ChunkError(dev.name(), step_no, at, e.what(), !gpu_error));
+    std::throw_with_nested(ChunkError(device.name(), step_no, at, e.what(), !gpu_error));
   } catch (...) {
-    std::throw_with_nested(ChunkError(dev.name(), step_no, at, "a non-standard exception", true));
+    std::throw_with_nested(ChunkError(device.name(), step_no, at, "a non-standard exception", true));
   }
 }
 
-void Runtime::Impl::record_call(std::size_t w, std::span<const ChunkId> chunks, const ChunkContext& ctx, Clock::time_point t0, ChunkTable& t,
+void Runtime::Impl::record_call(std::size_t w, std::span<const ChunkId> chunks, const ChunkTiming& timing, Clock::time_point t0, ChunkTable& t,
                                 const StepPlan& plan) {
-  Replica& r = *replicas[w];
+  Replica& r = *dev.replicas[w];
   const ChunkId c = chunks.front();
-  const bool own = ctx.device_end != Clock::time_point{};  // the device's timeline, when it keeps one
-  if (own) r.device_end = std::max(r.device_end, ctx.device_end);
+  const bool own = timing.device_end != Clock::time_point{};  // the device's timeline, when it keeps one
+  if (own) r.device_end = std::max(r.device_end, timing.device_end);
   // The call's span: on the device's timeline when it keeps one, else the worker's call (read once, for every use).
-  const auto begin = own ? ctx.device_begin : t0;
-  const auto end = own ? ctx.device_end : (plan.watch_speed || !t.took_s.empty() || !t.compute_s.empty() || trace ? Clock::now() : t0);
+  const auto begin = own ? timing.device_begin : t0;
+  const auto end = own ? timing.device_end : (plan.watch_speed || !t.took_s.empty() || !t.compute_s.empty() || trace ? Clock::now() : t0);
   const double took = seconds(end - begin);
   // The call's cost in the units of the plan's rate.
   double cost = 0;
@@ -117,14 +118,14 @@ void Runtime::Impl::record_call(std::size_t w, std::span<const ChunkId> chunks, 
   for (ChunkId id : chunks) {
     const double part = chunks.size() == 1 || !(cost > 0) ? 1.0 / static_cast<double>(chunks.size()) : t.chunk_cost[id] / cost;
     if (!t.took_s.empty()) t.took_s[id] = took * part;
-    if (!t.compute_s.empty()) t.compute_s[id] = chunks.size() > 1 ? 0.0 : ctx.compute_seconds > 0 ? ctx.compute_seconds : took;
+    if (!t.compute_s.empty()) t.compute_s[id] = chunks.size() > 1 ? 0.0 : timing.compute_seconds > 0 ? timing.compute_seconds : took;
   }
   if (plan.watch_speed) watch_live_speed(w, chunks, took * plan.rate[w] / cost, took, t, plan);
-  if (trace) trace->push(w, {static_cast<std::uint32_t>(ids[w]), c, (begin - epoch).count(), (end - epoch).count(), TraceKind::kChunk});
+  if (trace) trace->push(w, {static_cast<std::uint32_t>(dev.ids[w]), c, (begin - epoch).count(), (end - epoch).count(), TraceKind::kChunk});
 }
 
 void Runtime::Impl::watch_live_speed(std::size_t w, std::span<const ChunkId> chunks, double ratio, double took, ChunkTable& t, const StepPlan& plan) {
-  Replica& r = *replicas[w];
+  Replica& r = *dev.replicas[w];
   const ChunkId c = chunks.front();
   // The factor from its own chunks only (across ranks, any of its rank's share): a stolen one may hold samples of
   // another cost (another device's share of a batch whose cost varies by position), which says nothing about this
@@ -139,18 +140,18 @@ void Runtime::Impl::watch_live_speed(std::size_t w, std::span<const ChunkId> chu
     r.last_ratio = slow ? ratio : 0.0;
   }
   // With chunks in flight, the next one starts only when those are done.
-  sched->set_live_factor(w, r.live_factor, devices[w]->queued_seconds());
+  sched->set_live_factor(w, r.live_factor, dev.devices[w]->queued_seconds());
 }
 
 void Runtime::Impl::begin_chunk_phase(const ChunkTable& t, Clock::time_point step_start) {
   if (grads_dirty) {  // after compute_gradient() or a failed step; a completed step() leaves them zeroed
-    sched->broadcast([&](std::size_t d) { devices[d]->zero_grad(); });
+    sched->broadcast([&](std::size_t d) { dev.devices[d]->zero_grad(); });
   }
-  for (auto& r : replicas) r->reset_step();
+  for (auto& r : dev.replicas) r->reset_step();
   grads_dirty = true;
   std::size_t largest = 0;
   for (const ChunkSpan& c : t.spans) largest = std::max<std::size_t>(largest, c.size);
-  for (auto& d : devices) d->reset_cancel(), d->begin_step(steps + 1, step_start), d->reserve(largest);
+  for (auto& d : dev.devices) d->reset_cancel(), d->begin_step(steps + 1, step_start), d->reserve(largest);
   comm->begin_step();
 }
 
@@ -178,7 +179,7 @@ ChunkPhase Runtime::Impl::run_with_recovery(std::span<const std::uint32_t> sampl
     // Devices that sleep through their chunks: the profile learns from the last step while this one's chunks run,
     // off the step's critical path. This step is placed by what the profile knew before it.
     std::function<void()> learn;
-    if (pending_observation.ready) learn = [this] { learn_pending_observation(); };
+    if (speed.pending()) learn = [this] { speed.learn_pending(); };
     // Thieves run what they steal in one call up to their own chunk size, where asked (RuntimeOptions::merge_stolen).
     auto choose = [&](std::size_t w, ChunkId first, std::span<const ChunkId> more) { return mergeable(w, first, more, t, largest); };
     auto run_merged = [&](std::size_t w, std::span<const ChunkId> chunks) { run_call(w, chunks, samples, fn, t, plan); };
@@ -201,13 +202,13 @@ void Runtime::Impl::recover_lost_device(std::size_t dead, ChunkTable& t, StepPla
     const std::vector<ChunkId> redo = t.drop_device(*lost_now);  // the report reads the tables by the new indices
     lost_now.reset();
     phase.rerun += redo.size();
-    const std::size_t n = devices.size();
+    const std::size_t n = dev.devices.size();
     std::vector<std::vector<ChunkId>> lists(n);
     const std::vector<ChunkRange> share = place_equal(redo.size(), n);
     for (std::size_t w = 0; w < n; ++w) {
       for (std::size_t i = share[w].begin; i < share[w].end; ++i) lists[w].push_back(redo[i]), t.home[redo[i]] = static_cast<std::uint32_t>(w);
     }
-    for (auto& d : devices) d->reset_cancel();
+    for (auto& d : dev.devices) d->reset_cancel();
     comm->begin_step();
     try {
       phase.stats = sched->run(lists, run);
@@ -219,15 +220,11 @@ void Runtime::Impl::recover_lost_device(std::size_t dead, ChunkTable& t, StepPla
 }
 
 void Runtime::Impl::exclude_device(std::size_t position) {
-  const auto at = [position](auto& v) { v.erase(v.begin() + static_cast<std::ptrdiff_t>(position)); };
   sched.reset();  // joins the workers: they are parked between steps
-  lost.push_back(std::move(devices[position]));
-  at(devices), at(replicas), at(speed_history), at(stolen_slowness), at(idle_steps), at(ids);
-  cost_profile.reset();  // indexed by the devices as they were
-  chunk_sizer.erase(position);
-  pending_observation.ready = false;
-  if (options.placement == PlacementPolicy::kGiven) at(options.placement_weights);
-  if (devices.empty()) throw Error("runtime: every device was lost; nothing is left to run on");
+  dev.exclude(position);
+  speed.drop_device(position);
+  if (options.placement == PlacementPolicy::kGiven) options.placement_weights.erase(options.placement_weights.begin() + static_cast<std::ptrdiff_t>(position));
+  if (dev.devices.empty()) throw Error("runtime: every device was lost; nothing is left to run on");
   make_communicator();
   make_scheduler();
 }

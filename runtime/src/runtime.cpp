@@ -78,22 +78,20 @@ Runtime::Impl::Impl(RuntimeOptions o) : options(std::move(o)), epoch(Clock::now(
   if (options.devices.empty()) options.devices = default_devices();
   validate(options);
   const DeviceSpec spec = parse_device_spec(options.devices);
-  kind = spec.kind;
-  cluster = options.cluster;
+  cluster.job = options.cluster;
   DeviceSpec resolved = spec;
   if (cluster) {
     join_cluster(resolved);  // cluster_step.cpp: every rank's device count; slowdown, threads, cuda:local for this rank
     detail::check_agreement(*cluster, agreement_fields(options), "when they join");
-    heartbeat = std::make_unique<detail::Heartbeat>(cluster, options.heartbeat_timeout);
+    cluster.heartbeat = std::make_unique<detail::Heartbeat>(cluster.job, options.heartbeat_timeout);
   }
   if (!cluster && resolved.local_gpu) resolved.ids = {0};  // one process: the first GPU
-  backend = backend_for(spec);
-  devices = backend->make_devices(resolved, options);
-  if (devices.empty()) throw ConfigError("devices = '" + spec.text + "': no device");
-  const std::size_t n = devices.size();
-  host_devices = backend->shares_host_memory();
-  learn_while_running = backend->leaves_cores_idle();
-  if (!host_devices && std::any_of(options.slowdown.begin(), options.slowdown.end(), [](double f) { return f != 1.0; })) {
+  std::shared_ptr<DeviceBackend> backend = backend_for(spec);
+  std::vector<std::unique_ptr<Device>> made = backend->make_devices(resolved, options);
+  if (made.empty()) throw ConfigError("devices = '" + spec.text + "': no device");
+  dev.adopt(spec.kind, std::move(backend), std::move(made));
+  const std::size_t n = dev.size();
+  if (!dev.host && std::any_of(options.slowdown.begin(), options.slowdown.end(), [](double f) { return f != 1.0; })) {
     throw ConfigError("slowdown = " + std::to_string(options.slowdown.size()) + " factors for devices = '" + spec.text +
                       "': only CPU and simulated devices can be slowed down");
   }
@@ -101,23 +99,17 @@ Runtime::Impl::Impl(RuntimeOptions o) : options(std::move(o)), epoch(Clock::now(
     throw ConfigError("placement_weights has " + std::to_string(options.placement_weights.size()) + " values; expected one per device (" +
                       std::to_string(n) + ")");
   }
-  for (std::size_t i = 0; i < n; ++i) replicas.push_back(std::make_unique<Replica>()), ids.push_back(i);
-  speed_history.resize(n);
-  stolen_slowness.resize(n);
-  chunk_sizer.reset(n);
-  // No thieves under the static policy: each device's fastest rung, not the smallest good-enough one.
-  chunk_sizer.set_choice(options.policy == SchedulePolicy::kStatic ? detail::ChunkSizer::Choice::kFastest : detail::ChunkSizer::Choice::kSmallestGoodEnough);
-  idle_steps.assign(n, 0);
+  speed.reset(n, options.throughput_window, options.policy == SchedulePolicy::kStatic, dev.host, dev.leaves_cores_idle);
   make_communicator();
   if (!options.trace_path.empty()) {
     std::vector<std::string> names;
-    for (const auto& d : devices) names.push_back(d->name());
+    for (const auto& d : dev.devices) names.push_back(d->name());
     if (cluster) {
       // One file a rank, PATH.rank<N>.json, on rank 0's timeline (perf/merge_traces.py joins them).
       std::string path = options.trace_path;
       const std::string ext = ".json";
       if (path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0) path.resize(path.size() - ext.size());
-      trace = std::make_unique<TraceWriter>(path + ".rank" + std::to_string(cluster->rank()) + ext, std::move(names), cluster->rank(), clock_offset_ns);
+      trace = std::make_unique<TraceWriter>(path + ".rank" + std::to_string(cluster->rank()) + ext, std::move(names), cluster->rank(), cluster.clock_offset_ns);
     } else {
       trace = std::make_unique<TraceWriter>(options.trace_path, std::move(names));
     }
@@ -131,29 +123,28 @@ Runtime::Impl::~Impl() {
 }
 
 void Runtime::Impl::make_communicator() {
-  std::vector<Device*> raw;
-  for (const auto& d : devices) raw.push_back(d.get());
-  if (cluster && !host_devices) {
+  const std::vector<Device*> raw = dev.raw();
+  if (cluster && !dev.host) {
     // GPUs across ranks: one reduction over the job's devices (NCCL across processes); host devices reduce within
     // the rank and then through the cluster (cluster_step.cpp).
-    comm = backend->make_cluster_communicator(raw, *cluster, first_device, std::accumulate(rank_devices.begin(), rank_devices.end(), std::size_t{0}));
+    comm = dev.backend->make_cluster_communicator(raw, *cluster, cluster.first_device, cluster.total_devices());
     return;
   }
-  comm = backend->make_communicator(raw);
+  comm = dev.backend->make_communicator(raw);
 }
 
 void Runtime::Impl::make_scheduler() {
   SchedulerOptions so;
-  so.workers = devices.size();
+  so.workers = dev.devices.size();
   so.schedule = options.policy;
   so.seed = options.seed;
-  so.on_worker_start = [this](std::size_t w) { devices[w]->bind(); };
+  so.on_worker_start = [this](std::size_t w) { dev.devices[w]->bind(); };
   sched = std::make_unique<Scheduler>(std::move(so));
   // The watchdog looks at the devices' chunk stamps every 1/20 of the timeout (10 to 50 ms).
   const auto period =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(std::clamp(options.stall_timeout / 20, 0.01, 0.05)));
   sched->set_watchdog(period, [this] { return check_stalls(); }, [this] {
-    for (auto& d : devices) d->cancel();
+    for (auto& d : dev.devices) d->cancel();
     comm->abort();  // NCCL: ncclCommAbort, so that a collective waiting on a dead peer returns
   });
 }
@@ -162,46 +153,26 @@ std::exception_ptr Runtime::Impl::check_stalls() {
   if (cluster) watch_cluster();
   const std::int64_t now = (Clock::now() - epoch).count();
   const auto limit = static_cast<std::int64_t>(options.stall_timeout * 1e9);
-  for (std::size_t w = 0; w < replicas.size(); ++w) {
-    const std::int64_t started = replicas[w]->chunk_started_ns.load(std::memory_order_relaxed);
+  for (std::size_t w = 0; w < dev.replicas.size(); ++w) {
+    const std::int64_t started = dev.replicas[w]->chunk_started_ns.load(std::memory_order_relaxed);
     if (started == 0 || now - started <= limit) continue;
     char ms[32];
     std::snprintf(ms, sizeof ms, "%.0f", static_cast<double>(now - started) / 1e6);
-    const ChunkId c = replicas[w]->current_chunk.load(std::memory_order_relaxed);
+    const ChunkId c = dev.replicas[w]->current_chunk.load(std::memory_order_relaxed);
     const std::string where = c == kReductionPhase ? "in the reduction or the update" : "in chunk " + std::to_string(c);
     const bool usable = comm->survives_abort();
     if (cluster) {
       // Across ranks a stalled device ends the job: the other ranks wait for this one's share of the reduction.
-      cluster->abort("stealbatch: rank " + std::to_string(cluster->rank()) + ": device " + devices[w]->name() + " made no progress for " + ms +
+      cluster->abort("stealbatch: rank " + std::to_string(cluster->rank()) + ": device " + dev.devices[w]->name() + " made no progress for " + ms +
                      " ms in step " + std::to_string(steps + 1) + " (stuck " + where + "; stall_timeout = " + std::to_string(options.stall_timeout) +
                      " s): ending the job", 1);
     }
     return std::make_exception_ptr(TimeoutError(
-        "device " + devices[w]->name() + " made no progress for " + ms + " ms in step " + std::to_string(steps + 1) + " (stuck " + where +
+        "device " + dev.devices[w]->name() + " made no progress for " + ms + " ms in step " + std::to_string(steps + 1) + " (stuck " + where +
         "; stall_timeout = " + std::to_string(options.stall_timeout) + " s): the step failed and nothing was applied; its waits were cancelled" +
         (usable ? ", and the runtime can run another step" : " and its communicator aborted: the runtime cannot run another step")));
   }
   return nullptr;
-}
-
-void Runtime::Impl::learn_pending_observation() noexcept {
-  PendingObservation& p = pending_observation;
-  if (!p.ready) return;
-  p.ready = false;  // taken here, not before a run: a run that throws before it gets here keeps the observation
-  try {
-    cost_profile.observe(p.batch, p.devices, p.chunks, p.flat_speeds);
-  } catch (...) {  // out of memory: the profile is advice, and starts over
-    cost_profile.reset();
-  }
-}
-
-std::vector<double> Runtime::Impl::throughput_estimates() const {
-  std::vector<double> out;
-  for (const auto& h : speed_history) {
-    if (h.empty()) return {};
-    out.push_back(median(h));
-  }
-  return detail::pooled_speeds(out, speed_history);
 }
 
 Runtime::Runtime(RuntimeOptions options) : m(std::make_unique<Impl>(std::move(options))) {}
@@ -225,13 +196,11 @@ void Runtime::register_parameters(ParameterLayout layout, std::span<const float>
                             "at register_parameters", [this] { m->watch_cluster(); });
   }
   m->layout = std::move(layout);
-  if (m->host_devices) {
-    for (auto& buffer : m->shared_params) buffer.assign(initial.begin(), initial.end());
-    m->shared_live = 0;
-    m->shared_optimizer = std::make_unique<Optimizer>(m->options.optimizer, initial.size(), /*double_buffered=*/true);
-    m->sched->broadcast([&](std::size_t d) { m->devices[d]->share_replica(m->shared_params[0]); });
+  if (m->dev.host) {
+    m->shared.init(initial, m->options.optimizer);
+    m->sched->broadcast([&](std::size_t d) { m->dev.devices[d]->share_replica(m->shared.live()); });
   } else {
-    m->sched->broadcast([&](std::size_t d) { m->devices[d]->init_replica(initial, m->options.optimizer); });
+    m->sched->broadcast([&](std::size_t d) { m->dev.devices[d]->init_replica(initial, m->options.optimizer); });
   }
   m->mean_grad.assign(initial.size(), 0.0f);
   m->mean_next.assign(initial.size(), 0.0f);
@@ -247,21 +216,21 @@ void Runtime::set_learning_rate(float lr) {
   m->lr_pending = true;
 }
 
-std::size_t Runtime::device_count() const noexcept { return m->devices.size(); }
-const Device& Runtime::device(std::size_t i) const { return *m->devices.at(i); }
+std::size_t Runtime::device_count() const noexcept { return m->dev.devices.size(); }
+const Device& Runtime::device(std::size_t i) const { return *m->dev.devices.at(i); }
 const ParameterLayout& Runtime::layout() const noexcept { return m->layout; }
 std::span<const float> Runtime::gradient() const noexcept { return m->mean_grad; }
 const RuntimeOptions& Runtime::options() const noexcept { return m->options; }
-std::vector<double> Runtime::throughput_estimates() const { return m->throughput_estimates(); }
+std::vector<double> Runtime::throughput_estimates() const { return m->speed.estimates(); }
 std::uint64_t Runtime::trace_events_dropped() const noexcept { return m->trace ? m->trace->dropped() : 0; }
 std::vector<std::pair<std::size_t, double>> Runtime::chunk_curve(std::size_t device) const {
-  (void)m->devices.at(device);  // std::out_of_range for a device that does not exist
-  return m->chunk_sizer.curve(device);
+  (void)m->dev.devices.at(device);  // std::out_of_range for a device that does not exist
+  return m->speed.chunk_sizer.curve(device);
 }
 
 std::vector<float> Runtime::parameters(std::size_t device) const {
   std::vector<float> out(m->layout.size());
-  Device& d = *m->devices.at(device);
+  Device& d = *m->dev.devices.at(device);
   m->sched->broadcast([&](std::size_t w) {
     if (w == device) d.copy_params(out);
   });
@@ -282,11 +251,10 @@ StepReport Runtime::Impl::finish_step(StepReport rep, Clock::time_point t_start)
 void Runtime::Impl::switch_shared_params(StepReport& rep) {
   // Host devices: the update was part of the reduction phase (see reduce.cpp); its figure is the longest device's
   // part of it.
-  shared_optimizer->commit();
-  shared_live = 1 - shared_live;
-  for (auto& d : devices) d->set_shared_params(shared_params[shared_live]);
+  shared.commit();
+  for (auto& d : dev.devices) d->set_shared_params(shared.live());
   Clock::duration longest{};
-  for (const auto& r : replicas) longest = std::max(longest, r->update);
+  for (const auto& r : dev.replicas) longest = std::max(longest, r->update);
   rep.optimizer_s = seconds(longest);
   rep.reduce_s = std::max(0.0, rep.reduce_s - rep.optimizer_s);
 }
@@ -299,30 +267,30 @@ void Runtime::Impl::update_replicas(StepReport& rep, std::size_t batch) {
   const float scale = 1.0f / static_cast<float>(batch);
   const bool new_lr = lr_pending;
   const StepStats opt = sched->broadcast([&](std::size_t d) {
-    const WatchStamp stamp(*replicas[d], kReductionPhase, epoch);  // a GPU's update waits on NCCL's kernels
-    if (new_lr) devices[d]->set_lr(options.optimizer.lr);
-    devices[d]->apply_update(scale);
+    const WatchStamp stamp(*dev.replicas[d], kReductionPhase, epoch);  // a GPU's update waits on NCCL's kernels
+    if (new_lr) dev.devices[d]->set_lr(options.optimizer.lr);
+    dev.devices[d]->apply_update(scale);
   });
   lr_pending = false;
-  const std::size_t first = cluster ? first_device : 0;  // across ranks the report lists every rank's devices
-  for (std::size_t d = 0; d < devices.size(); ++d) rep.devices[first + d].busy_s += seconds(opt.workers[d].busy);
+  const std::size_t first = cluster ? cluster.first_device : 0;  // across ranks the report lists every rank's devices
+  for (std::size_t d = 0; d < dev.devices.size(); ++d) rep.devices[first + d].busy_s += seconds(opt.workers[d].busy);
   const auto t_end = Clock::now();
   rep.optimizer_s = seconds(t_end - t_opt);
   if (trace) {
-    trace->add({static_cast<std::uint32_t>(ids.size() + lost.size()), 0, (t_opt - epoch).count(), (t_end - epoch).count(), TraceKind::kOptimizer});
+    trace->add({static_cast<std::uint32_t>(dev.ever()), 0, (t_opt - epoch).count(), (t_end - epoch).count(), TraceKind::kOptimizer});
   }
 }
 
 void Runtime::Impl::take_mean_gradient(std::size_t batch) {
-  if (host_devices) {
+  if (dev.host) {
     mean_grad.swap(mean_next);  // written slice by slice in the reduction phase; only now: after a failed step gradient() still holds the last one
     return;
   }
   // One phase: device 0 hands over the sum, and every device zeroes its buffer for the next step (which then needs no
   // zeroing phase of its own).
   sched->broadcast([&](std::size_t d) {
-    if (d == 0) devices[0]->copy_grad(mean_grad);
-    devices[d]->zero_grad();
+    if (d == 0) dev.devices[0]->copy_grad(mean_grad);
+    dev.devices[d]->zero_grad();
   });
   const float scale = 1.0f / static_cast<float>(batch);
   for (float& g : mean_grad) g *= scale;
@@ -333,15 +301,15 @@ void Runtime::Impl::take_mean_gradient(std::size_t batch) {
 // reduction phase; other devices reduce the sum, and then each hands over or updates its replica.
 StepReport Runtime::compute_gradient(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
   const auto t0 = Clock::now();
-  StepReport rep = m->run_step(samples, fn, m->host_devices ? Reduce::kMean : Reduce::kSum);
+  StepReport rep = m->run_step(samples, fn, m->dev.host ? Reduce::kMean : Reduce::kSum);
   m->take_mean_gradient(samples.size());
   return m->finish_step(std::move(rep), t0);
 }
 
 StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
   const auto t0 = Clock::now();
-  StepReport rep = m->run_step(samples, fn, m->host_devices ? Reduce::kUpdate : Reduce::kSum);
-  if (m->host_devices) {
+  StepReport rep = m->run_step(samples, fn, m->dev.host ? Reduce::kUpdate : Reduce::kSum);
+  if (m->dev.host) {
     m->switch_shared_params(rep);
   } else {
     m->update_replicas(rep, samples.size());

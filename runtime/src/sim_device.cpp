@@ -37,7 +37,7 @@ void SimDevice::set_in_flight(std::size_t k, double lead) {
   m_lead = std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(lead));
 }
 
-void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
+ChunkTiming SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   using Clock = std::chrono::steady_clock;
   const auto launched = Clock::now();
   const auto start = m_count == 0 ? launched : std::max(launched, last_end());
@@ -61,20 +61,19 @@ void SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   const auto end = std::max(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)), Clock::now());
   m_step_seconds += std::chrono::duration<double>(end - start).count();
   m_running[(m_head + m_count++) % m_running.size()] = end;
-  ctx.device_begin = start;
-  ctx.device_end = end;
+  const ChunkTiming timing{.device_begin = start, .device_end = end};
   // Return once fewer than m_in_flight chunks are unfinished (with 1: once this one is done), and, with a lead,
   // once the queued work ends within the lead: one sleep, until the later of the two.
   for (;;) {
     const auto now = Clock::now();
     while (m_count > 0 && m_running[m_head] <= now) m_head = (m_head + 1) % m_running.size(), --m_count;
-    if (m_count == 0) return;
+    if (m_count == 0) return timing;
     const bool full = m_count >= m_in_flight;
     const auto due = m_lead > Clock::duration::zero() ? last_end() - m_lead : now;  // when only the lead is left
-    if (!full && due <= now) return;
+    if (!full && due <= now) return timing;
     if (!sleep_until_or_cancel(std::max(full ? m_running[m_head] : now, due))) {
       m_count = 0;  // cancelled by the watchdog: the step fails, nothing of it is left to finish
-      return;
+      return timing;
     }
   }
 }

@@ -6,28 +6,19 @@
 
 namespace stealbatch {
 
-namespace {
-
-// A device that ran nothing for this many steps in a row forgets its speed (see learn_from_step()).
-constexpr std::size_t kStaleAfterIdleSteps = 10;
-// The stolen chunks a device's data slowness is the median of (see detail::data_slowness()).
-constexpr std::size_t kSlownessWindow = 16;
-
-}  // namespace
-
 std::vector<DeviceReport> Runtime::Impl::device_reports(const ChunkTable& t, const ChunkPhase& phase) {
-  const std::size_t n = devices.size();
+  const std::size_t n = dev.devices.size();
   const StepStats& st = phase.stats;
   std::vector<DeviceReport> out(n);
   for (std::size_t d = 0; d < n; ++d) {
     const WorkerCounters& wc = st.workers[d];
-    const Replica& r = *replicas[d];
+    const Replica& r = *dev.replicas[d];
     DeviceReport& dr = out[d];
-    dr.name = devices[d]->name();
+    dr.name = dev.devices[d]->name();
     // The device's time for its chunks: its own figure when it keeps one (chunks in flight), else its worker's busy
     // time in the chunk phase plus the wait in finish_chunks() for what was still in flight when that phase ended
     // (without it a device with K chunks in flight looks faster the fewer chunks it ran).
-    const std::optional<double> own = devices[d]->step_device_seconds();
+    const std::optional<double> own = dev.devices[d]->step_device_seconds();
     dr.compute_s = own ? *own : seconds(wc.busy) + seconds(r.finish);
     // Waiting for the others: from its last chunk's end (on the device's own timeline when it keeps one, where the
     // last chunk may end after the worker's last call returned) to the end of the chunk phase.
@@ -52,7 +43,7 @@ std::vector<DeviceReport> Runtime::Impl::device_reports(const ChunkTable& t, con
 
 StepReport Runtime::Impl::build_report(std::size_t batch, const ChunkTable& t, const StepPlan& plan, ChunkPhase& phase, std::vector<DeviceReport> local,
                                        Reduced& reduced) {
-  const std::size_t n = devices.size();
+  const std::size_t n = dev.devices.size();
   StepReport rep;
   rep.step = ++steps;
   rep.chunks_s = seconds(phase.end - phase.start);
@@ -64,31 +55,31 @@ StepReport Runtime::Impl::build_report(std::size_t batch, const ChunkTable& t, c
   const double model_s = cluster ? 0.0 : comm->model_seconds();
   double loss = 0;
   for (std::size_t d = 0; d < n; ++d) {
-    const Replica& r = *replicas[d];
+    const Replica& r = *dev.replicas[d];
     const double in_reduction = seconds(reduced.within.workers[d].busy) + seconds(reduced.applied.workers[d].busy);
     local[d].busy_s = local[d].compute_s + std::max(0.0, in_reduction - seconds(r.finish) - seconds(r.model_wait)) + model_s;
     loss += r.loss;
   }
-  for (std::size_t c = 0; kind == DeviceKind::kSim && c < t.size(); ++c) {
+  for (std::size_t c = 0; dev.kind == DeviceKind::kSim && c < t.size(); ++c) {
     if (t.runs[c] != 0 && t.ran_on[c] != t.home[c]) rep.bytes_moved += options.sim.bytes_per_sample * t.spans[c].size;  // a stolen chunk's inputs
   }
   rep.loss = loss / static_cast<double>(batch);
   rep.placed_by_cost = plan.by_cost();
   rep.rerun_chunks = phase.rerun;
-  learn_from_step(batch, t, plan, phase, local);
+  speed.learn_from_step(batch, t, plan, !phase.excluded.empty(), local);
   rep.excluded_devices = std::move(phase.excluded);
   if (trace) {
     // Each device's wait for the others, from its last chunk to the barrier: the end of the chunk phase, or the end
     // of the last chunk still in flight then (on a device with its own timeline), whichever is later.
     const StepStats& st = phase.stats;
     Clock::time_point barrier = phase.end;
-    for (const auto& r : replicas) barrier = std::max(barrier, std::min(r->device_end, reduced.end));
+    for (const auto& r : dev.replicas) barrier = std::max(barrier, std::min(r->device_end, reduced.end));
     for (std::size_t d = 0; d < n; ++d) {
       const auto last = st.workers[d].chunks_run > 0 ? st.workers[d].last_end : std::chrono::nanoseconds(0);
-      const auto from = std::max(phase.start + last, std::min(replicas[d]->device_end, barrier));
-      trace->add({static_cast<std::uint32_t>(ids[d]), 0, (from - epoch).count(), (barrier - epoch).count(), TraceKind::kBarrier});
+      const auto from = std::max(phase.start + last, std::min(dev.replicas[d]->device_end, barrier));
+      trace->add({static_cast<std::uint32_t>(dev.ids[d]), 0, (from - epoch).count(), (barrier - epoch).count(), TraceKind::kBarrier});
     }
-    trace->add({static_cast<std::uint32_t>(ids.size() + lost.size()), 0, (phase.end - epoch).count(), (reduced.end - epoch).count(), TraceKind::kAllReduce});
+    trace->add({static_cast<std::uint32_t>(dev.ids.size() + dev.lost.size()), 0, (phase.end - epoch).count(), (reduced.end - epoch).count(), TraceKind::kAllReduce});
   }
   if (cluster) {
     // Every rank's devices and loss, from the tallies; what this rank took from the others.
@@ -99,50 +90,6 @@ StepReport Runtime::Impl::build_report(std::size_t batch, const ChunkTable& t, c
   }
   for (const DeviceReport& dr : rep.devices) rep.steals += dr.chunks_stolen;
   return rep;
-}
-
-void Runtime::Impl::learn_from_step(std::size_t batch, const ChunkTable& t, const StepPlan& plan, const ChunkPhase& phase,
-                                    const std::vector<DeviceReport>& local) {
-  // A step with a re-run round: the counters cover that round only; the next step measures again.
-  if (!phase.excluded.empty()) return;
-  const std::size_t n = devices.size();
-  for (std::size_t d = 0; d < n; ++d) {
-    const DeviceReport& dr = local[d];
-    // A GPU's chunks run asynchronously, and its worker's calls do not time them: while it explores, the step does.
-    if (plan.sized() && !host_devices) chunk_sizer.observe_step(d, dr.samples, dr.compute_s);
-    auto& h = speed_history[d];
-    if (dr.compute_s > 0 && dr.samples > 0) {
-      push_window(h, static_cast<double>(dr.samples) / dr.compute_s, options.throughput_window);
-      idle_steps[d] = 0;
-    } else if (++idle_steps[d] >= kStaleAfterIdleSteps) {
-      // A device that runs nothing gets no fresh figure, and a wrong low one (a slow first step, a passing stall)
-      // would keep it idle for good: few chunks placed, every chunk declined in the end game. After a while, forget
-      // it; the next step splits equally and measures every device again.
-      h.clear();
-      idle_steps[d] = 0;
-    }
-  }
-  if (plan.sized()) {
-    if (host_devices) {
-      for (std::size_t c = 0; c < t.size(); ++c) chunk_sizer.observe_chunk(t.ran_on[c], t.spans[c].size, t.compute_s[c]);
-    }
-    for (std::size_t d = 0; d < n; ++d) chunk_sizer.end_step(d, t.share_len[d]);
-  }
-  if (plan.learn_costs) {
-    // Learnt from during the next step's chunk phase where the devices leave the cores idle, else now, between steps:
-    // learning while CPU devices compute takes a core from one of them (and it then looks slower).
-    PendingObservation& p = pending_observation;
-    p.chunks.resize(t.size());
-    for (std::size_t c = 0; c < t.size(); ++c) p.chunks[c] = {t.spans[c].begin, t.spans[c].size, t.ran_on[c], t.took_s[c]};
-    p.flat_speeds = plan.speeds;  // samples/s as this step began: the flat model
-    p.batch = batch, p.devices = n, p.ready = true;
-    if (!learn_while_running) learn_pending_observation();
-  }
-  if (t.stolen_ratio.empty() || plan.by_cost()) return;  // placed by cost, the ratios are against chunk costs, about 1
-  for (std::size_t c = 0; c < t.size(); ++c) {
-    if (t.ran_on[c] == t.home[c] || !(t.stolen_ratio[c] > 0)) continue;
-    push_window(stolen_slowness[t.home[c]], t.stolen_ratio[c], kSlownessWindow);
-  }
 }
 
 }  // namespace stealbatch

@@ -180,9 +180,10 @@ struct TimedDevice final : Device {
   TimedDevice(std::size_t i, Curve c, double slower) : index(i), curve{c.a * slower, c.b * slower} {}
   std::string name() const override { return "timed" + std::to_string(index); }
   void begin_step(std::uint64_t, std::chrono::steady_clock::time_point) override { step_seconds = 0; }
-  void run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override {
+  ChunkTiming run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override {
     fn(ctx);
     step_seconds += curve.seconds(ctx.samples.size());
+    return {};
   }
   std::optional<double> step_device_seconds() const override { return step_seconds; }
 };

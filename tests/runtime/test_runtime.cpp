@@ -20,6 +20,7 @@
 #include <chrono>
 #include <ctime>
 #include <thread>
+#include <typeinfo>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -252,7 +253,7 @@ TEST_CASE("Runtime.ThrowingChunkFailsTheStepAndTheNextOneWorks") {
 
 TEST_CASE("Runtime.CpuSlowdownMultipliesComputeNotWaiting") {
   // A slowed one-thread CPU device idles for (slowdown - 1) x the CPU time its chunk used: compute is
-  // multiplied, time spent blocked (or waiting for a core) is not. The idle and ctx.compute_seconds are the same
+  // multiplied, time spent blocked (or waiting for a core) is not. The idle and ChunkTiming::compute_seconds are the same
   // figure (the chunk's thread CPU time, slowdown - 1 and slowdown times over): the wall times are checked from
   // below only, and what is not multiplied is checked on that figure, which a loaded machine does not lengthen.
   using std::chrono::milliseconds;
@@ -264,9 +265,10 @@ TEST_CASE("Runtime.CpuSlowdownMultipliesComputeNotWaiting") {
   };
   CpuDevice dev(0, /*threads=*/1, /*slowdown=*/4.0);
   ChunkContext ctx;
+  ChunkTiming timing;
   auto timed = [&](const ChunkFunction& fn) {
     const auto t0 = Wall::now();
-    dev.run_chunk(ctx, fn);
+    timing = dev.run_chunk(ctx, fn);
     return std::chrono::duration_cast<milliseconds>(Wall::now() - t0);
   };
   // 3 ms of CPU: the chunk lasts at least 3 + 3 x 3 = 12 ms.
@@ -276,12 +278,12 @@ TEST_CASE("Runtime.CpuSlowdownMultipliesComputeNotWaiting") {
     }
   });
   CHECK(spin >= milliseconds(12));
-  CHECK(ctx.compute_seconds >= 0.012);
+  CHECK(timing.compute_seconds >= 0.012);
   // 30 ms blocked and almost no CPU: the device counts (and idles for) that CPU time, not the 30 ms of wall time, which
   // multiplied would give 120 ms.
   const auto blocked = timed([](ChunkContext&) { std::this_thread::sleep_for(milliseconds(30)); });
   CHECK(blocked >= milliseconds(30));
-  CHECK(ctx.compute_seconds < 0.030);
+  CHECK(timing.compute_seconds < 0.030);
 }
 
 namespace {
@@ -307,9 +309,9 @@ double five_chunks_with_host_work_between(std::size_t in_flight) {
   std::vector<std::pair<Wall::time_point, Wall::time_point>> calls;  // each launch's call on the host
   for (int i = 0; i < 5; ++i) {
     const auto called = Wall::now();
-    dev.run_chunk(ctx, [](ChunkContext&) {});
+    const ChunkTiming timing = dev.run_chunk(ctx, [](ChunkContext&) {});
     calls.emplace_back(called, Wall::now());
-    spans.emplace_back(ctx.device_begin, ctx.device_end);
+    spans.emplace_back(timing.device_begin, timing.device_end);
     std::this_thread::sleep_for(milliseconds(4));
   }
   dev.finish_chunks();
@@ -514,6 +516,71 @@ TEST_CASE("Runtime.NoDeviceSpecMeansEveryGpuWhenThereIsOne") {
   register_device_backend(DeviceKind::kCuda, nullptr);  // no backend at all: CPU devices too
   Runtime rt({});
   CHECK(rt.device(0).name() == "cpu0");
+}
+
+TEST_CASE("Runtime.BackendRegistryIsThreadSafeAndARuntimeKeepsItsBackend") {
+  // The registry is process-wide and locked: registrations and lookups from many threads at once see whole entries,
+  // and a runtime holds the backend it was made with for its life, whatever is registered after.
+  struct Counting final : DeviceBackend {
+    std::shared_ptr<DeviceBackend> inner = device_backend(DeviceKind::kSim);  // the built-in
+    std::atomic<int> made{0};
+    std::size_t available() const noexcept override { return 0; }
+    std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec& spec, const RuntimeOptions& o) override {
+      ++made;
+      return inner->make_devices(spec, o);
+    }
+    std::unique_ptr<Communicator> make_communicator(std::span<Device* const> d) override { return inner->make_communicator(d); }
+    bool shares_host_memory() const noexcept override { return true; }
+    bool leaves_cores_idle() const noexcept override { return true; }
+  };
+  struct Restore {
+    ~Restore() { register_device_backend(DeviceKind::kSim, nullptr); }
+  } restore;
+  const auto builtin = device_backend(DeviceKind::kSim);
+  auto counting = std::make_shared<Counting>();
+  const std::weak_ptr<Counting> alive = counting;
+  register_device_backend(DeviceKind::kSim, counting);
+  auto rt = std::make_unique<Runtime>(RuntimeOptions{.devices = "sim:1,1", .chunk_size = 4});
+  CHECK(counting->made == 1);
+  counting.reset();
+  register_device_backend(DeviceKind::kSim, nullptr);  // the built-in again, while the runtime still runs on the other
+  CHECK(!alive.expired());
+  ParameterLayout layout;
+  layout.add("w", 1);
+  rt->register_parameters(layout, std::vector<float>{0.0f});
+  std::vector<std::uint32_t> batch(64);
+  std::iota(batch.begin(), batch.end(), 0u);
+  // Four threads replace and read the sim: entry while the runtime steps; every read is a whole backend, one of the
+  // two registered or the built-in.
+  auto other = std::make_shared<Counting>();
+  std::atomic<bool> stop{false};
+  std::atomic<long> bad{0}, reads{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      for (int k = 0; !stop.load() || k < 1000; ++k) {
+        if ((k + i) % 3 == 0) register_device_backend(DeviceKind::kSim, (k & 1) ? std::shared_ptr<DeviceBackend>(other) : nullptr);
+        const auto b = device_backend(DeviceKind::kSim);
+        ++reads;
+        if (b == nullptr || (b != other && typeid(*b) == typeid(Counting))) ++bad;
+      }
+    });
+  }
+  for (int s = 0; s < 20; ++s) {
+    const StepReport r = rt->step(batch, [](ChunkContext& ctx) {
+      for (std::uint32_t x : ctx.samples) ctx.grad[0] += static_cast<float>(x);
+    });
+    CHECK(r.samples == 64);
+  }
+  stop = true;
+  for (auto& t : threads) t.join();
+  CHECK(bad == 0);
+  CHECK(reads >= 4000);
+  CHECK(!alive.expired());  // still the runtime's
+  rt.reset();
+  CHECK(alive.expired());  // released with it
+  register_device_backend(DeviceKind::kSim, nullptr);
+  CHECK(typeid(*device_backend(DeviceKind::kSim)) == typeid(*builtin));
 }
 
 TEST_CASE("Runtime.ConfigErrorsNameTheField") {
@@ -772,10 +839,11 @@ TEST_CASE("Runtime.DevicesReserveForTheStepsLargestChunkBeforeItRuns") {
     explicit Recording(std::size_t i) : index(i) {}
     std::string name() const override { return "rec" + std::to_string(index); }
     void reserve(std::size_t max_chunk) override { reserved = std::max(reserved, max_chunk); }
-    void run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override {
+    ChunkTiming run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override {
       violations += ctx.samples.size() > reserved;
       largest_run = std::max(largest_run, ctx.samples.size());
       fn(ctx);
+      return {};
     }
   };
   struct Backend final : DeviceBackend {

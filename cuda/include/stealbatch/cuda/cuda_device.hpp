@@ -46,7 +46,7 @@ class CudaDevice final : public Device {
   std::string name() const override;
   void bind() override;
   void reserve(std::size_t max_chunk_samples) override;
-  void run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override;
+  ChunkTiming run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override;
   void init_replica(std::span<const float> initial, const OptimizerOptions& options) override;
   std::span<const float> params() const override { return {m_params.data(), m_count}; }
   std::span<float> grad() override { return {m_grad.data(), m_count}; }

@@ -21,14 +21,14 @@ class CpuDevice final : public Device {
   ~CpuDevice() override;
   std::string name() const override;
   void bind() override;
-  void run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override;
+  ChunkTiming run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override;
   int threads() const noexcept { return m_threads; }
   double slowdown() const noexcept { return m_slowdown; }
   // When the CPU devices' threads outnumber the cores: end every chunk with a system call (see run_chunk()), so
   // that a device thread waiting for a core gets it at a chunk boundary. Off by default (a system call a chunk);
   // the runtime turns it on when its CPU devices oversubscribe the machine.
   void set_preemption_point(bool on) noexcept { m_preemption_point = on; }
-  // Report each chunk's compute time (ChunkContext::compute_seconds; two clock reads a chunk). The runtime asks for
+  // Report each chunk's compute time (ChunkTiming::compute_seconds; two clock reads a chunk). The runtime asks for
   // it when it sizes chunks from their times.
   void set_compute_time(bool on) noexcept { m_compute_time = on; }
 

@@ -54,13 +54,16 @@ struct ChunkContext {
   // Scratch memory of the running device (device memory on a GPU), at least `bytes`, reused by the device's
   // next chunk: on a GPU its chunks run in stream order, so one workspace serves them all.
   void* workspace(std::size_t bytes) const;
+};
 
-  // Set by a device that knows the chunk's compute time better than the call's wall time tells (a CPU device with
-  // one thread: the CPU time it spent, times its slowdown, without the time it waited for a core). 0 elsewhere.
+// What a device tells of a chunk it ran (Device::run_chunk()), apart from what the chunk saw: the chunk function never
+// writes it.
+struct ChunkTiming {
+  // The chunk's compute time, where the device knows it better than the call's wall time tells (a CPU device with one
+  // thread: the CPU time it spent, times its slowdown, without the time it waited for a core). 0 elsewhere.
   double compute_seconds = 0;
-
-  // Set by a device that runs its chunks on a timeline of its own (a simulated device with chunks in flight): when
-  // this chunk runs on the device, which the trace shows instead of the worker's call. Unset elsewhere.
+  // When the chunk runs on a device that keeps a timeline of its own (a simulated device with chunks in flight),
+  // which the trace shows instead of the worker's call. Unset elsewhere.
   std::chrono::steady_clock::time_point device_begin{}, device_end{};
 };
 
@@ -91,8 +94,9 @@ class Device {
   // Called by the runtime's thread before a step's chunks, between steps (the device runs nothing), with the step's
   // largest chunk: a device that stages inputs sizes its buffers for it here, so that nothing allocates mid-step.
   virtual void reserve(std::size_t /*max_chunk_samples*/) {}
-  // Runs one chunk; returns once its gradient is in ctx.grad.
-  virtual void run_chunk(ChunkContext& ctx, const ChunkFunction& fn) = 0;
+  // Runs one chunk; returns once its gradient is in ctx.grad (or, with chunks in flight, once it is queued), with what
+  // the device knows of its timing.
+  virtual ChunkTiming run_chunk(ChunkContext& ctx, const ChunkFunction& fn) = 0;
   // Called by the runtime's thread before each step's chunks, with the step's number (from 1) and start time.
   virtual void begin_step(std::uint64_t /*step*/, std::chrono::steady_clock::time_point /*start*/) {}
 

@@ -169,7 +169,9 @@ class DeviceBackend {
   virtual bool leaves_cores_idle() const noexcept { return false; }
 };
 // Registers the backend for a kind of device spec (kCuda, kVgpu, or a stand-in for kCpu or kSim in a test); a later
-// registration replaces an earlier one, and nullptr restores the built-in one where there is one.
+// registration replaces an earlier one, and nullptr restores the built-in one where there is one. The registry is
+// one per process and locked: any thread may register and look up at any time. A Runtime takes its backend once, when
+// it is made, and holds it for its life: what is registered later changes only the runtimes made after.
 void register_device_backend(DeviceKind kind, std::shared_ptr<DeviceBackend> backend);
 std::shared_ptr<DeviceBackend> device_backend(DeviceKind kind);
 

@@ -21,7 +21,7 @@ class SimDevice final : public Device {
   SimDevice(std::size_t index, double speed, double sample_seconds, std::function<double(std::uint32_t)> sample_cost = {});
   std::string name() const override;
   void bind() override;
-  void run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override;
+  ChunkTiming run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override;
   double speed() const noexcept { return m_speed; }
   void begin_step(std::uint64_t step, std::chrono::steady_clock::time_point start) override;
   // A factor on the speed at (step, seconds into the step), evaluated at each chunk's start. Set before the runtime runs.

@@ -1,0 +1,100 @@
+// What the runtime has learnt of its devices' speeds (speed_model.hpp).
+#include "speed_model.hpp"
+
+#include <stealbatch/runtime/detail/speed_shares.hpp>
+#include <stealbatch/stats.hpp>
+
+namespace stealbatch {
+
+namespace {
+
+// A device that ran nothing for this many steps in a row forgets its speed (see learn_from_step()).
+constexpr std::size_t kStaleAfterIdleSteps = 10;
+// The stolen chunks a device's data slowness is the median of (see detail::data_slowness()).
+constexpr std::size_t kSlownessWindow = 16;
+
+}  // namespace
+
+void SpeedModel::reset(std::size_t n, std::size_t window, bool static_policy, bool host, bool learn_later) {
+  history.assign(n, {});
+  stolen_slowness.assign(n, {});
+  m_idle_steps.assign(n, 0);
+  chunk_sizer.reset(n);
+  // No thieves under the static policy: each device's fastest rung, not the smallest good-enough one.
+  chunk_sizer.set_choice(static_policy ? detail::ChunkSizer::Choice::kFastest : detail::ChunkSizer::Choice::kSmallestGoodEnough);
+  cost_profile.reset();
+  m_pending = {};
+  m_window = window, m_host = host, m_learn_later = learn_later;
+}
+
+std::vector<double> SpeedModel::estimates() const {
+  std::vector<double> out;
+  for (const auto& h : history) {
+    if (h.empty()) return {};
+    out.push_back(median(h));
+  }
+  return detail::pooled_speeds(out, history);
+}
+
+void SpeedModel::learn_pending() noexcept {
+  PendingObservation& p = m_pending;
+  if (!p.ready) return;
+  p.ready = false;  // taken here, not before a run: a run that throws before it gets here keeps the observation
+  try {
+    cost_profile.observe(p.batch, p.devices, p.chunks, p.flat_speeds);
+  } catch (...) {  // out of memory: the profile is advice, and starts over
+    cost_profile.reset();
+  }
+}
+
+void SpeedModel::drop_device(std::size_t position) {
+  const auto at = [position](auto& v) { v.erase(v.begin() + static_cast<std::ptrdiff_t>(position)); };
+  at(history), at(stolen_slowness), at(m_idle_steps);
+  cost_profile.reset();  // indexed by the devices as they were
+  chunk_sizer.erase(position);
+  m_pending.ready = false;
+}
+
+void SpeedModel::learn_from_step(std::size_t batch, const ChunkTable& t, const StepPlan& plan, bool rerun, std::span<const DeviceReport> local) {
+  if (rerun) return;
+  const std::size_t n = history.size();
+  for (std::size_t d = 0; d < n; ++d) {
+    const DeviceReport& dr = local[d];
+    // A GPU's chunks run asynchronously, and its worker's calls do not time them: while it explores, the step does.
+    if (plan.sized() && !m_host) chunk_sizer.observe_step(d, dr.samples, dr.compute_s);
+    auto& h = history[d];
+    if (dr.compute_s > 0 && dr.samples > 0) {
+      push_window(h, static_cast<double>(dr.samples) / dr.compute_s, m_window);
+      m_idle_steps[d] = 0;
+    } else if (++m_idle_steps[d] >= kStaleAfterIdleSteps) {
+      // A device that runs nothing gets no fresh figure, and a wrong low one (a slow first step, a passing stall)
+      // would keep it idle for good: few chunks placed, every chunk declined in the end game. After a while, forget
+      // it; the next step splits equally and measures every device again.
+      h.clear();
+      m_idle_steps[d] = 0;
+    }
+  }
+  if (plan.sized()) {
+    if (m_host) {
+      for (std::size_t c = 0; c < t.size(); ++c) chunk_sizer.observe_chunk(t.ran_on[c], t.spans[c].size, t.compute_s[c]);
+    }
+    for (std::size_t d = 0; d < n; ++d) chunk_sizer.end_step(d, t.share_len[d]);
+  }
+  if (plan.learn_costs) {
+    // Learnt from during the next step's chunk phase where the devices leave the cores idle, else now, between steps:
+    // learning while CPU devices compute takes a core from one of them (and it then looks slower).
+    PendingObservation& p = m_pending;
+    p.chunks.resize(t.size());
+    for (std::size_t c = 0; c < t.size(); ++c) p.chunks[c] = {t.spans[c].begin, t.spans[c].size, t.ran_on[c], t.took_s[c]};
+    p.flat_speeds = plan.speeds;  // samples/s as this step began: the flat model
+    p.batch = batch, p.devices = n, p.ready = true;
+    if (!m_learn_later) learn_pending();
+  }
+  if (t.stolen_ratio.empty() || plan.by_cost()) return;  // placed by cost, the ratios are against chunk costs, about 1
+  for (std::size_t c = 0; c < t.size(); ++c) {
+    if (t.ran_on[c] == t.home[c] || !(t.stolen_ratio[c] > 0)) continue;
+    push_window(stolen_slowness[t.home[c]], t.stolen_ratio[c], kSlownessWindow);
+  }
+}
+
+}  // namespace stealbatch

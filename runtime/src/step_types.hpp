@@ -1,0 +1,157 @@
+// A step's types: its plan, its chunk table, what its chunk phase and its reduction leave for the report. Shared by the
+// step's phases (run_step.cpp and the files it names) and the parts of the runtime that learn from a step.
+#pragma once
+
+#include <stealbatch/runtime/cluster.hpp>
+#include <stealbatch/runtime/telemetry.hpp>
+#include <stealbatch/scheduler/scheduler.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace stealbatch {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
+
+// The watchdog's mark for a device busy in the reduction or the update rather than in a chunk.
+inline constexpr ChunkId kReductionPhase = ~ChunkId{0};
+// A chunk's home device when that device was lost during the step (the chunk counts as moved wherever it ran).
+inline constexpr std::uint32_t kHomeLost = ~std::uint32_t{0};
+
+// Appends `value` to a window of the last `size` (>= 1) values, dropping the oldest.
+inline void push_window(std::vector<double>& window, double value, std::size_t size) {
+  if (window.size() >= size) window.erase(window.begin(), window.end() - static_cast<std::ptrdiff_t>(size - 1));
+  window.push_back(value);
+}
+
+struct ChunkSpan {
+  std::uint32_t begin;
+  std::uint32_t size;
+};
+
+// A step across ranks: what every rank computes alike from the same inputs (the step's tag, the ranks' speeds, each
+// rank's share of the global chunk ids), and this rank's victims. Empty in one process.
+struct RankShares {
+  std::uint16_t tag = 0;                // 1 to 65535, from the step count: never a fresh share word's 0
+  std::size_t me = 0;                   // this rank
+  std::vector<double> speed;            // each rank's samples/s (equal placeholders until every rank is measured)
+  bool measured = false;
+  std::vector<std::size_t> chunk;       // each rank's full chunk, in samples
+  std::vector<ChunkRange> share;        // each rank's chunk ids
+  std::vector<std::uint64_t> before;    // the samples of chunks [0, c): what a share word holds, from two reads
+  std::vector<int> victims;             // the other ranks of this node first, then the rest, each list starting after this rank
+  bool active() const noexcept { return !share.empty(); }
+  detail::ShareWord word_of(std::size_t r) const noexcept {
+    return {tag, static_cast<std::uint32_t>(share[r].begin), static_cast<std::uint32_t>(share[r].end)};
+  }
+};
+
+// How the step's samples are divided: equally (or by given weights), by measured samples/s, or by learnt
+// batch-position costs (detail::CostProfile).
+enum class Placement { kEqualOrGiven, kBySpeed, kByCost };
+// How shares are cut into chunks: chunk_size everywhere (the last may hold fewer); each device's chunk from its
+// measured curve (chunk_size = 0, detail::ChunkSizer); chunks sized to each device's speed with a share's end cut
+// finer (stealing, 2+ devices); or across ranks, each rank's share cut to its speed (cluster_step.cpp).
+enum class Cutting { kFixed, kSized, kBySpeed, kRankShares };
+
+// How a step is placed: what is known of the devices and which rules apply (chunk_table.cpp).
+struct StepPlan {
+  std::vector<double> speeds;  // samples/s per device; empty until measured
+  std::vector<double> rate;    // each device's speed in cost units per second (samples/s, or the profile's speeds)
+  std::span<const double> position_cost;  // kByCost: each batch position's cost (read before the chunk phase only)
+  bool known = false;          // every device has a measured speed
+  Placement placement = Placement::kEqualOrGiven;
+  Cutting cutting = Cutting::kFixed;
+  bool finer_ends = false;     // a share's end cut finer (kSized with stealing on 2+ measured devices)
+  bool learn_costs = false;    // the cost profile learns from this step
+  bool watch_speed = false;    // the end game weighs a device at what its chunks take now (set_live_factor)
+  double outside_rate = 0;     // across ranks: the other ranks' devices, in this rank's full chunks per second
+  RankShares ranks;            // across ranks: the shares of the step's global chunk ids
+  bool by_cost() const noexcept { return placement == Placement::kByCost; }
+  bool sized() const noexcept { return cutting == Cutting::kSized; }
+  // A chunk of the rank's own share (across ranks, any of its devices may have claimed it): it tells the device that
+  // ran it its speed, as a device's own chunks do in one process.
+  bool in_rank_share(ChunkId c) const noexcept {
+    return ranks.active() && c >= ranks.share[ranks.me].begin && c < ranks.share[ranks.me].end;
+  }
+};
+
+// The step's chunks and where they were placed and ran (chunk_table.cpp fills the first part; the chunk phase the
+// second).
+struct ChunkTable {
+  std::vector<ChunkSpan> spans;          // chunk c covers samples [spans[c].begin, spans[c].begin + spans[c].size)
+  std::vector<ChunkRange> ranges;        // each device's placed chunks
+  std::vector<double> chunk_cost;        // each chunk's cost in the units of StepPlan::rate
+  std::vector<double> own_cost;          // each device's own chunk, in cost units (samples when flat)
+  std::vector<std::size_t> own_size;     // each device's own chunk, in samples
+  std::vector<std::uint32_t> share_len;  // each device's share, in samples (sized)
+  std::size_t full_chunk = 0;            // a full chunk, in samples: what a stolen chunk is at most
+
+  std::vector<std::uint32_t> home;      // where each chunk was placed (kHomeLost once its device was lost)
+  std::vector<std::uint32_t> ran_on;    // which device ran it
+  std::vector<std::uint8_t> runs;       // how many times it ran: the exactly-once check, chunk by chunk
+  std::vector<float> stolen_ratio;      // watch_speed: a stolen chunk's time over what its thief's speed predicts
+  std::vector<double> took_s;           // learn_costs: its time on its device
+  std::vector<double> compute_s;        // sized: its compute time where the device knows it, else its time
+  std::size_t size() const noexcept { return spans.size(); }
+  // Device `dead` was lost mid-step: the tables re-indexed to the devices that remain, and what it ran or held marked
+  // as not run. Returns the chunks nobody has run now, in id order.
+  std::vector<ChunkId> drop_device(std::size_t dead);
+};
+
+// What the chunk phase left for the report.
+struct ChunkPhase {
+  StepStats stats;
+  std::vector<std::string> excluded;  // devices lost and dropped this step
+  std::uint64_t rerun = 0;            // chunks re-run on the survivors
+  Clock::time_point start, end;
+  // Across ranks: a failure is carried to every rank by the reduction (and rethrown there), not thrown here; the
+  // chunks taken from other ranks' shares and the steals that took them; the last call for work that found none.
+  std::exception_ptr failure;
+  std::string failure_text;
+  std::uint64_t remote_chunks = 0, remote_steals = 0;
+  double leave_s = 0;
+};
+
+// Tallies per device that travel with the reduction across ranks: compute seconds, chunks run, chunks stolen,
+// samples, chunk size, and its kind (0 cpu, 1 sim, 2 cuda: its name).
+inline constexpr std::size_t kTallyDeviceFields = 6;
+
+// The reduction's buffer across ranks: the gradient, then every rank's speed and failure flag, every chunk's run
+// count, every device's tallies and every rank's loss sum; each rank writes its own entries and leaves the others 0,
+// so the sum is a gather. Empty in one process.
+struct RankTally {
+  std::size_t count = 0, ranks = 0, chunks = 0, devices = 0;
+  std::vector<float> buf;
+  RankTally() = default;
+  RankTally(std::size_t c, std::size_t r, std::size_t k, std::size_t d)
+      : count(c), ranks(r), chunks(k), devices(d), buf(c + 3 * r + k + kTallyDeviceFields * d, 0.0f) {}
+  float* grad() { return buf.data(); }
+  float* speed() { return buf.data() + count; }
+  float* failed() { return speed() + ranks; }
+  float* loss() { return failed() + ranks; }
+  float* runs() { return loss() + ranks; }
+  float* device(std::size_t d) { return runs() + chunks + kTallyDeviceFields * d; }
+};
+
+// What the reduction phase left for the report: each device's counters in it (within the process, and across ranks
+// the update from the job's sum after it), the sum's tallies across ranks, and when it ended.
+struct Reduced {
+  StepStats within, applied;
+  RankTally tally;
+  Clock::time_point end;
+};
+
+// What the reduction phase leaves: the sum in every device's buffer (kSum); or, on host devices only, fused into
+// that phase slice by slice with the buffers zeroed after, the optimizer update of the shared parameters
+// (kUpdate) or the mean gradient in mean_next (kMean).
+enum class Reduce { kSum, kUpdate, kMean };
+
+}  // namespace stealbatch
