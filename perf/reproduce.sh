@@ -53,7 +53,7 @@ log "the deque against its peers, the runtime's cost per chunk"
 : >"$out/chunk_overhead.txt"
 for spec in "cpu:2 steal" "cpu:2 static" "cpu:4 steal"; do
   set -- $spec
-  "$build/perf/chunk_overhead" --devices "$1" --policy "$2" | tee -a "$out/chunk_overhead.txt"
+  "$build/perf/stealbench" --chunk-overhead --devices "$1" --policy "$2" | tee -a "$out/chunk_overhead.txt"
 done
 
 log "soak: 180 s of random faults"
@@ -73,7 +73,7 @@ else
   log "PyTorch reading a checkpoint: skipped (TORCH_PYTHON with safetensors installed)"
 fi
 
-if command -v mpirun >/dev/null && [ -x "$build/perf/remote_steal" ]; then
+if command -v mpirun >/dev/null && grep -q '^STEALBATCH_MPI:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
   log "across MPI ranks"
   bash perf/reproduce_mpi.sh "$build"
 fi

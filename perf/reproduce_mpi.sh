@@ -17,7 +17,7 @@ if [ -n "${TORCH_PYTHON:-}" ]; then
   python3 perf/compare_torch.py --torch-python "$TORCH_PYTHON" --build "$build" --rows mpi-slowed,mpi --runs 3 --json "$out/compare_mpi.json" | tee "$out/compare_mpi.txt"
 fi
 log "one remote steal"
-"${mpi[@]}" -np 2 "$build/perf/remote_steal" --steals 100000 | tee "$out/remote_steal.txt"
+"${mpi[@]}" -np 2 "$build/perf/dequebench" --remote --steals 100000 | tee "$out/remote_steal.txt"
 log "stealbench across ranks"
 : >"$out/stealbench_mpi.txt"
 for rk in 2x2 4x2 8x2 16x2 2x4 4x4; do
