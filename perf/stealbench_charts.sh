@@ -9,29 +9,20 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$out"
 "$build/perf/stealbench" --scenario scale --policy static,lbbsp,central,steal,steal-adaptive --json "$tmp/scale.json" >/dev/null 2>&1
-python3 perf/plot_stealbench.py "$tmp/scale.json" --x devices --y efficiency --logx \
+python3 perf/plotting.py lines "$tmp/scale.json" --x devices --y efficiency --logx \
   --title "hetero (1, 0.8, 0.5, 0.25 repeated), weak scaling, 1.6 ms chunks (time-scale 20)" --out "$out/efficiency_vs_devices.svg"
 # The tail-versus-overhead curve: chunk size against efficiency and step time, hetero on 4 devices.
-echo "[" > "$tmp/chunks.json"
-first=1
 for c in 2 4 8 16 32 64 128; do
   "$build/perf/stealbench" --scenario hetero --policy steal,steal-adaptive --chunk "$c" --time-scale 4 --steps 12 --json "$tmp/c$c.json" >/dev/null 2>&1
-  python3 - "$tmp/c$c.json" "$first" >>"$tmp/chunks.json" <<'PY'
-import json, sys
-rows = json.load(open(sys.argv[1]))
-print(("" if sys.argv[2] == "1" else ",") + ",".join(json.dumps(r) for r in rows))
-PY
-  first=0
 done
-echo "]" >> "$tmp/chunks.json"
-python3 perf/plot_stealbench.py "$tmp/chunks.json" --x chunk --y efficiency --y2 step_ms_median --logx --mark 16 \
+python3 perf/plotting.py lines "$tmp"/c{2,4,8,16,32,64,128}.json --x chunk --y efficiency --y2 step_ms_median --logx --mark 16 \
   --title "hetero, 4 devices, batch 1024: chunk size against efficiency and step time" --out "$out/chunk_size.svg"
 # The dashboard picture: per-device utilization, static against steal-adaptive, on the two seed scenarios; and one
 # step of every policy as a timeline (seed-slow, 4 devices).
 mkdir -p "$tmp/traces"
 "$build/perf/stealbench" --scenario seed-slow,seed-skew --policy all --steps 10 --json "$tmp/seed.json" --trace-dir "$tmp/traces" >/dev/null 2>&1
-python3 perf/plot_dashboards.py util "$tmp/seed.json" --title "per-device utilization, 4 simulated devices (median of 10 steps)" \
+python3 perf/plotting.py util "$tmp/seed.json" --title "per-device utilization, 4 simulated devices (median of 10 steps)" \
   --out "$out/utilization.svg"
-python3 perf/plot_dashboards.py gantt "$tmp/traces" --scenario seed-slow --devices 4 \
+python3 perf/plotting.py gantt "$tmp/traces" --scenario seed-slow --devices 4 \
   --title "seed-slow (devices 0 and 1 6.6x slower): one step of each policy" --out "$out/gantt_seed_slow.svg"
 echo "wrote $out/efficiency_vs_devices.svg $out/chunk_size.svg $out/utilization.svg $out/gantt_seed_slow.svg"
