@@ -1,5 +1,11 @@
 // dequebench: the chunk deque against a central lock-free queue, TBB's concurrent queue and a mutex deque,
-// pattern by pattern, side by side in one run, with an exactly-once check on every draining pattern.
+// pattern by pattern, side by side in one run, with an exactly-once check on every draining pattern; with --remote
+// (under mpirun -np 2, in a build with MPI), one steal across ranks (dequebench_remote.cpp).
+#ifdef STEALBATCH_HAS_MPI
+#include "dequebench_remote.hpp"
+#endif
+
+#include <stealbatch/runtime/cluster.hpp>
 #include <stealbatch/runtime/version.hpp>
 #include <stealbatch/scheduler/chunk_deque.hpp>
 #include <stealbatch/scheduler/scheduler.hpp>
@@ -416,8 +422,25 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"stealbatch", "boost_lockfree_queue", "tbb_concurrent_queue", "mutex_deque"}));
   app.add_option("--pattern", patterns, "only these: owner_push_pop steal_empty drain_1thief drain_3thieves bulk_steal_half wake")
       ->check(CLI::IsMember({"owner_push_pop", "steal_empty", "drain_1thief", "drain_3thieves", "bulk_steal_half", "wake"}));
-  app.add_option("--json", json_path, "also write the rows as JSON to this file");
+  auto* json_opt = app.add_option("--json", json_path, "also write the rows as JSON to this file");
+  bool remote = false;
+  std::uint32_t steals = 100000;
+  auto* remote_flag = app.add_flag("--remote", remote,
+                                   "instead: one steal across 2 MPI ranks (read + compare-and-swap) against one on the own word, "
+                                   "p50 and p99; mpirun -np 2, builds with MPI only");
+  app.add_option("--steals", steals, "--remote: one-chunk steals timed on each word")
+      ->check(CLI::Range(100u, detail::ShareWord::kMaxChunk - 1))->capture_default_str()->needs(remote_flag);
+  for (const char* other : {"--reps", "--ops", "--wakes", "--impl", "--pattern"}) remote_flag->excludes(app.get_option(other));
+  remote_flag->excludes(json_opt);
   CLI11_PARSE(app, argc, argv);
+  if (remote) {
+#ifdef STEALBATCH_HAS_MPI
+    return perf::run_remote_steal(steals);
+#else
+    std::fprintf(stderr, "dequebench: --remote needs a build with MPI (STEALBATCH_MPI)\n");
+    return 2;
+#endif
+  }
 
   std::printf("# dequebench, stealbatch %s\n", kVersionString);
   std::printf("# cores %u, TBB %d.%d, Boost %d.%d, %s\n", std::thread::hardware_concurrency(), TBB_VERSION_MAJOR,

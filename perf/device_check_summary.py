@@ -20,7 +20,7 @@ GPU_SECTIONS = ("equivalence-mlp", "equivalence-cnn", "throughput-mlp", "through
 # A checkpoint round trip against a straight run of the device that finishes it. Summation orders differ between
 # devices and between stealing runs, so two runs of the same command differ too: on cpu:2 (mlp, 4 epochs, its defaults),
 # six straight runs and six runs cut after 2 epochs and resumed spanned 0.8619-0.8629 in test accuracy and
-# 0.34469-0.34500 in the last epoch's loss (perf/README.md, "Checkpoints across devices"). The bars are
+# 0.34469-0.34500 in the last epoch's loss (perf/README.md, "On a GPU"). The bars are
 # five times the accuracy spread and twenty times the loss spread, for the GPU's other rounding; a resume that lost
 # its weights or its optimizer state moves the last epoch's loss by far more (a run from scratch is at 0.41 after
 # two epochs, 0.345 after four).

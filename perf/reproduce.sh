@@ -1,83 +1,93 @@
 #!/usr/bin/env bash
-# Runs every measurement behind perf/README.md on this machine, one after another, into results/ (not committed),
-# and redraws perf/charts/. About 25 minutes on two cores (the MPI part: perf/reproduce_mpi.sh). The PyTorch rows need a Python with torch installed by
-# hand (never a build or test dependency); without TORCH_PYTHON they are skipped.
+# The perf harness: every measurement behind perf/README.md, one section after another, into results/ (not
+# committed); the charts into perf/charts/. Each section is a function in perf/sections/NAME.sh; the table below is
+# the order they run in. The PyTorch rows need a Python with torch installed by hand (never a build or test
+# dependency): without TORCH_PYTHON they are skipped.
 #
-#   TORCH_PYTHON=~/torch-venv/bin/python bash perf/reproduce.sh [BUILD_DIR]
+#   bash perf/reproduce.sh [--only SECTION[,SECTION]] [--list] [BUILD_DIR]       (BUILD_DIR: build/ by default)
+#   TORCH_PYTHON=~/torch-venv/bin/python bash perf/reproduce.sh
+#
+# A section exits 0 (ran), 77 (skipped: it says why) or anything else (failed); the footer counts them, and the
+# harness exits 1 if any failed.
 set -uo pipefail
+
+# name          what it measures (and what it needs beyond the build)
+sections=(
+  "main_job       mlp --compare on cpu:4 with two devices slowed 6.6x, once; 7 interleaved rounds, medians"
+  "kernels        gemmbench: single-thread sgemm of the MLP's training pass, OpenBLAS, BLIS and oneDNN"
+  "torch          the examples against PyTorch and DDP, interleaved; accuracy (TORCH_PYTHON)"
+  "torch_adapter  the libtorch adapter against plain libtorch; the main job through it (a libtorch build)"
+  "efficiency     samples/s against chunk size: mlp, cnn, the main job; draws perf/charts/efficiency_curve_*"
+  "stealbench     the runtime on simulated devices: 4, 16 and 32 devices, the scale sweep; the tail model"
+  "deque          dequebench, the deque against its peers; stealbench --chunk-overhead, the cost per chunk"
+  "soak           180 s of random faults: every chunk exactly once, exact gradients, timeouts"
+  "checkpoint     save and load times, resume against straight, the kill test; PyTorch reading one (TORCH_PYTHON)"
+  "mpi            across MPI ranks: DDP, one remote steal, stealbench at 2 to 16 ranks, a soak (an MPI build)"
+  "charts         the stealbench sweeps behind perf/charts/, 4 SVGs (matplotlib)"
+)
+
 cd "$(dirname "$0")/.."
-build=${1:-build}
+usage() { sed -n 's/^#   \(bash perf\/reproduce.sh .*\)/\1/p' "$0" | head -1; }
+list() {
+  echo "# sections of perf/reproduce.sh, in the order they run (perf/README.md has one section each):"
+  printf '  %s\n' "${sections[@]}"
+}
+names=()
+for s in "${sections[@]}"; do names+=("${s%% *}"); done
+
+only="" build=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --list) list; exit 0 ;;
+    --only) [ $# -ge 2 ] || { echo "reproduce: --only needs SECTION[,SECTION]" >&2; exit 2; }; only=$2; shift 2 ;;
+    --only=*) only=${1#--only=}; shift ;;
+    -h | --help) echo "usage: $(usage)"; list; exit 0 ;;
+    -*) echo "reproduce: unknown flag '$1'; usage: $(usage)" >&2; exit 2 ;;
+    *) [ -z "$build" ] || { echo "reproduce: one BUILD_DIR only (got '$build' and '$1')" >&2; exit 2; }; build=$1; shift ;;
+  esac
+done
+run=("${names[@]}")
+if [ -n "$only" ]; then
+  IFS=, read -r -a run <<<"$only"
+  for s in "${run[@]}"; do
+    [[ " ${names[*]} " == *" $s "* ]] || { echo "reproduce: no section '$s'; sections: ${names[*]}" >&2; exit 2; }
+  done
+fi
+build=${build:-build}
+[ -d "$build/perf" ] || { echo "reproduce: no perf programs in '$build' (build first: cmake --build $build)" >&2; exit 2; }
+build=$(cd "$build" && pwd)
+
+
 out=results
 mkdir -p "$out"
+mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca osc sm)
 log() { printf '\n== %s  %s\n' "$(date -u +%H:%M:%S)" "$*"; }
-log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), commit $(git rev-parse --short HEAD)"
+# The machine and the commit measured, for every result file's header.
+machine() {
+  local commit
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
+  [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit (modified)"
+  echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), commit $commit, $(date -u +%F)"
+}
+skip() { echo "skipped: $*"; exit 77; }
 
-log "the main job"
-"$build/examples/mlp" --compare --devices cpu:4 --slowdown 6.6,6.6,1,1 --epochs 1 --json "$out/mlp_compare.json" 2>/dev/null | tee "$out/main_job.txt"
-
-log "kernels: gemmbench (OpenBLAS as it detects itself, then with its core named)"
-"$build/perf/gemmbench" --json "$out/gemmbench.json" | tee "$out/gemmbench.txt"
-OPENBLAS_CORETYPE=SkylakeX "$build/perf/gemmbench" --libs openblas | tee "$out/gemmbench_skylakex.txt"
-
-if [ -n "${TORCH_PYTHON:-}" ]; then
-  log "against PyTorch (interleaved) and the accuracy of the default runs"
-  python3 perf/compare_torch.py --torch-python "$TORCH_PYTHON" --build "$build" --runs 3 --accuracy --json "$out/compare_torch.json" | tee "$out/compare_torch.txt"
-else
-  log "against PyTorch: skipped (set TORCH_PYTHON)"
-fi
-
-if [ -x "$build/examples/torch_mlp" ]; then
-  log "the libtorch adapter: against plain libtorch, the main job's slowdown, accuracy"
-  bash perf/torch_adapter_figures.sh "$build" | tee "$out/torch_adapter.txt"
-fi
-
-log "samples/s against chunk size"
-python3 perf/efficiency_curve.py --build "$build" --runs 3 --json "$out/efficiency_mlp.json" --svg perf/charts/efficiency_curve_mlp.svg | tee "$out/efficiency_mlp.txt"
-python3 perf/efficiency_curve.py --build "$build" --example cnn --runs 3 --chunks 4,8,16,32,64 --epochs 3 --json "$out/efficiency_cnn.json" \
-  --svg perf/charts/efficiency_curve_cnn.svg -- --limit 20000 | tee "$out/efficiency_cnn.txt"
-python3 perf/efficiency_curve.py --build "$build" --devices cpu:4 --runs 3 --chunks 32,64,128,256 --json "$out/efficiency_mainjob.json" \
-  -- --slowdown 6.6,6.6,1,1 | tee "$out/efficiency_mainjob.txt"
-
-log "stealbench at 4, 16 and 32 simulated devices, and the scale sweep"
-"$build/perf/stealbench" --scenario seed-slow,seed-skew,hetero,varcost,slowdown --overhead --json "$out/sb4.json" 2>/dev/null | tee "$out/sb4.txt"
-for n in 16 32; do
-  "$build/perf/stealbench" --scenario seed-slow,seed-skew,hetero,varcost,slowdown --policy static,lbbsp,steal-adaptive --devices "$n" \
-    --batch $((n * 256)) --overhead --json "$out/sb$n.json" 2>/dev/null | tee "$out/sb$n.txt"
+log "perf/reproduce.sh: ${run[*]}; build $build; $(machine)"
+ran=() skipped=() failed=()
+for s in "${run[@]}"; do
+  log "$s"
+  # Each section in a subshell of its own with -e: a failing command ends its section, not the run.
+  (
+    set -euo pipefail
+    source "perf/sections/$s.sh"
+    "section_$s"
+  )
+  rc=$?
+  case $rc in
+    0) ran+=("$s") ;;
+    77) skipped+=("$s") ;;
+    127) failed+=("$s (exit 127: a program not found; build every target)") ;;
+    *) failed+=("$s (exit $rc)") ;;
+  esac
 done
-"$build/perf/stealbench" --scenario scale --policy static,lbbsp,central,steal,steal-adaptive --overhead --json "$out/sb_scale.json" 2>/dev/null \
-  | tee "$out/sb_scale.txt"
-python3 perf/tail_model.py | tee "$out/tail_model.txt"
-
-log "the deque against its peers, the runtime's cost per chunk"
-"$build/perf/dequebench" --json "$out/dequebench.json" | tee "$out/dequebench.txt"
-: >"$out/chunk_overhead.txt"
-for spec in "cpu:2 steal" "cpu:2 static" "cpu:4 steal"; do
-  set -- $spec
-  "$build/perf/chunk_overhead" --devices "$1" --policy "$2" | tee -a "$out/chunk_overhead.txt"
-done
-
-log "soak: 180 s of random faults"
-"$build/perf/soak" --seconds 180 --json "$out/soak.json" 2>/dev/null | tee "$out/soak.txt"
-
-log "checkpoints: save and load times, the kill test, PyTorch reading one"
-bash perf/checkpoint_times.sh "$build" | tee "$out/checkpoint_times.txt"
-bash tests/checkpoint/kill_test.sh "$build/tests/checkpoint/save_loop" 50 | tee "$out/kill_test.txt"
-bash perf/resume_figures.sh "$build" | tee "$out/resume_figures.txt"
-if [ -n "${TORCH_PYTHON:-}" ] && "$TORCH_PYTHON" -c "import safetensors" 2>/dev/null; then
-  : > "$out/checkpoint_interop.txt"  # this run's two models only
-  for m in "mlp 10" "cnn 4"; do
-    set -- $m
-    python3 perf/checkpoint_interop.py --torch-python "$TORCH_PYTHON" --build "$build" --model "$1" --epochs "$2" | tee -a "$out/checkpoint_interop.txt"
-  done
-else
-  log "PyTorch reading a checkpoint: skipped (TORCH_PYTHON with safetensors installed)"
-fi
-
-if command -v mpirun >/dev/null && [ -x "$build/perf/remote_steal" ]; then
-  log "across MPI ranks"
-  bash perf/reproduce_mpi.sh "$build"
-fi
-
-log "charts"
-bash perf/stealbench_charts.sh "$build"
-log "done: $out/"
+log "summary: ran ${#ran[@]} (${ran[*]}), skipped ${#skipped[@]} (${skipped[*]}), failed ${#failed[@]} (${failed[*]}); results in $out/"
+[ ${#failed[@]} -eq 0 ]

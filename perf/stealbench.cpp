@@ -1,4 +1,7 @@
-// stealbench: the real runtime on simulated devices, scenario by policy, against the ideal step time.
+// stealbench: the real runtime on simulated devices, scenario by policy, against the ideal step time; with
+// --chunk-overhead, the runtime's cost per chunk on real devices (stealbench_overhead.cpp).
+#include "stealbench_overhead.hpp"
+
 #include <stealbatch/runtime/detail/timer_slack.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 #include <stealbatch/runtime/version.hpp>
@@ -19,6 +22,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -128,6 +132,10 @@ std::pair<double, double> timer_jitter_us() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A mode with flags of its own: there --devices is a device spec (cpu:2), here a count of simulated devices.
+  if (std::any_of(argv + 1, argv + argc, [](const char* a) { return std::string_view(a) == "--chunk-overhead"; })) {
+    return perf::run_chunk_overhead(argc, argv);
+  }
   std::string scenarios_arg = "all", policies_arg = "all", json_path;
   std::size_t devices = 4, steps = 20, warmup = 3, chunk = 16, batch = 1024;
   double time_scale = 20.0;  // 16-sample chunks of 1.6 ms at speed 1: timer jitter stays a few percent
@@ -135,6 +143,8 @@ int main(int argc, char** argv) {
   double noise_pct = 0;                 // every chunk's speed x (1 +- noise_pct%), uniformly
   std::vector<double> step_change;      // {step, factor}: device 0's speed x factor from that step on
   CLI::App app{"stealbench: the runtime on simulated devices, scenario by policy, against the ideal"};
+  app.footer("Mode: stealbench --chunk-overhead [--devices cpu:2] [--policy steal] [--chunks 4096] [--steps 50]: the runtime's cost per "
+             "chunk with empty chunk functions on real devices (stealbench --chunk-overhead --help).");
   app.add_option("--scenario", scenarios_arg, "seed-slow,seed-skew,hetero,scale or all")->capture_default_str();
   app.add_option("--policy", policies_arg, "static,oracle,lbbsp,central,steal,steal-adaptive or all")->capture_default_str();
   app.add_option("--devices", devices, "simulated devices (scale uses 4 to 64)")->check(CLI::Range(2, 1024))->capture_default_str();

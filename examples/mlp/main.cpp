@@ -22,7 +22,7 @@ using namespace stealbatch::examples;
 int main(int argc, char** argv) {
   // Batch 1024 (256 per device on cpu:4) with Adam: a step long enough that the per-step costs (the AllReduce, the
   // update of every replica, waking the devices) stay small next to the chunks, and 0.88 test accuracy in 10 epochs
-  // (perf/README.md, "The main job").
+  // (perf/README.md, torch).
   TrainerFlags f{.batch = 1024, .lr = 0.003f, .optimizer = "adam"};
   std::string hidden = "256,128";
   CLI::App app{"mlp: train an MLP on Fashion-MNIST with stealbatch"};

@@ -14,9 +14,9 @@
 namespace stealbatch::detail {
 
 // libstdc++'s std::atomic::wait/notify add a shared waiter table and a spin-then-backoff on top of the futex, which
-// made a step's hand-off several times slower (perf/README.md, dequebench). The kernel compares the word with
-// `seen` atomically with the sleep, so a change between the caller's load and the sleep is not lost; a spurious
-// return is possible, so callers re-check in a loop.
+// made a step's hand-off several times slower. The kernel compares the word with `seen` atomically with the sleep,
+// so a change between the caller's load and the sleep is not lost; a spurious return is possible, so callers
+// re-check in a loop.
 static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t) && std::atomic<std::uint32_t>::is_always_lock_free,
               "a futex word must be a plain 32-bit integer");
 

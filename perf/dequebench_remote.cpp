@@ -1,24 +1,22 @@
-// remote_steal: what one steal across ranks costs on this machine, beside a local one. Two ranks (mpirun -np 2):
+// dequebench --remote: what one steal across ranks costs on this machine, beside a local one. Two ranks (mpirun -np 2):
 // rank 1 reads rank 0's share word and takes one chunk off its back with a compare-and-swap (MpiCluster::read +
 // compare_and_swap, each flushed), again and again, while rank 0 computes without calling MPI; rank 0 does the same on
 // its own word (a local steal through the window). Prints p50 and p99 of each, in dequebench's style.
 //
-//   mpirun --allow-run-as-root -np 2 ./build/perf/remote_steal [--steals N]
+//   mpirun --allow-run-as-root -np 2 ./build/perf/dequebench --remote [--steals N]
+#include "dequebench_remote.hpp"
+
 #include <stealbatch/mpi/mpi_cluster.hpp>
 #include <stealbatch/stats.hpp>
 
-#include <CLI/CLI.hpp>
-
-#include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <string>
 #include <vector>
 
-using namespace stealbatch;
-using Clock = std::chrono::steady_clock;
-
+namespace stealbatch::perf {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 // n steals of one chunk each from `victim`'s word, which starts with n chunks; the time of each, in microseconds.
 std::vector<double> steals(mpi::MpiCluster& c, int victim, std::uint32_t n) {
@@ -40,14 +38,10 @@ std::vector<double> steals(mpi::MpiCluster& c, int victim, std::uint32_t n) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::uint32_t n = 100000;
-  CLI::App app{"remote_steal: one steal across ranks against one on the rank's own word, p50 and p99 (mpirun -np 2)"};
-  app.add_option("--steals", n, "one-chunk steals timed on each word (the other rank's, then the own)")->check(CLI::Range(100u, detail::ShareWord::kMaxChunk - 1))->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+int run_remote_steal(std::uint32_t n) {
   auto c = mpi::MpiCluster::world();
   if (c->size() != 2) {
-    if (c->rank() == 0) std::fprintf(stderr, "remote_steal: run it on 2 ranks (mpirun -np 2)\n");
+    if (c->rank() == 0) std::fprintf(stderr, "dequebench --remote: run it on 2 ranks (mpirun -np 2)\n");
     return 2;
   }
   const int me = c->rank();
@@ -74,10 +68,12 @@ int main(int argc, char** argv) {
   if (me == 0) out[2] = percentile(local, 0.5), out[3] = percentile(local, 0.99);
   c->allreduce_sum(out);
   if (me == 0) {
-    std::printf("# remote_steal: 2 ranks on one node, %u one-chunk steals each (read + compare-and-swap, flushed)\n", n);
+    std::printf("# dequebench --remote: 2 ranks on one node, %u one-chunk steals each (read + compare-and-swap, flushed)\n", n);
     std::printf("%-36s %10s %10s\n", "#steal", "p50(us)", "p99(us)");
     std::printf("%-36s %10.2f %10.2f\n", "remote (victim computing, no MPI)", out[0], out[1]);
     std::printf("%-36s %10.2f %10.2f\n", "own word through the window", out[2], out[3]);
   }
   return 0;
 }
+
+}  // namespace stealbatch::perf

@@ -1,0 +1,10 @@
+# deque: the chunk deque against its peers (dequebench), and the runtime's cost per chunk with empty chunk functions
+# (stealbench --chunk-overhead) on cpu:2 (steal, static) and cpu:4 (steal).
+section_deque() {
+  "$build/perf/dequebench" --json "$out/dequebench.json" | tee "$out/dequebench.txt"
+  : >"$out/chunk_overhead.txt"
+  for spec in "cpu:2 steal" "cpu:2 static" "cpu:4 steal"; do
+    set -- $spec
+    "$build/perf/stealbench" --chunk-overhead --devices "$1" --policy "$2" | tee -a "$out/chunk_overhead.txt"
+  done
+}
