@@ -46,11 +46,11 @@ namespace {
 RuntimeOptions options(const std::string& devices, SchedulePolicy policy, std::size_t chunk, const DenseData& d, GpuWait wait = GpuWait::kSpin) {
   RuntimeOptions o;
   o.devices = devices;
-  o.gpu_wait = wait;
-  o.policy = policy;
-  o.chunk_size = chunk;
-  o.input_bytes = examples::gpu_input_bytes(d);
-  o.gather = [&d](std::uint32_t s, std::byte* dst) { examples::gather_sample(d, s, dst); };
+  o.gpu.wait = wait;
+  o.schedule.policy = policy;
+  o.schedule.chunk_size = chunk;
+  o.gpu.input_bytes = examples::gpu_input_bytes(d);
+  o.gpu.gather = [&d](std::uint32_t s, std::byte* dst) { examples::gather_sample(d, s, dst); };
   o.optimizer.lr = 0.01f;
   return o;
 }

@@ -12,6 +12,7 @@
 
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/runtime.hpp>
+#include <stealbatch/runtime/testing.hpp>
 #include <stealbatch/runtime/version.hpp>
 #ifdef STEALBATCH_HAS_MPI
 #include <stealbatch/mpi/mpi_cluster.hpp>
@@ -38,6 +39,7 @@
 #include <vector>
 
 using namespace stealbatch;
+using stealbatch::testing::Fault;
 using examples::DenseData;
 using examples::max_relative_error;
 using examples::MlpModel;
@@ -195,16 +197,16 @@ int main(int argc, char** argv) {
       o.sim.sample_seconds = 5e-6;
     } else {
       o.devices = "cpu:" + std::to_string(n);
-      o.threads_per_device = 1;
-      o.slowdown.resize(n);
-      for (double& f : o.slowdown) f = 1.0 + static_cast<double>(dev_rng() % 300) / 100.0;
+      o.host.threads_per_device = 1;
+      o.host.slowdown.resize(n);
+      for (double& f : o.host.slowdown) f = 1.0 + static_cast<double>(dev_rng() % 300) / 100.0;
     }
-    o.policy = rng() % 3 == 0 ? SchedulePolicy::kStatic : SchedulePolicy::kSteal;
-    o.chunk_size = 1 + rng() % 16;
+    o.schedule.policy = rng() % 3 == 0 ? SchedulePolicy::kStatic : SchedulePolicy::kSteal;
+    o.schedule.chunk_size = 1 + rng() % 16;
     o.on_device_failure = rng() % 2 == 0 ? OnDeviceFailure::kExclude : OnDeviceFailure::kFail;
-    if (cluster) o.on_device_failure = OnDeviceFailure::kFail, o.cluster = cluster;  // across ranks a loss fails the step
+    if (cluster) o.on_device_failure = OnDeviceFailure::kFail, o.cluster.job = cluster;  // across ranks a loss fails the step
     o.stall_timeout = timeout;
-    o.seed = rng();
+    o.schedule.seed = rng();
     // This step's fault: kind, device, and the how-manieth chunk of that device it hits (it may never come).
     struct Plan {
       Fault kind = Fault::kNone;
@@ -215,13 +217,14 @@ int main(int argc, char** argv) {
       std::atomic<bool> fired{false};
       std::atomic<std::int64_t> fired_ns{0};
     } plan;
-    o.inject_fault = [&plan, rank](std::size_t device, std::uint64_t, ChunkId) {
+    const stealbatch::testing::FaultInjector faults = [&plan, rank](std::size_t device, std::uint64_t, ChunkId) {
       if (plan.kind == Fault::kNone || rank != plan.rank || device != plan.device || plan.seen.fetch_add(1) != plan.at) return Fault::kNone;
       plan.fired_ns.store(Clock::now().time_since_epoch().count());
       plan.fired.store(true);
       return plan.kind;
     };
     Runtime rt(o);
+    stealbatch::testing::inject_faults(rt, faults);
     ++t.runtimes;
     std::vector<float> params = model.initial_parameters(rng());
     rt.register_parameters(model.layout(), params);
@@ -357,8 +360,8 @@ int main(int argc, char** argv) {
       if (const double err = max_relative_error(rt.gradient(), ref); err > 1e-5) {
         ++t.gradient_mismatches;
         std::fprintf(stderr, "\nsoak: step %llu: gradient relative error %.3g on %s (%s, chunk %zu, batch %zu, fault %s%s)\n",
-                     static_cast<unsigned long long>(t.steps), err, o.devices.c_str(), o.policy == SchedulePolicy::kStatic ? "static" : "steal",
-                     o.chunk_size, batch, fired ? kind_name(plan.kind) : "none", rep.excluded_devices.empty() ? "" : ", a device excluded");
+                     static_cast<unsigned long long>(t.steps), err, o.devices.c_str(), o.schedule.policy == SchedulePolicy::kStatic ? "static" : "steal",
+                     o.schedule.chunk_size, batch, fired ? kind_name(plan.kind) : "none", rep.excluded_devices.empty() ? "" : ", a device excluded");
       }
       // On a terminal the progress line is redrawn every 2 s; into a log, a plain line every 10 s.
       if (rank == 0 && Clock::now() - last_print > std::chrono::seconds(tty ? 2 : 10)) {

@@ -79,22 +79,22 @@ struct PolicySetup {
 PolicySetup make_policy(const std::string& name, const Scenario& sc) {
   RuntimeOptions o;
   if (name == "static") {
-    o.policy = SchedulePolicy::kStatic, o.placement = PlacementPolicy::kEqual;
+    o.schedule.policy = SchedulePolicy::kStatic, o.schedule.placement = PlacementPolicy::kEqual;
   } else if (name == "oracle") {
-    o.policy = SchedulePolicy::kStatic, o.placement = PlacementPolicy::kGiven, o.placement_weights = sc.speeds;
+    o.schedule.policy = SchedulePolicy::kStatic, o.schedule.placement = PlacementPolicy::kGiven, o.schedule.placement_weights = sc.speeds;
   } else if (name == "lbbsp") {
     // LB-BSP / DBS: static, with every step's shares resized from the previous step's measured throughput.
-    o.policy = SchedulePolicy::kStatic, o.placement = PlacementPolicy::kPreviousStep;
+    o.schedule.policy = SchedulePolicy::kStatic, o.schedule.placement = PlacementPolicy::kPreviousStep;
   } else if (name == "central") {
     // One shared lock-free queue (boost::lockfree::queue) that every device takes from: no placement, no locality.
-    o.policy = SchedulePolicy::kCentral, o.placement = PlacementPolicy::kEqual, o.endgame = EndGame::kOff;
-    o.chunk_sizing = ChunkSizing::kFixed;
+    o.schedule.policy = SchedulePolicy::kCentral, o.schedule.placement = PlacementPolicy::kEqual, o.schedule.endgame = EndGame::kOff;
+    o.schedule.chunk_sizing = ChunkSizing::kFixed;
   } else if (name == "steal") {
-    o.policy = SchedulePolicy::kSteal, o.placement = PlacementPolicy::kEqual, o.endgame = EndGame::kOff;
-    o.chunk_sizing = ChunkSizing::kFixed;
+    o.schedule.policy = SchedulePolicy::kSteal, o.schedule.placement = PlacementPolicy::kEqual, o.schedule.endgame = EndGame::kOff;
+    o.schedule.chunk_sizing = ChunkSizing::kFixed;
   } else if (name == "steal-adaptive") {
-    o.policy = SchedulePolicy::kSteal, o.placement = PlacementPolicy::kThroughput, o.endgame = EndGame::kOn;
-    o.chunk_sizing = ChunkSizing::kBySpeed;
+    o.schedule.policy = SchedulePolicy::kSteal, o.schedule.placement = PlacementPolicy::kThroughput, o.schedule.endgame = EndGame::kOn;
+    o.schedule.chunk_sizing = ChunkSizing::kBySpeed;
   } else {
     throw ConfigError("policy = '" + name + "': expected static, oracle, lbbsp, central, steal or steal-adaptive");
   }
@@ -304,12 +304,12 @@ int main(int argc, char** argv) {
           const std::size_t d0 = cluster ? static_cast<std::size_t>(rank) * per_rank : 0, d1 = cluster ? d0 + per_rank : n;
           for (std::size_t i = d0; i < d1; ++i) spec += (i > d0 ? "," : "") + std::to_string(sc.speeds[i]);
           ps.options.devices = spec;
-          ps.options.cluster = cluster;
+          ps.options.cluster.job = cluster;
           if (cluster && sc.speed_factor) {
             auto global = sc.speed_factor;  // the scenario indexes the job's devices
             ps.options.sim.speed_factor = [global, d0](std::size_t d, std::uint64_t step, double t) { return global(d0 + d, step, t); };
           }
-          ps.options.chunk_size = chunk;
+          ps.options.schedule.chunk_size = chunk;
           ps.options.sim.sample_seconds = sample_seconds;
           ps.options.sim.sample_cost = sc.cost;
           if (!cluster) ps.options.sim.speed_factor = sc.speed_factor;
@@ -318,7 +318,7 @@ int main(int argc, char** argv) {
           ps.options.sim.link_latency = latency_us * 1e-6;
           ps.options.sim.allreduce_bytes = allreduce_mb * 1e6;
           ps.options.sim.busbw = busbw_gbps * 1e9;
-          ps.options.in_flight = in_flight;
+          ps.options.gpu.in_flight = in_flight;
           ps.options.sim.launch_lead = lead_us * 1e-6;
           // The ring AllReduce floor of nccl-tests' PERFORMANCE.md, plus its latency: part of the ideal.
           const double nd = static_cast<double>(n);

@@ -31,7 +31,7 @@ int run_chunk_overhead(int argc, char** argv) {
   std::vector<double> per_chunk_us, step_us;
   std::size_t wrong = 0;
   try {
-    Runtime rt({.devices = devices, .chunk_size = 1, .policy = parse_policy(policy)});
+    Runtime rt({.devices = devices, .schedule = {.chunk_size = 1, .policy = parse_policy(policy)}});
     ParameterLayout layout;
     layout.add("p", 1);
     rt.register_parameters(layout, std::vector<float>{0.0f});

@@ -69,7 +69,7 @@ std::vector<std::uint32_t> order(std::uint64_t seed) {
 template <class Net>
 std::vector<float> gradient(const char* devices, const std::function<std::shared_ptr<Net>()>& make, const Data& d, std::span<const float> weights,
                             std::size_t batch) {
-  Runtime rt({.devices = devices, .chunk_size = 64, .threads_per_device = 1});
+  Runtime rt({.devices = devices, .schedule = {.chunk_size = 64}, .host = {.threads_per_device = 1}});
   auto chunks = chunks_of(make, d, rt.device_count());
   rt.register_parameters(chunks->layout(), weights);
   const std::vector<std::uint32_t> ids = order(3);

@@ -193,37 +193,37 @@ class PolicyRun {
 PolicyRun::PolicyRun(const TrainerFlags& flags, SchedulePolicy policy, const TrainerModel& m, const DenseData& data)
     : f(flags), model(m), train_set(data) {
   ro.devices = f.devices;
-  ro.chunk_size = chunk_size(f);
-  ro.policy = policy;
+  ro.schedule.chunk_size = chunk_size(f);
+  ro.schedule.policy = policy;
   ro.optimizer.kind = parse_optimizer(f.optimizer);
   ro.optimizer.lr = f.lr;
   ro.trace_path = f.trace.empty() ? "" : (f.compare ? f.trace + (policy == SchedulePolicy::kSteal ? ".steal.json" : ".static.json") : f.trace);
-  ro.seed = f.seed;
-  ro.endgame = f.endgame == "on" ? EndGame::kOn : EndGame::kOff;
-  ro.chunk_sizing = f.chunk_sizing == "speed" ? ChunkSizing::kBySpeed : ChunkSizing::kFixed;
-  ro.merge_stolen = f.merge_stolen == "on";
+  ro.schedule.seed = f.seed;
+  ro.schedule.endgame = f.endgame == "on" ? EndGame::kOn : EndGame::kOff;
+  ro.schedule.chunk_sizing = f.chunk_sizing == "speed" ? ChunkSizing::kBySpeed : ChunkSizing::kFixed;
+  ro.schedule.merge_stolen = f.merge_stolen == "on";
   ro.stall_timeout = f.stall_timeout;
-  ro.heartbeat_timeout = f.heartbeat_timeout;
+  ro.cluster.heartbeat_timeout = f.heartbeat_timeout;
   const DeviceSpec spec = parse_device_spec(f.devices);
-  ro.cluster = g_cluster;
+  ro.cluster.job = g_cluster;
   // What every rank must share besides the runtime's own options: the flags that shape the run.
-  ro.agree_on = {{"--seed", std::to_string(f.seed)},       {"--epochs", std::to_string(f.epochs)}, {"--batch", std::to_string(f.batch)},
+  ro.cluster.agree_on = {{"--seed", std::to_string(f.seed)},       {"--epochs", std::to_string(f.epochs)}, {"--batch", std::to_string(f.batch)},
                  {"--data", f.data},                        {"--limit", std::to_string(f.limit)},   {"training samples", std::to_string(train_set.count)},
                  {"--schedule", f.schedule},                {"--save-every", std::to_string(f.save_every)},
                  {"--resume", f.resume},                    {"--stop-after", std::to_string(f.stop_after)}};
   // Across ranks the factors may name every device of the job, in rank order (the runtime keeps this rank's).
-  ro.slowdown = g_cluster ? (f.slowdown.empty() ? std::vector<double>{} : parse_number_list(f.slowdown, "slowdown"))
+  ro.host.slowdown = g_cluster ? (f.slowdown.empty() ? std::vector<double>{} : parse_number_list(f.slowdown, "slowdown"))
                           : parse_slowdown_list(f.slowdown, spec.count);
   const bool gpu = spec.kind == DeviceKind::kCuda || spec.kind == DeviceKind::kVgpu;
-  ro.gpu_wait = f.gpu_wait == "block" ? GpuWait::kBlock : GpuWait::kSpin;
+  ro.gpu.wait = f.gpu_wait == "block" ? GpuWait::kBlock : GpuWait::kSpin;
   if (spec.kind == DeviceKind::kVgpu && std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") == nullptr) {
     std::fprintf(stderr, "note: CUDA_DEVICE_MAX_CONNECTIONS is unset (8 hardware queues): vgpu parts may wait on each other; set it to 32\n");
   }
   if (gpu && !model.chunk_function_on_gpus) {
     if (!model.gpu_chunk) throw ConfigError("devices = '" + f.devices + "': this program was built without the CUDA backend (STEALBATCH_CUDA=OFF)");
     // A GPU chunk's samples travel as rows of features + label, gathered on the host into pinned staging.
-    ro.input_bytes = gpu_input_bytes(train_set);
-    ro.gather = [&set = train_set](std::uint32_t s, std::byte* dst) { gather_sample(set, s, dst); };
+    ro.gpu.input_bytes = gpu_input_bytes(train_set);
+    ro.gpu.gather = [&set = train_set](std::uint32_t s, std::byte* dst) { gather_sample(set, s, dst); };
   }
   rt = std::make_unique<Runtime>(ro);
   rt->register_parameters(*model.layout, model.initial);
@@ -305,7 +305,7 @@ RunResult PolicyRun::finish() {
   const double secs = std::accumulate(res.epoch_seconds.begin(), res.epoch_seconds.end(), 0.0);
   res.samples_per_s = secs > 0 ? static_cast<double>(res.total.samples) / secs : 0;
   res.test_accuracy = model.test_accuracy(rt->parameters(0));
-  if (ro.chunk_size == 0) {
+  if (ro.schedule.chunk_size == 0) {
     for (std::size_t d = 0; d < rt->device_count(); ++d) res.chunk_curves.push_back(rt->chunk_curve(d));
   }
   rt.reset();  // its devices and threads go before the next policy's run

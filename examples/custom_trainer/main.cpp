@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   };
 
   try {
-    Runtime rt({.devices = devices, .chunk_size = 16, .optimizer = {.kind = OptimizerKind::kSgd, .lr = 0.1f}});
+    Runtime rt({.devices = devices, .schedule = {.chunk_size = 16}, .optimizer = {.kind = OptimizerKind::kSgd, .lr = 0.1f}});
     rt.register_parameters(layout, initial);
     std::vector<std::uint32_t> order(kSamples);
     std::iota(order.begin(), order.end(), 0u);

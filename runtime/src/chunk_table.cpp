@@ -13,7 +13,7 @@ StepPlan Runtime::Impl::plan_step(std::size_t batch) {
   const std::size_t n = dev.devices.size();
   StepPlan p;
   p.speeds = speed.estimates();  // samples/s per device; empty until measured
-  if (options.placement == PlacementPolicy::kPreviousStep && !p.speeds.empty()) {
+  if (options.schedule.placement == PlacementPolicy::kPreviousStep && !p.speeds.empty()) {
     for (std::size_t d = 0; d < n; ++d) p.speeds[d] = speed.history[d].back();
   }
   p.known = !p.speeds.empty();
@@ -27,18 +27,18 @@ StepPlan Runtime::Impl::plan_step(std::size_t batch) {
     plan_ranks(batch, p);
     return p;
   }
-  const bool steal = options.policy == SchedulePolicy::kSteal;
-  const bool adaptive = p.known && ((options.placement == PlacementPolicy::kThroughput && steal) || options.placement == PlacementPolicy::kPreviousStep);
+  const bool steal = options.schedule.policy == SchedulePolicy::kSteal;
+  const bool adaptive = p.known && ((options.schedule.placement == PlacementPolicy::kThroughput && steal) || options.schedule.placement == PlacementPolicy::kPreviousStep);
   if (adaptive) p.placement = Placement::kBySpeed;
   // Speed-sized chunks, and a share whose end is cut finer: for thieves. A lone device has none, and keeps its chunks
   // whole (fewer launches, larger GEMMs).
-  const bool by_speed = adaptive && n > 1 && steal && options.chunk_sizing == ChunkSizing::kBySpeed;
-  p.cutting = options.chunk_size == 0 ? Cutting::kSized : by_speed ? Cutting::kBySpeed : Cutting::kFixed;
+  const bool by_speed = adaptive && n > 1 && steal && options.schedule.chunk_sizing == ChunkSizing::kBySpeed;
+  p.cutting = options.schedule.chunk_size == 0 ? Cutting::kSized : by_speed ? Cutting::kBySpeed : Cutting::kFixed;
   p.finer_ends = by_speed;
   // Positions' costs and devices' speeds learnt apart (detail::CostProfile): where a chunk's time is known when its
   // call returns (host devices), with the policy that places by speed.
-  p.learn_costs = dev.host && options.cost_by_position && steal && options.placement == PlacementPolicy::kThroughput &&
-                  options.chunk_sizing == ChunkSizing::kBySpeed;
+  p.learn_costs = dev.host && options.schedule.cost_by_position && steal && options.schedule.placement == PlacementPolicy::kThroughput &&
+                  options.schedule.chunk_sizing == ChunkSizing::kBySpeed;
   if (by_speed && p.learn_costs && speed.cost_profile.active(batch, n)) {
     // Each device's speed in cost units per second: the profile's speeds. Read only before the chunk phase: the
     // profile learns (and may reallocate its costs) while the chunks run.
@@ -86,7 +86,7 @@ void cut_shares(const Shares& share, const std::vector<double>& target, const st
 // chunks of its device's size: a rung of its ladder while it explores, its chosen rung after that.
 void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& t) {
   const std::size_t n = dev.devices.size();
-  const std::vector<ChunkRange> plain = options.placement == PlacementPolicy::kGiven ? place_proportional(batch, options.placement_weights)
+  const std::vector<ChunkRange> plain = options.schedule.placement == PlacementPolicy::kGiven ? place_proportional(batch, options.schedule.placement_weights)
                                         : p.placement != Placement::kEqualOrGiven      ? place_proportional(batch, p.rate)
                                                                                        : place_equal(batch, n);
   Shares share = to_shares(plain);
@@ -124,7 +124,7 @@ void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& 
 
 // Placed by speed with fixed sizes: samples in proportion to speed, and chunks sized to it.
 void Runtime::Impl::cut_by_speed(std::size_t batch, const StepPlan& p, ChunkTable& t) {
-  const std::size_t n = dev.devices.size(), cs = options.chunk_size;
+  const std::size_t n = dev.devices.size(), cs = options.schedule.chunk_size;
   // Samples in proportion to speed, and chunks sized to it: a device at a sixth of the fastest one's speed gets a
   // sixth of the samples in chunks a sixth as large, so its chunks take about as long as anyone's and the step's
   // tail stays about one fast chunk long. Placed by cost, the same in cost units: a device's share is its part of
@@ -144,10 +144,10 @@ void Runtime::Impl::cut_by_speed(std::size_t batch, const StepPlan& p, ChunkTabl
 // Fixed sizes, placed by count: the batch cut into chunks of chunk_size (the last may hold fewer), placed equally,
 // by weight or by speed.
 void Runtime::Impl::cut_fixed(std::size_t batch, const StepPlan& p, ChunkTable& t) {
-  const std::size_t n = dev.devices.size(), cs = options.chunk_size;
+  const std::size_t n = dev.devices.size(), cs = options.schedule.chunk_size;
   for (std::size_t at = 0; at < batch; at += cs) t.spans.push_back({static_cast<std::uint32_t>(at), static_cast<std::uint32_t>(std::min(cs, batch - at))});
-  if (options.placement == PlacementPolicy::kGiven) {
-    t.ranges = place_proportional(t.size(), options.placement_weights);
+  if (options.schedule.placement == PlacementPolicy::kGiven) {
+    t.ranges = place_proportional(t.size(), options.schedule.placement_weights);
   } else {
     t.ranges = p.placement != Placement::kEqualOrGiven ? place_proportional(t.size(), p.speeds) : place_equal(t.size(), n);
   }
@@ -180,9 +180,9 @@ ChunkTable Runtime::Impl::cut_and_place(std::size_t batch, StepPlan& p) {
   ChunkTable t;
   t.ranges.resize(n);
   t.share_len.assign(n, 0);
-  t.full_chunk = options.chunk_size;
-  t.own_size.assign(n, options.chunk_size);
-  t.own_cost.assign(n, static_cast<double>(options.chunk_size));
+  t.full_chunk = options.schedule.chunk_size;
+  t.own_size.assign(n, options.schedule.chunk_size);
+  t.own_cost.assign(n, static_cast<double>(options.schedule.chunk_size));
   switch (p.cutting) {
     case Cutting::kSized: cut_sized(batch, p, t); break;
     case Cutting::kBySpeed: cut_by_speed(batch, p, t); break;
@@ -234,7 +234,7 @@ std::vector<ChunkId> ChunkTable::drop_device(std::size_t dead) {
 
 void Runtime::Impl::set_endgame_costs(ChunkTable& t, StepPlan& p) {
   // Across ranks only with stealing: a rank's devices that declined its own share's chunks would leave them to no one.
-  if (!p.known || options.endgame != EndGame::kOn || (cluster && options.policy != SchedulePolicy::kSteal)) {
+  if (!p.known || options.schedule.endgame != EndGame::kOn || (cluster && options.schedule.policy != SchedulePolicy::kSteal)) {
     sched->set_chunk_costs({});
     sched->set_chunk_weights({});
     sched->set_outside_rate(0);

@@ -75,16 +75,16 @@ void Runtime::Impl::join_cluster(DeviceSpec& spec) {
   for (double c : counts) cluster.rank_devices.push_back(static_cast<std::size_t>(c));
   cluster.first_device = std::accumulate(cluster.rank_devices.begin(), cluster.rank_devices.begin() + me, std::size_t{0});
   const std::size_t total = cluster.total_devices();
-  if (!options.slowdown.empty() && options.slowdown.size() == total && total != spec.count) {
+  if (!options.host.slowdown.empty() && options.host.slowdown.size() == total && total != spec.count) {
     // One factor per device of the whole job, in rank order: keep this rank's.
-    options.slowdown = std::vector<double>(options.slowdown.begin() + static_cast<std::ptrdiff_t>(cluster.first_device),
-                                           options.slowdown.begin() + static_cast<std::ptrdiff_t>(cluster.first_device + spec.count));
+    options.host.slowdown = std::vector<double>(options.host.slowdown.begin() + static_cast<std::ptrdiff_t>(cluster.first_device),
+                                           options.host.slowdown.begin() + static_cast<std::ptrdiff_t>(cluster.first_device + spec.count));
   }
-  if (options.threads_per_device == 0 && spec.kind == DeviceKind::kCpu) {
+  if (options.host.threads_per_device == 0 && spec.kind == DeviceKind::kCpu) {
     // The node's cores shared among the devices of every rank on it.
     std::size_t on_node = 0;
     for (int r = 0; r < ranks; ++r) on_node += cluster->same_node(r) ? cluster.rank_devices[static_cast<std::size_t>(r)] : 0;
-    options.threads_per_device = std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / std::max<std::size_t>(1, on_node)));
+    options.host.threads_per_device = std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / std::max<std::size_t>(1, on_node)));
   }
   cluster.rank_speed_history.assign(static_cast<std::size_t>(ranks), {});
   cluster.peers_seen.assign(static_cast<std::size_t>(ranks), {});
@@ -164,10 +164,10 @@ void Runtime::Impl::plan_ranks(std::size_t batch, StepPlan& p) {
   rs.speed.assign(ranks, 0.0);
   bool known = true;
   for (std::size_t r = 0; r < ranks; ++r) rs.speed[r] = median(cluster.rank_speed_history[r]), known = known && rs.speed[r] > 0;
-  rs.measured = known && options.policy == SchedulePolicy::kSteal;
+  rs.measured = known && options.schedule.policy == SchedulePolicy::kSteal;
   if (!rs.measured) rs.speed.assign(ranks, 1.0);
   const std::size_t total_devices = cluster.total_devices();
-  const std::size_t full = options.chunk_size > 0 ? options.chunk_size : std::clamp(batch / (kChunksPerDevice * total_devices), kMinAuto, kMaxAuto);
+  const std::size_t full = options.schedule.chunk_size > 0 ? options.schedule.chunk_size : std::clamp(batch / (kChunksPerDevice * total_devices), kMinAuto, kMaxAuto);
   const double fastest = *std::max_element(rs.speed.begin(), rs.speed.end());
   rs.chunk.resize(ranks);
   for (std::size_t r = 0; r < ranks; ++r) {
@@ -269,7 +269,7 @@ ChunkPhase Runtime::Impl::run_from_shares(std::span<const std::uint32_t> samples
     const auto room = static_cast<std::uint32_t>(out.size());
     std::uint32_t first = 0;
     std::size_t k = claim_own(*cluster, rs, static_cast<std::uint32_t>(dev.devices.size()), room, first);
-    for (std::size_t i = 0; k == 0 && options.policy == SchedulePolicy::kSteal && i < rs.victims.size(); ++i) {
+    for (std::size_t i = 0; k == 0 && options.schedule.policy == SchedulePolicy::kSteal && i < rs.victims.size(); ++i) {
       k = steal_from(*cluster, rs, rs.victims[i], room, first);
       if (k != 0) phase.remote_chunks += k, ++phase.remote_steals;
     }
@@ -326,7 +326,7 @@ void Runtime::Impl::sum_across_ranks(const ChunkTable& t, const ChunkPhase& phas
     }
   }
   for (std::size_t r = 0; r < ranks; ++r) {
-    if (tally.speed()[r] > 0) push_window(cluster.rank_speed_history[r], tally.speed()[r], options.throughput_window);
+    if (tally.speed()[r] > 0) push_window(cluster.rank_speed_history[r], tally.speed()[r], options.schedule.throughput_window);
   }
 }
 

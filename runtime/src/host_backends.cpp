@@ -17,11 +17,11 @@ unsigned cores() { return std::max(1u, std::thread::hardware_concurrency()); }
 
 // slowdown has one factor per device (validate() checked each one's range), or is empty: all 1.
 std::vector<double> slowdowns(const RuntimeOptions& o, std::size_t n) {
-  if (o.slowdown.empty()) return std::vector<double>(n, 1.0);
-  if (o.slowdown.size() != n) {
-    throw ConfigError("slowdown has " + std::to_string(o.slowdown.size()) + " values; expected one per device (" + std::to_string(n) + ")");
+  if (o.host.slowdown.empty()) return std::vector<double>(n, 1.0);
+  if (o.host.slowdown.size() != n) {
+    throw ConfigError("slowdown has " + std::to_string(o.host.slowdown.size()) + " values; expected one per device (" + std::to_string(n) + ")");
   }
-  return o.slowdown;
+  return o.host.slowdown;
 }
 
 class CpuBackend final : public DeviceBackend {
@@ -31,13 +31,13 @@ class CpuBackend final : public DeviceBackend {
   std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec& spec, const RuntimeOptions& o) override {
     const std::size_t n = spec.count;
     const std::vector<double> slow = slowdowns(o, n);
-    const int threads = o.threads_per_device > 0 ? o.threads_per_device : std::max(1, static_cast<int>(cores() / static_cast<unsigned>(n)));
+    const int threads = o.host.threads_per_device > 0 ? o.host.threads_per_device : std::max(1, static_cast<int>(cores() / static_cast<unsigned>(n)));
     std::vector<std::unique_ptr<Device>> out;
     for (std::size_t i = 0; i < n; ++i) {
       auto d = std::make_unique<CpuDevice>(i, threads, slow[i]);
       // More device threads than cores: each chunk ends with a preemption point (see CpuDevice::run_chunk()).
       d->set_preemption_point(n * static_cast<std::size_t>(threads) > cores());
-      d->set_compute_time(o.chunk_size == 0);  // the chunk sizer's measure
+      d->set_compute_time(o.schedule.chunk_size == 0);  // the chunk sizer's measure
       out.push_back(std::move(d));
     }
     return out;
@@ -57,7 +57,7 @@ class SimBackend final : public DeviceBackend {
       // A simulated device's speed is its spec'd speed divided by its slowdown factor.
       auto d = std::make_unique<SimDevice>(i, spec.speeds[i] / slow[i], o.sim.sample_seconds, o.sim.sample_cost);
       d->set_link(o.sim.bytes_per_sample, o.sim.link_bw, o.sim.link_latency);
-      d->set_in_flight(o.in_flight, o.sim.launch_lead);
+      d->set_in_flight(o.gpu.in_flight, o.sim.launch_lead);
       if (o.sim.speed_factor) d->set_speed_factor([f = o.sim.speed_factor, i](std::uint64_t step, double t) { return f(i, step, t); });
       out.push_back(std::move(d));
     }

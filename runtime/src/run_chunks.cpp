@@ -75,10 +75,11 @@ ChunkTiming Runtime::Impl::run_guarded(std::size_t w, std::span<const ChunkId> c
   const ChunkId c = chunks.front();
   ChunkId at = c;  // the chunk an error names: the one whose fault fired, else the call's first
   try {
+    using testing::Fault;
     Fault fault = Fault::kNone;
     for (ChunkId id : chunks) {
-      if (fault != Fault::kNone || !options.inject_fault) break;
-      fault = options.inject_fault(dev.ids[w], step_no, id);
+      if (fault != Fault::kNone || !inject_fault) break;
+      fault = inject_fault(dev.ids[w], step_no, id);
       at = id;
     }
     if (fault == Fault::kNone) at = c;
@@ -184,7 +185,7 @@ ChunkPhase Runtime::Impl::run_with_recovery(std::span<const std::uint32_t> sampl
     auto choose = [&](std::size_t w, ChunkId first, std::span<const ChunkId> more) { return mergeable(w, first, more, t, largest); };
     auto run_merged = [&](std::size_t w, std::span<const ChunkId> chunks) { run_call(w, chunks, samples, fn, t, plan); };
     const ChunkMerge merge{choose, run_merged};
-    phase.stats = sched->run(t.ranges, run, learn, options.merge_stolen ? &merge : nullptr);
+    phase.stats = sched->run(t.ranges, run, learn, options.schedule.merge_stolen ? &merge : nullptr);
   } catch (const DeviceLostError& first) {
     // on_device_failure = exclude: drop the device, then re-run on the survivors what it had run this step (its
     // gradient buffer leaves the reduction) and what nobody ran; again if another device is lost meanwhile.
@@ -223,7 +224,7 @@ void Runtime::Impl::exclude_device(std::size_t position) {
   sched.reset();  // joins the workers: they are parked between steps
   dev.exclude(position);
   speed.drop_device(position);
-  if (options.placement == PlacementPolicy::kGiven) options.placement_weights.erase(options.placement_weights.begin() + static_cast<std::ptrdiff_t>(position));
+  if (options.schedule.placement == PlacementPolicy::kGiven) options.schedule.placement_weights.erase(options.schedule.placement_weights.begin() + static_cast<std::ptrdiff_t>(position));
   if (dev.devices.empty()) throw Error("runtime: every device was lost; nothing is left to run on");
   make_communicator();
   make_scheduler();

@@ -53,14 +53,14 @@ static detail::AgreementFields agreement_fields(const RuntimeOptions& o) {
     std::snprintf(b, sizeof b, "%.9g", v);
     return std::string(b);
   };
-  detail::AgreementFields f{{"policy", std::to_string(static_cast<int>(o.policy))},
-                            {"placement", std::to_string(static_cast<int>(o.placement))},
-                            {"endgame", std::to_string(static_cast<int>(o.endgame))},
-                            {"chunk_sizing", std::to_string(static_cast<int>(o.chunk_sizing))},
-                            {"chunk_size", std::to_string(o.chunk_size)},
-                            {"merge_stolen", o.merge_stolen ? "on" : "off"},
-                            {"cost_by_position", o.cost_by_position ? "on" : "off"},
-                            {"throughput_window", std::to_string(o.throughput_window)},
+  detail::AgreementFields f{{"policy", std::to_string(static_cast<int>(o.schedule.policy))},
+                            {"placement", std::to_string(static_cast<int>(o.schedule.placement))},
+                            {"endgame", std::to_string(static_cast<int>(o.schedule.endgame))},
+                            {"chunk_sizing", std::to_string(static_cast<int>(o.schedule.chunk_sizing))},
+                            {"chunk_size", std::to_string(o.schedule.chunk_size)},
+                            {"merge_stolen", o.schedule.merge_stolen ? "on" : "off"},
+                            {"cost_by_position", o.schedule.cost_by_position ? "on" : "off"},
+                            {"throughput_window", std::to_string(o.schedule.throughput_window)},
                             {"optimizer", std::to_string(static_cast<int>(o.optimizer.kind))},
                             {"optimizer lr", num(o.optimizer.lr)},
                             {"optimizer momentum", num(o.optimizer.momentum)},
@@ -68,22 +68,26 @@ static detail::AgreementFields agreement_fields(const RuntimeOptions& o) {
                             {"optimizer eps", num(o.optimizer.eps)},
                             {"optimizer weight_decay", num(o.optimizer.weight_decay)},
                             {"stall_timeout", num(o.stall_timeout)},
-                            {"heartbeat_timeout", num(o.heartbeat_timeout)},
+                            {"heartbeat_timeout", num(o.cluster.heartbeat_timeout)},
                             {"on_device_failure", std::to_string(static_cast<int>(o.on_device_failure))}};
-  for (const auto& field : o.agree_on) f.push_back(field);
+  for (const auto& field : o.cluster.agree_on) f.push_back(field);
   return f;
 }
 
 Runtime::Impl::Impl(RuntimeOptions o) : options(std::move(o)), epoch(Clock::now()) {
   if (options.devices.empty()) options.devices = default_devices();
   validate(options);
+  // What kAuto means: placement by measured speed where thieves balance what it misplaces, an equal split without.
+  if (options.schedule.placement == PlacementPolicy::kAuto) {
+    options.schedule.placement = options.schedule.policy == SchedulePolicy::kSteal ? PlacementPolicy::kThroughput : PlacementPolicy::kEqual;
+  }
   const DeviceSpec spec = parse_device_spec(options.devices);
-  cluster.job = options.cluster;
+  cluster.job = options.cluster.job;
   DeviceSpec resolved = spec;
   if (cluster) {
     join_cluster(resolved);  // cluster_step.cpp: every rank's device count; slowdown, threads, cuda:local for this rank
     detail::check_agreement(*cluster, agreement_fields(options), "when they join");
-    cluster.heartbeat = std::make_unique<detail::Heartbeat>(cluster.job, options.heartbeat_timeout);
+    cluster.heartbeat = std::make_unique<detail::Heartbeat>(cluster.job, options.cluster.heartbeat_timeout);
   }
   if (!cluster && resolved.local_gpu) resolved.ids = {0};  // one process: the first GPU
   std::shared_ptr<DeviceBackend> backend = backend_for(spec);
@@ -91,15 +95,15 @@ Runtime::Impl::Impl(RuntimeOptions o) : options(std::move(o)), epoch(Clock::now(
   if (made.empty()) throw ConfigError("devices = '" + spec.text + "': no device");
   dev.adopt(spec.kind, std::move(backend), std::move(made));
   const std::size_t n = dev.size();
-  if (!dev.host && std::any_of(options.slowdown.begin(), options.slowdown.end(), [](double f) { return f != 1.0; })) {
-    throw ConfigError("slowdown = " + std::to_string(options.slowdown.size()) + " factors for devices = '" + spec.text +
+  if (!dev.host && std::any_of(options.host.slowdown.begin(), options.host.slowdown.end(), [](double f) { return f != 1.0; })) {
+    throw ConfigError("slowdown = " + std::to_string(options.host.slowdown.size()) + " factors for devices = '" + spec.text +
                       "': only CPU and simulated devices can be slowed down");
   }
-  if (options.placement == PlacementPolicy::kGiven && options.placement_weights.size() != n) {
-    throw ConfigError("placement_weights has " + std::to_string(options.placement_weights.size()) + " values; expected one per device (" +
+  if (options.schedule.placement == PlacementPolicy::kGiven && options.schedule.placement_weights.size() != n) {
+    throw ConfigError("placement_weights has " + std::to_string(options.schedule.placement_weights.size()) + " values; expected one per device (" +
                       std::to_string(n) + ")");
   }
-  speed.reset(n, options.throughput_window, options.policy == SchedulePolicy::kStatic, dev.host, dev.leaves_cores_idle);
+  speed.reset(n, options.schedule.throughput_window, options.schedule.policy == SchedulePolicy::kStatic, dev.host, dev.leaves_cores_idle);
   make_communicator();
   if (!options.trace_path.empty()) {
     std::vector<std::string> names;
@@ -136,8 +140,8 @@ void Runtime::Impl::make_communicator() {
 void Runtime::Impl::make_scheduler() {
   SchedulerOptions so;
   so.workers = dev.devices.size();
-  so.schedule = options.policy;
-  so.seed = options.seed;
+  so.schedule = options.schedule.policy;
+  so.seed = options.schedule.seed;
   so.on_worker_start = [this](std::size_t w) { dev.devices[w]->bind(); };
   sched = std::make_unique<Scheduler>(std::move(so));
   // The watchdog looks at the devices' chunk stamps every 1/20 of the timeout (10 to 50 ms).
@@ -176,6 +180,8 @@ std::exception_ptr Runtime::Impl::check_stalls() {
 }
 
 Runtime::Runtime(RuntimeOptions options) : m(std::make_unique<Impl>(std::move(options))) {}
+
+void testing::RuntimeAccess::inject_faults(Runtime& rt, FaultInjector f) { rt.m->inject_fault = std::move(f); }
 Runtime::~Runtime() = default;
 
 void Runtime::register_parameters(ParameterLayout layout, std::span<const float> initial) {

@@ -10,6 +10,7 @@
 #include "step_types.hpp"
 
 #include <stealbatch/runtime/runtime.hpp>
+#include <stealbatch/runtime/testing.hpp>
 #include <stealbatch/scheduler/scheduler.hpp>
 
 #include <cstddef>
@@ -68,7 +69,7 @@ struct Runtime::Impl {
   std::vector<DeviceReport> device_reports(const ChunkTable& t, const ChunkPhase& phase);
   StepReport build_report(std::size_t batch, const ChunkTable& t, const StepPlan& plan, ChunkPhase& phase, std::vector<DeviceReport> local,
                           Reduced& reduced);
-  // cluster_step.cpp: this rank's part of a job across ranks (options.cluster)
+  // cluster_step.cpp: this rank's part of a job across ranks (options.cluster.job)
   void join_cluster(DeviceSpec& spec);
   void begin_rank_step(std::span<const std::uint32_t> samples, Reduce reduce_to);  // the step's agreement, and the progress word
   void plan_ranks(std::size_t batch, StepPlan& plan);                    // the ranks' speeds, the step's tag, the victims
@@ -105,6 +106,7 @@ struct Runtime::Impl {
   std::uint64_t steps = 0;
   bool grads_dirty = false;
   bool lr_pending = false;      // set_learning_rate() ran since the last update: the replicas take options.optimizer.lr
+  testing::FaultInjector inject_fault;  // tests and the soak only (testing::inject_faults)
   std::unique_ptr<Scheduler> sched;  // last: its workers stop before the devices and replicas go
 };
 

@@ -27,13 +27,26 @@ void check_size(const char* field, std::size_t v, std::size_t lo, std::size_t hi
 
 }  // namespace
 
-void validate(const RuntimeOptions& o) {
-  if (!o.devices.empty()) (void)parse_device_spec(o.devices);
+// Each group checks its own fields; settings that nothing would read are refused, not ignored.
+void validate(const ScheduleOptions& o) {
   if (o.chunk_size > (std::size_t{1} << 20)) check_size("chunk_size", o.chunk_size, 1, std::size_t{1} << 20, ", or 0 for sizes the runtime measures");
-  validate(o.optimizer);
-  check_in_flight(o.in_flight);
-  check_size("input_bytes", o.input_bytes, 0, std::size_t{1} << 30);
-  if (o.input_bytes > 0 && !o.gather) throw ConfigError("input_bytes = " + std::to_string(o.input_bytes) + " but no gather function is set");
+  check_size("throughput_window", o.throughput_window, 1, 100);
+  if (o.placement == PlacementPolicy::kThroughput && o.policy != SchedulePolicy::kSteal) {
+    throw ConfigError(std::string("placement = throughput with policy = ") + (o.policy == SchedulePolicy::kStatic ? "static" : "central") +
+                      ": without stealing every step splits equally (as DDP does), so it would be ignored; leave placement = auto, or use "
+                      "previous_step (each step resized to the last one's speeds) or given");
+  }
+  if (!o.placement_weights.empty() && o.placement != PlacementPolicy::kGiven) {
+    throw ConfigError("placement_weights has " + std::to_string(o.placement_weights.size()) +
+                      " values but placement is not given: they would be ignored; set placement = given, or leave them empty");
+  }
+  if (o.placement == PlacementPolicy::kGiven) {
+    if (o.placement_weights.empty()) throw ConfigError("placement = given but placement_weights is empty; give one weight >= 0 per device");
+    (void)place_proportional(1, o.placement_weights);  // finite, >= 0, not all 0
+  }
+}
+
+void validate(const HostOptions& o) {
   for (std::size_t i = 0; i < o.slowdown.size(); ++i) {
     const std::string field = "slowdown[" + std::to_string(i) + "]";
     check(field.c_str(), o.slowdown[i], 1, 1000);
@@ -41,38 +54,50 @@ void validate(const RuntimeOptions& o) {
   if (o.threads_per_device < 0 || o.threads_per_device > 1024) {
     throw ConfigError("threads_per_device = " + std::to_string(o.threads_per_device) + "; valid range is [0, 1024] (0 = cores / devices)");
   }
-  check_size("throughput_window", o.throughput_window, 1, 100);
-  if (!std::isfinite(o.stall_timeout) || o.stall_timeout <= 0 || o.stall_timeout > 86400) {
-    throw ConfigError("stall_timeout = " + text(o.stall_timeout) + " s; valid range is (0, 86400]");
-  }
-  if (!std::isfinite(o.heartbeat_timeout) || o.heartbeat_timeout <= 0 || o.heartbeat_timeout > 86400) {
-    throw ConfigError("heartbeat_timeout = " + text(o.heartbeat_timeout) + " s; valid range is (0, 86400]");
-  }
-  // Settings that nothing would read are refused, not ignored.
-  if (!o.placement_weights.empty() && o.placement != PlacementPolicy::kGiven) {
-    throw ConfigError("placement_weights has " + std::to_string(o.placement_weights.size()) +
-                      " values but placement is not given: they would be ignored; set placement = given, or leave them empty");
-  }
+}
+
+void validate(const GpuOptions& o) {
+  check_in_flight(o.in_flight);
+  check_size("input_bytes", o.input_bytes, 0, std::size_t{1} << 30);
+  if (o.input_bytes > 0 && !o.gather) throw ConfigError("input_bytes = " + std::to_string(o.input_bytes) + " but no gather function is set");
   if (o.gather && o.input_bytes == 0) {
     throw ConfigError("a gather function is set but input_bytes = 0: no inputs travel, so it would never be called; set input_bytes");
   }
-  if (o.placement == PlacementPolicy::kGiven) {
-    if (o.placement_weights.empty()) throw ConfigError("placement = given but placement_weights is empty; give one weight >= 0 per device");
-    (void)place_proportional(1, o.placement_weights);  // finite, >= 0, not all 0
+}
+
+void validate(const SimOptions& o) {
+  check("sim.sample_seconds", o.sample_seconds, 0, 1, " s");
+  check("sim.bytes_per_sample", o.bytes_per_sample, 0, 1e9);
+  check("sim.link_bw", o.link_bw, 1, 1e15);
+  check("sim.link_latency", o.link_latency, 0, 1, " s");
+  check("sim.allreduce_bytes", o.allreduce_bytes, 0, 1e12);
+  check("sim.busbw", o.busbw, 1, 1e15);
+  check("sim.launch_lead", o.launch_lead, 0, 1, " s");
+}
+
+void validate(const ClusterOptions& o) {
+  if (!std::isfinite(o.heartbeat_timeout) || o.heartbeat_timeout <= 0 || o.heartbeat_timeout > 86400) {
+    throw ConfigError("heartbeat_timeout = " + text(o.heartbeat_timeout) + " s; valid range is (0, 86400]");
   }
-  check("sim.sample_seconds", o.sim.sample_seconds, 0, 1, " s");
-  check("sim.bytes_per_sample", o.sim.bytes_per_sample, 0, 1e9);
-  check("sim.link_bw", o.sim.link_bw, 1, 1e15);
-  check("sim.link_latency", o.sim.link_latency, 0, 1, " s");
-  check("sim.allreduce_bytes", o.sim.allreduce_bytes, 0, 1e12);
-  check("sim.busbw", o.sim.busbw, 1, 1e15);
-  check("sim.launch_lead", o.sim.launch_lead, 0, 1, " s");
-  if (o.cluster) {
-    if (o.policy == SchedulePolicy::kCentral) throw ConfigError("policy = central with a cluster: across ranks the policy is steal or static");
+}
+
+void validate(const RuntimeOptions& o) {
+  if (!o.devices.empty()) (void)parse_device_spec(o.devices);
+  validate(o.schedule);
+  validate(o.optimizer);
+  validate(o.host);
+  validate(o.gpu);
+  validate(o.sim);
+  validate(o.cluster);
+  if (!std::isfinite(o.stall_timeout) || o.stall_timeout <= 0 || o.stall_timeout > 86400) {
+    throw ConfigError("stall_timeout = " + text(o.stall_timeout) + " s; valid range is (0, 86400]");
+  }
+  if (o.cluster.job) {  // what a job across ranks cannot do
+    if (o.schedule.policy == SchedulePolicy::kCentral) throw ConfigError("policy = central with a cluster: across ranks the policy is steal or static");
     if (o.on_device_failure == OnDeviceFailure::kExclude) {
       throw ConfigError("on_device_failure = exclude with a cluster: across ranks a lost device fails the step on every rank (fail)");
     }
-    if (o.placement == PlacementPolicy::kGiven) throw ConfigError("placement = given with a cluster: across ranks shares follow measured speeds");
+    if (o.schedule.placement == PlacementPolicy::kGiven) throw ConfigError("placement = given with a cluster: across ranks shares follow measured speeds");
   }
 }
 

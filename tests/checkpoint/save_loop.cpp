@@ -47,8 +47,8 @@ void grad_fn(ChunkContext& ctx) {
 std::unique_ptr<Runtime> make_runtime(const ParameterLayout& layout, std::uint64_t k) {
   RuntimeOptions o;
   o.devices = "cpu:1";
-  o.threads_per_device = 1;
-  o.chunk_size = 4;
+  o.host.threads_per_device = 1;
+  o.schedule.chunk_size = 4;
   o.optimizer = {.kind = OptimizerKind::kAdam, .lr = 0.01f};
   auto rt = std::make_unique<Runtime>(o);
   rt->register_parameters(layout, values_for(k, layout.size()));

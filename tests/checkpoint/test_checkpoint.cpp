@@ -48,9 +48,9 @@ struct Trainer {
 RuntimeOptions options(OptimizerKind kind, const char* devices = "cpu:2") {
   RuntimeOptions o;
   o.devices = devices;
-  o.chunk_size = 16;
-  o.policy = SchedulePolicy::kStatic;  // each device sums the same chunks in the same order: bit-identical runs
-  o.threads_per_device = 1;
+  o.schedule.chunk_size = 16;
+  o.schedule.policy = SchedulePolicy::kStatic;  // each device sums the same chunks in the same order: bit-identical runs
+  o.host.threads_per_device = 1;
   o.optimizer.kind = kind;
   o.optimizer.lr = kind == OptimizerKind::kAdam ? 0.01f : 0.1f;
   return o;
@@ -207,7 +207,7 @@ TEST_CASE("Checkpoint.DeviceSpeedsComeBackOnTheSameDevices") {
   TempDir dir;
   Trainer t;
   RuntimeOptions o = options(OptimizerKind::kAdam, "sim:1,0.25");
-  o.policy = SchedulePolicy::kSteal;
+  o.schedule.policy = SchedulePolicy::kSteal;
   o.sim.sample_seconds = 20e-6;
   const fs::path p = dir.path / "c.safetensors";
   std::vector<double> saved;

@@ -54,10 +54,10 @@ std::vector<float> gradient(const std::string& devices, SchedulePolicy policy, c
                             const DenseData& d, std::size_t batch, std::size_t chunk, const ChunkFunction& fn) {
   RuntimeOptions o;
   o.devices = devices;
-  o.policy = policy;
-  o.chunk_size = chunk;
-  o.input_bytes = examples::gpu_input_bytes(d);
-  o.gather = [&](std::uint32_t s, std::byte* dst) { examples::gather_sample(d, s, dst); };
+  o.schedule.policy = policy;
+  o.schedule.chunk_size = chunk;
+  o.gpu.input_bytes = examples::gpu_input_bytes(d);
+  o.gpu.gather = [&](std::uint32_t s, std::byte* dst) { examples::gather_sample(d, s, dst); };
   Runtime rt(o);
   rt.register_parameters(layout, params);
   std::vector<std::uint32_t> idx(batch);
@@ -129,9 +129,9 @@ TEST_CASE("CudaRuntime.VirtualGpusStealAndStayExact") {
 
   RuntimeOptions o;
   o.devices = "vgpu:32,8,8";
-  o.chunk_size = 16;
-  o.input_bytes = examples::gpu_input_bytes(s.data);
-  o.gather = [&](std::uint32_t i, std::byte* dst) { examples::gather_sample(s.data, i, dst); };
+  o.schedule.chunk_size = 16;
+  o.gpu.input_bytes = examples::gpu_input_bytes(s.data);
+  o.gpu.gather = [&](std::uint32_t i, std::byte* dst) { examples::gather_sample(s.data, i, dst); };
   Runtime rt(o);
   rt.register_parameters(cpu.layout(), p);
   std::vector<std::uint32_t> idx(1024);
@@ -181,10 +181,10 @@ TEST_CASE("CudaRuntime.BothGpuWaitsGiveTheSameGradient") {
   for (const GpuWait w : {GpuWait::kSpin, GpuWait::kBlock}) {
     RuntimeOptions o;
     o.devices = "cuda:0";
-    o.chunk_size = 64;
-    o.gpu_wait = w;
-    o.input_bytes = examples::gpu_input_bytes(s.data);
-    o.gather = [&](std::uint32_t i, std::byte* dst) { examples::gather_sample(s.data, i, dst); };
+    o.schedule.chunk_size = 64;
+    o.gpu.wait = w;
+    o.gpu.input_bytes = examples::gpu_input_bytes(s.data);
+    o.gpu.gather = [&](std::uint32_t i, std::byte* dst) { examples::gather_sample(s.data, i, dst); };
     Runtime rt(o);
     rt.register_parameters(cpu.layout(), p);
     std::vector<std::uint32_t> idx(1024);

@@ -43,7 +43,7 @@ struct Harness {
 
   Harness() {
     std::filesystem::create_directories(dir);
-    rt = std::make_unique<Runtime>(RuntimeOptions{.devices = "sim:1,0.5", .chunk_size = 4, .optimizer = {.kind = OptimizerKind::kAdam, .lr = 1e-3f}});
+    rt = std::make_unique<Runtime>(RuntimeOptions{.devices = "sim:1,0.5", .schedule = {.chunk_size = 4}, .optimizer = {.kind = OptimizerKind::kAdam, .lr = 1e-3f}});
     ParameterLayout layout;
     layout.add("w", {2, 3});
     layout.add("b", 2);

@@ -253,8 +253,7 @@ TEST_CASE("Cnn.RuntimeGradientEqualsSequential") {
     for (std::size_t chunk : {5, 16}) {
       std::vector<std::uint32_t> batch(70 + rng() % 40);  // a partial last chunk
       for (auto& s : batch) s = static_cast<std::uint32_t>(rng() % img.data.count);
-      Runtime rt({.devices = "cpu:" + std::to_string(devices), .chunk_size = chunk, .policy = SchedulePolicy::kSteal,
-                  .threads_per_device = 1});
+      Runtime rt({.devices = "cpu:" + std::to_string(devices), .schedule = {.chunk_size = chunk, .policy = SchedulePolicy::kSteal}, .host = {.threads_per_device = 1}});
       rt.register_parameters(model.layout(), init);
       std::vector<CnnModel::Workspace> ws(devices);
       const StepReport r = rt.compute_gradient(batch, [&](ChunkContext& ctx) {

@@ -5,6 +5,7 @@
 #include <stealbatch/error.hpp>
 #include <stealbatch/mpi/mpi_cluster.hpp>
 #include <stealbatch/runtime/runtime.hpp>
+#include <stealbatch/runtime/testing.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -26,6 +27,7 @@
 #include <vector>
 
 using namespace stealbatch;
+using stealbatch::testing::Fault;
 
 namespace {
 
@@ -92,8 +94,8 @@ std::uint64_t hash_floats(std::span<const float> v) {
 RuntimeOptions on_cluster(const std::string& devices, std::size_t chunk, double sample_seconds = 1e-5) {
   RuntimeOptions o;
   o.devices = devices;
-  o.cluster = g_cluster;
-  o.chunk_size = chunk;
+  o.cluster.job = g_cluster;
+  o.schedule.chunk_size = chunk;
   o.sim.sample_seconds = sample_seconds;
   return o;
 }
@@ -140,15 +142,15 @@ void exactly_once() {
 void gradient() {
   RuntimeOptions o;
   o.devices = "cpu:2";
-  o.threads_per_device = 1;
-  o.cluster = g_cluster;
-  o.chunk_size = 8;
+  o.host.threads_per_device = 1;
+  o.cluster.job = g_cluster;
+  o.schedule.chunk_size = 8;
   Runtime rt(o);
   rt.register_parameters(layout(), initial());
   RuntimeOptions solo;
   solo.devices = "cpu:1";
-  solo.threads_per_device = 1;
-  solo.chunk_size = 8;
+  solo.host.threads_per_device = 1;
+  solo.schedule.chunk_size = 8;
   Runtime one(solo);
   one.register_parameters(layout(), initial());
   for (std::uint64_t s = 0; s < 5; ++s) {
@@ -252,12 +254,13 @@ void checkpoint() {
 void chunk_throws() {
   const int me = g_cluster->rank();
   RuntimeOptions o = on_cluster("sim:1", 8, 1e-5);
-  o.policy = SchedulePolicy::kStatic;  // rank 1 runs its own share, so the fault fires there whatever the timing
+  o.schedule.policy = SchedulePolicy::kStatic;  // rank 1 runs its own share, so the fault fires there whatever the timing
   auto thrown = std::make_shared<std::atomic<bool>>(false);
-  o.inject_fault = [me, thrown](std::size_t, std::uint64_t step, ChunkId) {
+  const stealbatch::testing::FaultInjector faults = [me, thrown](std::size_t, std::uint64_t step, ChunkId) {
     return me == 1 && step == 3 && !thrown->exchange(true) ? Fault::kThrow : Fault::kNone;
   };
   Runtime rt(o);
+  stealbatch::testing::inject_faults(rt, faults);
   rt.register_parameters(layout(), initial());
   for (std::uint64_t s = 0; s < 2; ++s) rt.step(batch_of(256, s), linear_chunk);
   const std::vector<float> before = rt.parameters();
@@ -296,8 +299,8 @@ void remote_steal_while_victim_computes(StealCheck check) {
   const std::filesystem::path taken_five = std::filesystem::path(dir.data()) / "taken_five";
   RuntimeOptions o;
   o.devices = "sim:1";
-  o.cluster = g_cluster;
-  o.chunk_size = 10;
+  o.cluster.job = g_cluster;
+  o.schedule.chunk_size = 10;
   o.sim.sample_seconds = 0.02;  // a 10-sample chunk: 200 ms on rank 0
   o.sim.speed_factor = [me](std::size_t, std::uint64_t, double) { return me == 0 ? 1.0 : 1000.0; };
   Runtime rt(o);
@@ -365,9 +368,9 @@ void trace_across_ranks() {
   {
     RuntimeOptions o;
     o.devices = "sim:1,1";
-    o.cluster = g_cluster;
-    o.chunk_size = 8;
-    o.policy = SchedulePolicy::kStatic;  // every rank runs chunks of its own
+    o.cluster.job = g_cluster;
+    o.schedule.chunk_size = 8;
+    o.schedule.policy = SchedulePolicy::kStatic;  // every rank runs chunks of its own
     o.sim.sample_seconds = 1e-4;
     o.trace_path = base;
     Runtime rt(o);
@@ -408,7 +411,7 @@ void config_errors() {
     try {
       RuntimeOptions o;
       o.devices = spec;
-      o.cluster = g_cluster;
+      o.cluster.job = g_cluster;
       Runtime rt(o);
     } catch (const ConfigError& e) {
       what = e.what();
@@ -419,7 +422,7 @@ void config_errors() {
   try {
     RuntimeOptions o;
     o.devices = "cpu:1";
-    o.cluster = g_cluster;
+    o.cluster.job = g_cluster;
     o.on_device_failure = OnDeviceFailure::kExclude;
     Runtime rt(o);
   } catch (const ConfigError& e) {
@@ -450,7 +453,7 @@ void ranks_disagree() {
              "disagree when they join on 'chunk_size': rank 0 has 8, rank 1 has 16 (ranks that differ from rank 0: 1)");
   fails_with("agree_on", [&] {
     RuntimeOptions o = on_cluster("sim:1", 8);
-    o.agree_on = {{"--epochs", "10"}, {"--seed", odd ? "2" : "1"}};
+    o.cluster.agree_on = {{"--epochs", "10"}, {"--seed", odd ? "2" : "1"}};
     Runtime rt(o);
   }, "on '--seed': rank 0 has 1, rank 1 has 2");
   Runtime rt(on_cluster(odd ? "sim:1,1" : "sim:1", 8));  // the devices may differ
@@ -480,10 +483,11 @@ void ranks_disagree() {
 void stall() {
   RuntimeOptions o = on_cluster("sim:1", 8, 1e-5);
   o.stall_timeout = 1.0;
-  o.policy = SchedulePolicy::kStatic;  // as in chunk_throws
+  o.schedule.policy = SchedulePolicy::kStatic;  // as in chunk_throws
   const int me = g_cluster->rank();
-  o.inject_fault = [me](std::size_t, std::uint64_t step, ChunkId) { return me == 1 && step == 2 ? Fault::kStall : Fault::kNone; };
+  const stealbatch::testing::FaultInjector faults = [me](std::size_t, std::uint64_t step, ChunkId) { return me == 1 && step == 2 ? Fault::kStall : Fault::kNone; };
   Runtime rt(o);
+  stealbatch::testing::inject_faults(rt, faults);
   rt.register_parameters(layout(), initial());
   for (std::uint64_t s = 0; s < 5; ++s) rt.step(batch_of(256, s), linear_chunk);
   std::printf("rank %d: the stalled step did not end the job\n", me);
@@ -495,12 +499,12 @@ void stall() {
 void hang_or_die(bool die) {
   RuntimeOptions o;
   o.devices = "cpu:1";
-  o.threads_per_device = 1;
-  o.cluster = g_cluster;
-  o.chunk_size = 8;
+  o.host.threads_per_device = 1;
+  o.cluster.job = g_cluster;
+  o.schedule.chunk_size = 8;
   o.stall_timeout = 60;
-  o.heartbeat_timeout = 1.0;
-  o.policy = SchedulePolicy::kStatic;  // as in chunk_throws
+  o.cluster.heartbeat_timeout = 1.0;
+  o.schedule.policy = SchedulePolicy::kStatic;  // as in chunk_throws
   const int me = g_cluster->rank();
   Runtime rt(o);
   rt.register_parameters(layout(), initial());
@@ -526,8 +530,8 @@ void hang_or_die(bool die) {
 void absent() {
   RuntimeOptions o = on_cluster("sim:1", 8, 1e-5);
   o.stall_timeout = 1.0;
-  o.heartbeat_timeout = 60;
-  o.policy = SchedulePolicy::kStatic;
+  o.cluster.heartbeat_timeout = 60;
+  o.schedule.policy = SchedulePolicy::kStatic;
   const int me = g_cluster->rank();
   Runtime rt(o);
   rt.register_parameters(layout(), initial());
@@ -543,9 +547,9 @@ void absent() {
 // while the others wait in the next one, and a rank whose runtime goes 3 s before another's.
 void long_but_alive() {
   RuntimeOptions o = on_cluster("cpu:1", 8);
-  o.heartbeat_timeout = 1.5;
+  o.cluster.heartbeat_timeout = 1.5;
   o.stall_timeout = 60;
-  o.policy = SchedulePolicy::kStatic;  // the long chunk runs on rank 1 whatever the timing
+  o.schedule.policy = SchedulePolicy::kStatic;  // the long chunk runs on rank 1 whatever the timing
   const int me = g_cluster->rank();
   const auto pause = std::chrono::seconds(3);
   {

@@ -77,7 +77,7 @@ double smoke_train_accuracy(const Model& model) {
   const std::size_t n = 10000;
   const DenseData train_set{n, train.features, std::span<const float>(train.x).first(n * train.features), std::span<const std::uint8_t>(train.y).first(n)};
   const DenseData test_set{test.count, test.features, test.x, test.y};
-  Runtime rt({.devices = "cpu:2", .chunk_size = 16, .optimizer = {.kind = OptimizerKind::kAdam, .lr = 0.001f}});
+  Runtime rt({.devices = "cpu:2", .schedule = {.chunk_size = 16}, .optimizer = {.kind = OptimizerKind::kAdam, .lr = 0.001f}});
   rt.register_parameters(model.layout(), model.initial_parameters(1));
   std::vector<typename Model::Workspace> ws(2);
   std::vector<std::uint32_t> order(n);

@@ -212,7 +212,7 @@ TEST_CASE("Runtime.AutoChunkSizeIsEachDevicesBestRungUnderStatic") {
   const RestoreCudaBackend restore;  // the test registers a stand-in
   const Curve c{2e-4, 1e-5};
   register_device_backend(DeviceKind::kCuda, std::make_shared<TimedBackend>(c));
-  Runtime rt({.devices = "cuda:all", .policy = SchedulePolicy::kStatic});  // chunk_size = 0 is the default
+  Runtime rt({.devices = "cuda:all", .schedule = {.policy = SchedulePolicy::kStatic}});  // chunk_size = 0 is the default
   ParameterLayout layout;
   layout.add("p", 1);
   rt.register_parameters(layout, std::vector<float>(1, 0.0f));
@@ -235,7 +235,7 @@ TEST_CASE("Runtime.AutoChunkSizesKeepEveryStepExact") {
   const Synthetic syn(600, 20, 5, 9);
   const MlpModel model({20, 12, 5});
   const std::vector<float> init = model.initial_parameters(2);
-  Runtime rt({.devices = "cpu:3", .slowdown = {1, 2, 1}, .threads_per_device = 1});
+  Runtime rt({.devices = "cpu:3", .host = {.slowdown = {1, 2, 1}, .threads_per_device = 1}});
   rt.register_parameters(model.layout(), init);
   std::vector<MlpModel::Workspace> ws(3);
   std::set<std::size_t> sizes;

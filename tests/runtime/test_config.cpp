@@ -30,34 +30,38 @@ TEST_CASE("Config.EveryFieldOutsideItsRangeNamesFieldAndValue") {
       {"devices", "cpu:0", [](RuntimeOptions& o) { o.devices = "cpu:0"; }},
       {"devices", "sim:1,-1", [](RuntimeOptions& o) { o.devices = "sim:1,-1"; }},
       {"devices", "vgpu:0", [](RuntimeOptions& o) { o.devices = "vgpu:0"; }},
-      {"chunk_size", "1048577", [](RuntimeOptions& o) { o.chunk_size = (1u << 20) + 1; }},
-      {"slowdown", "0.5", [](RuntimeOptions& o) { o.slowdown = {1, 0.5}; }},
-      {"slowdown has 3 values", "3", [](RuntimeOptions& o) { o.slowdown = {1, 1, 1}; }},
-      {"threads_per_device", "-1", [](RuntimeOptions& o) { o.threads_per_device = -1; }},
-      {"throughput_window", "0", [](RuntimeOptions& o) { o.throughput_window = 0; }},
-      {"throughput_window", "101", [](RuntimeOptions& o) { o.throughput_window = 101; }},
+      {"chunk_size", "1048577", [](RuntimeOptions& o) { o.schedule.chunk_size = (1u << 20) + 1; }},
+      {"slowdown", "0.5", [](RuntimeOptions& o) { o.host.slowdown = {1, 0.5}; }},
+      {"slowdown has 3 values", "3", [](RuntimeOptions& o) { o.host.slowdown = {1, 1, 1}; }},
+      {"threads_per_device", "-1", [](RuntimeOptions& o) { o.host.threads_per_device = -1; }},
+      {"throughput_window", "0", [](RuntimeOptions& o) { o.schedule.throughput_window = 0; }},
+      {"throughput_window", "101", [](RuntimeOptions& o) { o.schedule.throughput_window = 101; }},
       {"sim.sample_seconds", "2", [](RuntimeOptions& o) { o.devices = "sim:1,1", o.sim.sample_seconds = 2; }},
       {"sim.bytes_per_sample", "-1", [](RuntimeOptions& o) { o.sim.bytes_per_sample = -1; }},
       {"sim.link_bw", "0", [](RuntimeOptions& o) { o.sim.link_bw = 0; }},
       {"sim.link_latency", "nan", [nan](RuntimeOptions& o) { o.sim.link_latency = nan; }},
       {"sim.allreduce_bytes", "-5", [](RuntimeOptions& o) { o.sim.allreduce_bytes = -5; }},
       {"sim.busbw", "0", [](RuntimeOptions& o) { o.sim.busbw = 0; }},
-      {"placement_weights has 1 values", "1", [](RuntimeOptions& o) { o.placement = PlacementPolicy::kGiven, o.placement_weights = {1}; }},
-      {"weight", "-1", [](RuntimeOptions& o) { o.placement = PlacementPolicy::kGiven, o.placement_weights = {1, -1}; }},
+      {"placement_weights has 1 values", "1", [](RuntimeOptions& o) { o.schedule.placement = PlacementPolicy::kGiven, o.schedule.placement_weights = {1}; }},
+      {"weight", "-1", [](RuntimeOptions& o) { o.schedule.placement = PlacementPolicy::kGiven, o.schedule.placement_weights = {1, -1}; }},
       {"lr", "0", [](RuntimeOptions& o) { o.optimizer.lr = 0; }},
       {"momentum", "1", [](RuntimeOptions& o) { o.optimizer.momentum = 1; }},
       {"beta1", "1", [](RuntimeOptions& o) { o.optimizer.beta1 = 1; }},
       {"beta2", "-0.1", [](RuntimeOptions& o) { o.optimizer.beta2 = -0.1f; }},
       {"eps", "0", [](RuntimeOptions& o) { o.optimizer.eps = 0; }},
       {"weight_decay", "1", [](RuntimeOptions& o) { o.optimizer.weight_decay = 1; }},
-      {"in_flight", "0", [](RuntimeOptions& o) { o.in_flight = 0; }},
-      {"in_flight", "17", [](RuntimeOptions& o) { o.in_flight = 17; }},
+      {"in_flight", "0", [](RuntimeOptions& o) { o.gpu.in_flight = 0; }},
+      {"in_flight", "17", [](RuntimeOptions& o) { o.gpu.in_flight = 17; }},
       {"sim.launch_lead", "-0.001", [](RuntimeOptions& o) { o.sim.launch_lead = -1e-3; }},
       {"sim.launch_lead", "nan", [nan](RuntimeOptions& o) { o.sim.launch_lead = nan; }},
-      {"input_bytes", "2147483648", [](RuntimeOptions& o) { o.input_bytes = std::size_t{1} << 31; }},
-      {"input_bytes", "16", [](RuntimeOptions& o) { o.input_bytes = 16; }},  // no gather function
-      {"input_bytes = 0", "never be called", [](RuntimeOptions& o) { o.gather = [](std::uint32_t, std::byte*) {}; }},
-      {"placement_weights has 2 values", "ignored", [](RuntimeOptions& o) { o.placement_weights = {1, 2}; }},
+      {"input_bytes", "2147483648", [](RuntimeOptions& o) { o.gpu.input_bytes = std::size_t{1} << 31; }},
+      {"input_bytes", "16", [](RuntimeOptions& o) { o.gpu.input_bytes = 16; }},  // no gather function
+      {"input_bytes = 0", "never be called", [](RuntimeOptions& o) { o.gpu.gather = [](std::uint32_t, std::byte*) {}; }},
+      {"placement_weights has 2 values", "ignored", [](RuntimeOptions& o) { o.schedule.placement_weights = {1, 2}; }},
+      {"placement = throughput with policy = static", "auto",
+       [](RuntimeOptions& o) { o.schedule.placement = PlacementPolicy::kThroughput, o.schedule.policy = SchedulePolicy::kStatic; }},
+      {"placement = throughput with policy = central", "ignored",
+       [](RuntimeOptions& o) { o.schedule.placement = PlacementPolicy::kThroughput, o.schedule.policy = SchedulePolicy::kCentral; }},
       {"stall_timeout", "0", [](RuntimeOptions& o) { o.stall_timeout = 0; }},
       {"stall_timeout", "100000", [](RuntimeOptions& o) { o.stall_timeout = 1e5; }},
       {"trace_path", "/nonexistent-dir/trace.json", [](RuntimeOptions& o) { o.trace_path = "/nonexistent-dir/trace.json"; }},
@@ -80,4 +84,14 @@ TEST_CASE("Config.EveryFieldOutsideItsRangeNamesFieldAndValue") {
   }
   // The defaults are valid: the documented ranges include them.
   CHECK_NOTHROW(Runtime(RuntimeOptions{.devices = "cpu:2"}));
+}
+
+TEST_CASE("Config.AutoPlacementIsBySpeedWithStealingAndEqualWithout") {
+  // The common case stays one designated initializer; placement auto becomes what the policy can use.
+  Runtime steal({.devices = "cpu:2"});
+  CHECK(steal.options().schedule.placement == PlacementPolicy::kThroughput);
+  Runtime fixed({.devices = "cpu:2", .schedule = {.policy = SchedulePolicy::kStatic}});
+  CHECK(fixed.options().schedule.placement == PlacementPolicy::kEqual);
+  Runtime central({.devices = "cpu:2", .schedule = {.policy = SchedulePolicy::kCentral}});
+  CHECK(central.options().schedule.placement == PlacementPolicy::kEqual);
 }

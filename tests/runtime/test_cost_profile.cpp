@@ -170,7 +170,7 @@ TEST_CASE("CostProfile.RuntimePlacesByCostWhenTheBatchCostsByPosition") {
   const std::size_t batch = 512;
   auto cost = [batch](std::uint32_t s) { return (s % batch) < batch / 2 ? 1.0 : 0.15; };
   for (const bool enabled : {true, false}) {
-    Runtime rt({.devices = "sim:1,1,1,1", .chunk_size = 8, .cost_by_position = enabled, .sim = {.sample_seconds = 50e-6, .sample_cost = cost}});
+    Runtime rt({.devices = "sim:1,1,1,1", .schedule = {.chunk_size = 8, .cost_by_position = enabled}, .sim = {.sample_seconds = 50e-6, .sample_cost = cost}});
     ParameterLayout layout;
     layout.add("p", 1);
     rt.register_parameters(layout, std::vector<float>{0.0f});

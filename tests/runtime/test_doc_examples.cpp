@@ -109,7 +109,7 @@ TEST_CASE("DocExamples.ParameterLayoutOptimizerRuntime") {
   OptimizerOptions o{.kind = OptimizerKind::kAdam, .lr = 1e-3f};
   CHECK_NOTHROW(validate(o));
 
-  Runtime rt({.devices = "cpu:4", .chunk_size = 32});
+  Runtime rt({.devices = "cpu:4", .schedule = {.chunk_size = 32}});
   const std::vector<float> initial_values(layout.size(), 0.5f);
   rt.register_parameters(layout, initial_values);
   std::vector<std::uint32_t> batch_indices(100);

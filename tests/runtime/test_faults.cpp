@@ -5,6 +5,7 @@
 
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/runtime.hpp>
+#include <stealbatch/runtime/testing.hpp>
 #include <stealbatch/runtime/sim_device.hpp>
 
 #include <doctest/doctest.h>
@@ -16,6 +17,7 @@
 #include <thread>
 
 using namespace stealbatch;
+using stealbatch::testing::Fault;
 using namespace stealbatch::testing;
 using Clock = std::chrono::steady_clock;
 
@@ -48,11 +50,11 @@ TEST_CASE("Faults.StallFailsTheStepWithATimeoutAndTheRuntimeGoesOn") {
   std::atomic<std::int64_t> stall_at{0};
   RuntimeOptions o;
   o.devices = "sim:1,1,1";
-  o.chunk_size = 8;
-  o.policy = SchedulePolicy::kStatic;  // device 1 surely runs its own chunks: nobody steals them first
+  o.schedule.chunk_size = 8;
+  o.schedule.policy = SchedulePolicy::kStatic;  // device 1 surely runs its own chunks: nobody steals them first
   o.sim.sample_seconds = 20e-6;
   o.stall_timeout = 2;  // at 0.2 s a starved host tripped it in an ordinary chunk
-  o.inject_fault = [&](std::size_t device, std::uint64_t step, ChunkId chunk) {
+  const stealbatch::testing::FaultInjector faults = [&](std::size_t device, std::uint64_t step, ChunkId chunk) {
     std::int64_t zero = 0;  // one stall: the first chunk device 1 runs in step 2
     (void)chunk;
     if (device == 1 && step == 2 && stall_at.compare_exchange_strong(zero, Clock::now().time_since_epoch().count())) {
@@ -61,6 +63,7 @@ TEST_CASE("Faults.StallFailsTheStepWithATimeoutAndTheRuntimeGoesOn") {
     return Fault::kNone;
   };
   Runtime rt(o);
+  stealbatch::testing::inject_faults(rt, faults);
   rt.register_parameters(fx.model.layout(), fx.init);
   rt.step(fx.batch, fx.fn());
   const std::vector<float> before = rt.parameters(0);
@@ -93,11 +96,12 @@ TEST_CASE("Faults.LostDeviceFailsTheStepByDefault") {
   RuntimeOptions o;
   o.devices = "sim:1,1,1";
   o.sim.sample_seconds = 20e-6;
-  o.chunk_size = 8;
-  o.threads_per_device = 1;
-  o.policy = SchedulePolicy::kStatic;  // device 2 surely runs its own chunks (22 to 31): nobody steals them first
-  o.inject_fault = [](std::size_t device, std::uint64_t, ChunkId chunk) { return device == 2 && chunk >= 20 ? Fault::kDeviceLoss : Fault::kNone; };
+  o.schedule.chunk_size = 8;
+  o.host.threads_per_device = 1;
+  o.schedule.policy = SchedulePolicy::kStatic;  // device 2 surely runs its own chunks (22 to 31): nobody steals them first
+  const stealbatch::testing::FaultInjector faults = [](std::size_t device, std::uint64_t, ChunkId chunk) { return device == 2 && chunk >= 20 ? Fault::kDeviceLoss : Fault::kNone; };
   Runtime rt(o);
+  stealbatch::testing::inject_faults(rt, faults);
   rt.register_parameters(fx.model.layout(), fx.init);
   try {
     rt.step(fx.batch, fx.fn());
@@ -115,19 +119,20 @@ TEST_CASE("Faults.ExcludedDeviceIsDroppedAndTheGradientStaysExact") {
     CAPTURE(devices);
     RuntimeOptions o;
     o.devices = devices;
-    o.chunk_size = 4;
-    o.threads_per_device = 1;
+    o.schedule.chunk_size = 4;
+    o.host.threads_per_device = 1;
     o.sim.sample_seconds = 20e-6;
     o.on_device_failure = OnDeviceFailure::kExclude;
     // Placed equally and never stolen: device 1 surely runs its own range, in order, and dies at its third chunk.
-    o.placement = PlacementPolicy::kEqual;
-    o.policy = SchedulePolicy::kStatic;
+    o.schedule.placement = PlacementPolicy::kEqual;
+    o.schedule.policy = SchedulePolicy::kStatic;
     // Device 1 dies at its third chunk of step 2 (after running two: their gradient is lost with it).
     std::atomic<int> seen{0};
-    o.inject_fault = [&](std::size_t device, std::uint64_t step, ChunkId) {
+    const stealbatch::testing::FaultInjector faults = [&](std::size_t device, std::uint64_t step, ChunkId) {
       return device == 1 && step == 2 && seen.fetch_add(1) == 2 ? Fault::kDeviceLoss : Fault::kNone;
     };
     Runtime rt(o);
+    stealbatch::testing::inject_faults(rt, faults);
     const std::size_t n = rt.device_count();
     rt.register_parameters(fx.model.layout(), fx.init);
     const auto pause = std::chrono::microseconds(200);

@@ -81,8 +81,7 @@ TEST_CASE("Runtime.GradientEqualsSequential") {
           for (auto& s : batch) s = static_cast<std::uint32_t>(rng() % syn.data.count);
           std::vector<double> slowdown(devices);
           for (auto& f : slowdown) f = (rng() % 3 == 0) ? 1.0 + static_cast<double>(rng() % 100) / 50.0 : 1.0;
-          Runtime rt({.devices = "cpu:" + std::to_string(devices), .chunk_size = chunk, .policy = policy, .slowdown = slowdown,
-                      .threads_per_device = 1});
+          Runtime rt({.devices = "cpu:" + std::to_string(devices), .schedule = {.chunk_size = chunk, .policy = policy}, .host = {.slowdown = slowdown, .threads_per_device = 1}});
           rt.register_parameters(model.layout(), init);
           std::vector<MlpModel::Workspace> ws(devices);
           const StepReport r = rt.compute_gradient(batch, [&](ChunkContext& ctx) {
@@ -114,8 +113,7 @@ TEST_CASE("Runtime.ReplicasStayBitIdentical") {
   const Synthetic syn(512, 16, 4, 9);
   const MlpModel model({16, 12, 4});
   for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam}) {
-    Runtime rt({.devices = "cpu:4", .chunk_size = 5, .slowdown = {1, 2, 1, 1.5}, .threads_per_device = 1,
-                .optimizer = {.kind = kind, .lr = 0.01f}});
+    Runtime rt({.devices = "cpu:4", .schedule = {.chunk_size = 5}, .optimizer = {.kind = kind, .lr = 0.01f}, .host = {.slowdown = {1, 2, 1, 1.5}, .threads_per_device = 1}});
     rt.register_parameters(model.layout(), model.initial_parameters(1));
     std::vector<MlpModel::Workspace> ws(4);
     std::vector<std::uint32_t> batch(64);
@@ -149,7 +147,7 @@ TEST_CASE("Runtime.FusedHostUpdateEqualsTheSequentialOne") {
   for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam}) {
     const OptimizerOptions opt{.kind = kind, .lr = 0.01f, .weight_decay = 0.001f};
     RuntimeOptions o;
-    o.devices = "cpu:4", o.policy = SchedulePolicy::kStatic, o.chunk_size = kChunk, o.threads_per_device = 1, o.optimizer = opt;
+    o.devices = "cpu:4", o.schedule.policy = SchedulePolicy::kStatic, o.schedule.chunk_size = kChunk, o.host.threads_per_device = 1, o.optimizer = opt;
     Runtime rt(o);
     rt.register_parameters(model.layout(), model.initial_parameters(3));
     std::vector<float> ref = model.initial_parameters(3);
@@ -190,8 +188,7 @@ TEST_CASE("Runtime.LearningRateTakesEffectAtTheNextUpdate") {
   const MlpModel model({16, 12, 4});
   auto train = [&](float initial_lr, float set_lr, bool fail_first) {
     // Fixed, equally placed chunks: every run cuts the batch the same way, so only the rate tells the runs apart.
-    Runtime rt({.devices = "cpu:3", .chunk_size = 7, .placement = PlacementPolicy::kEqual, .chunk_sizing = ChunkSizing::kFixed,
-                .threads_per_device = 1, .optimizer = {.kind = OptimizerKind::kSgd, .lr = initial_lr}});
+    Runtime rt({.devices = "cpu:3", .schedule = {.chunk_size = 7, .placement = PlacementPolicy::kEqual, .chunk_sizing = ChunkSizing::kFixed}, .optimizer = {.kind = OptimizerKind::kSgd, .lr = initial_lr}, .host = {.threads_per_device = 1}});
     rt.register_parameters(model.layout(), model.initial_parameters(3));
     if (set_lr > 0) rt.set_learning_rate(set_lr);
     std::vector<MlpModel::Workspace> ws(3);
@@ -221,7 +218,7 @@ TEST_CASE("Runtime.LearningRateTakesEffectAtTheNextUpdate") {
 TEST_CASE("Runtime.ThrowingChunkFailsTheStepAndTheNextOneWorks") {
   const Synthetic syn(256, 8, 3, 4);
   const MlpModel model({8, 3});
-  Runtime rt({.devices = "cpu:3", .chunk_size = 4, .threads_per_device = 1});
+  Runtime rt({.devices = "cpu:3", .schedule = {.chunk_size = 4}, .host = {.threads_per_device = 1}});
   const std::vector<float> init = model.initial_parameters(2);
   rt.register_parameters(model.layout(), init);
   std::vector<MlpModel::Workspace> ws(3);
@@ -403,8 +400,8 @@ TEST_CASE("Runtime.ADeviceThatSlowsDownMidStepDoesNotEndTheStepLate" * doctest::
   constexpr double unit = 4e-3;
   RuntimeOptions o;
   o.devices = "sim:1,1";
-  o.chunk_size = 1;
-  o.in_flight = 1;
+  o.schedule.chunk_size = 1;
+  o.gpu.in_flight = 1;
   o.sim.sample_seconds = unit;
   o.sim.speed_factor = [](std::size_t d, std::uint64_t step, double t) { return d == 0 && step == 3 && t >= 5 * unit ? 0.1 : 1.0; };
   Runtime rt(o);
@@ -540,7 +537,7 @@ TEST_CASE("Runtime.BackendRegistryIsThreadSafeAndARuntimeKeepsItsBackend") {
   auto counting = std::make_shared<Counting>();
   const std::weak_ptr<Counting> alive = counting;
   register_device_backend(DeviceKind::kSim, counting);
-  auto rt = std::make_unique<Runtime>(RuntimeOptions{.devices = "sim:1,1", .chunk_size = 4});
+  auto rt = std::make_unique<Runtime>(RuntimeOptions{.devices = "sim:1,1", .schedule = {.chunk_size = 4}});
   CHECK(counting->made == 1);
   counting.reset();
   register_device_backend(DeviceKind::kSim, nullptr);  // the built-in again, while the runtime still runs on the other
@@ -584,12 +581,12 @@ TEST_CASE("Runtime.BackendRegistryIsThreadSafeAndARuntimeKeepsItsBackend") {
 }
 
 TEST_CASE("Runtime.ConfigErrorsNameTheField") {
-  CHECK(config_error([] { Runtime rt({.devices = "cpu:2", .chunk_size = (1u << 20) + 1}); }).find("chunk_size = 1048577") != std::string::npos);
+  CHECK(config_error([] { Runtime rt({.devices = "cpu:2", .schedule = {.chunk_size = (1u << 20) + 1}}); }).find("chunk_size = 1048577") != std::string::npos);
   CHECK(config_error([] { Runtime rt({.devices = "gpu:2"}); }).find("devices = 'gpu:2'") != std::string::npos);
   CHECK(config_error([] { Runtime rt({.devices = "cpu:0"}); }).find("devices = 'cpu:0'") != std::string::npos);
   CHECK(config_error([] { Runtime rt({.devices = "cuda:0"}); }).find("no CUDA backend is enabled") != std::string::npos);
   CHECK(config_error([] { Runtime rt({.devices = "sim:1,0"}); }).find("devices = 'sim:1,0'") != std::string::npos);
-  CHECK(config_error([] { Runtime rt({.devices = "cpu:2", .slowdown = {1, 0.5}}); }).find("slowdown[1]") != std::string::npos);
+  CHECK(config_error([] { Runtime rt({.devices = "cpu:2", .host = {.slowdown = {1, 0.5}}}); }).find("slowdown[1]") != std::string::npos);
   CHECK(config_error([] { (void)parse_slowdown_list("6.6,x,1,1", 4); }).find("slowdown = '6.6,x,1,1'") != std::string::npos);
   CHECK(config_error([] { (void)parse_slowdown_list("2,2", 4); }).find("expected one per device (4)") != std::string::npos);
   CHECK(config_error([] { (void)parse_policy("dynamic"); }).find("policy = 'dynamic'") != std::string::npos);
@@ -611,16 +608,18 @@ TEST_CASE("Runtime.ConfigErrorsNameTheField") {
 TEST_CASE("Runtime.TraceIsChromeJson") {
   const auto path = std::filesystem::temp_directory_path() / ("sb_trace_" + std::to_string(::getpid()) + ".json");
   std::uint64_t expected_chunks = 0;
+  std::atomic<std::uint64_t> calls{0}, chunks_in_calls{0};  // a thief's merged steal is one call, one event
   {
     const MlpModel model({4, 2});
     const Synthetic syn(64, 4, 2, 1);
-    Runtime rt({.devices = "cpu:2", .chunk_size = 8, .threads_per_device = 1, .trace_path = path.string()});
+    Runtime rt({.devices = "cpu:2", .schedule = {.chunk_size = 8}, .host = {.threads_per_device = 1}, .trace_path = path.string()});
     rt.register_parameters(model.layout(), model.initial_parameters(0));
     std::vector<MlpModel::Workspace> ws(2);
     std::vector<std::uint32_t> batch(64);
     std::iota(batch.begin(), batch.end(), 0u);
     for (int i = 0; i < 3; ++i) {
       expected_chunks += rt.step(batch, [&](ChunkContext& ctx) {
+                            ++calls, chunks_in_calls += ctx.chunks.size();
                             model.accumulate_gradient(ctx.params, ctx.grad, syn.data, ctx.samples, ws[ctx.device]);
                           }).chunks;
     }
@@ -637,7 +636,8 @@ TEST_CASE("Runtime.TraceIsChromeJson") {
     }
   }
   CHECK(expected_chunks >= 24);  // 64 samples in chunks of at most 8, 3 steps
-  CHECK(chunks == expected_chunks);
+  CHECK(chunks_in_calls == expected_chunks);  // every chunk ran in exactly one call
+  CHECK(chunks == calls);                     // and every call is one chunk event
   CHECK(reduces == 3);
   CHECK(barriers == 6);  // 3 steps x 2 devices
   std::filesystem::remove(path);
@@ -656,7 +656,7 @@ TEST_CASE("Runtime.SimDevicesGiveTheExactGradient") {
   const MlpModel model({12, 8, 4});
   const std::vector<float> init = model.initial_parameters(3);
   for (SchedulePolicy policy : {SchedulePolicy::kStatic, SchedulePolicy::kSteal}) {
-    Runtime rt({.devices = "sim:1,0.5,0.25", .chunk_size = 9, .policy = policy, .sim = {.sample_seconds = 2e-6}});
+    Runtime rt({.devices = "sim:1,0.5,0.25", .schedule = {.chunk_size = 9, .policy = policy}, .sim = {.sample_seconds = 2e-6}});
     rt.register_parameters(model.layout(), init);
     std::vector<MlpModel::Workspace> ws(3);
     std::vector<std::uint32_t> batch(200);
@@ -674,7 +674,7 @@ namespace {
 // Twelve steps of 512 samples on sim:1,1,0.15,0.15 (two devices at 15% speed), chunks of 8: each step's report to
 // `seen`, with its index (the first two measure the devices).
 void unequal_sim_steps(SchedulePolicy policy, double sample_seconds, const std::function<void(int, const StepReport&)>& seen) {
-  Runtime rt({.devices = "sim:1,1,0.15,0.15", .chunk_size = 8, .policy = policy, .sim = {.sample_seconds = sample_seconds}});
+  Runtime rt({.devices = "sim:1,1,0.15,0.15", .schedule = {.chunk_size = 8, .policy = policy}, .sim = {.sample_seconds = sample_seconds}});
   ParameterLayout layout;
   layout.add("p", 4);
   rt.register_parameters(layout, std::vector<float>(4, 0.0f));
@@ -738,7 +738,7 @@ TEST_CASE("Runtime.SpeedSizedChunksStayExact") {
   const Synthetic syn(400, 10, 3, 8);
   const MlpModel model({10, 6, 3});
   const std::vector<float> init = model.initial_parameters(4);
-  Runtime rt({.devices = "sim:1,0.25", .chunk_size = 8, .chunk_sizing = ChunkSizing::kBySpeed, .sim = {.sample_seconds = 5e-6}});
+  Runtime rt({.devices = "sim:1,0.25", .schedule = {.chunk_size = 8, .chunk_sizing = ChunkSizing::kBySpeed}, .sim = {.sample_seconds = 5e-6}});
   rt.register_parameters(model.layout(), init);
   std::vector<MlpModel::Workspace> ws(2);
   BothDevicesRun both;  // the slow device surely runs in the first step, so both speeds are measured after it
@@ -765,8 +765,7 @@ TEST_CASE("Runtime.MergedStealsGiveTheExactGradient") {
   const Synthetic syn(400, 10, 3, 8);
   const MlpModel model({10, 6, 3});
   const std::vector<float> init = model.initial_parameters(4);
-  Runtime rt({.devices = "sim:1,0.1", .chunk_size = 16, .chunk_sizing = ChunkSizing::kBySpeed, .merge_stolen = true,
-              .sim = {.sample_seconds = 5e-6}});
+  Runtime rt({.devices = "sim:1,0.1", .schedule = {.chunk_size = 16, .chunk_sizing = ChunkSizing::kBySpeed, .merge_stolen = true}, .sim = {.sample_seconds = 5e-6}});
   rt.register_parameters(model.layout(), init);
   std::vector<MlpModel::Workspace> ws(2);
   std::atomic<bool> stolen{false}, slow_started{false};
@@ -808,7 +807,7 @@ TEST_CASE("Runtime.ALoneDeviceKeepsItsChunksWhole") {
   layout.add("p", 1);
   auto fn = [](ChunkContext& ctx) { ctx.grad[0] += static_cast<float>(ctx.samples.size()); };
   for (const char* devices : {"sim:1", "cpu:1"}) {
-    Runtime rt({.devices = devices, .chunk_size = 256, .sim = {.sample_seconds = 1e-6}});
+    Runtime rt({.devices = devices, .schedule = {.chunk_size = 256}, .sim = {.sample_seconds = 1e-6}});
     rt.register_parameters(layout, std::vector<float>(1, 0.0f));
     std::vector<std::uint32_t> batch(256);
     std::iota(batch.begin(), batch.end(), 0u);
@@ -821,7 +820,7 @@ TEST_CASE("Runtime.ALoneDeviceKeepsItsChunksWhole") {
       CHECK(rt.step(uneven, fn).chunks == 4);  // 3 x 256 + 232
     }
   }
-  Runtime two({.devices = "sim:1,1", .chunk_size = 64, .sim = {.sample_seconds = 1e-6}});
+  Runtime two({.devices = "sim:1,1", .schedule = {.chunk_size = 64}, .sim = {.sample_seconds = 1e-6}});
   two.register_parameters(layout, std::vector<float>(1, 0.0f));
   std::vector<std::uint32_t> batch(1024);
   std::iota(batch.begin(), batch.end(), 0u);
@@ -863,7 +862,7 @@ TEST_CASE("Runtime.DevicesReserveForTheStepsLargestChunkBeforeItRuns") {
   const RestoreCudaBackend restore;  // the test registers a stand-in
   auto backend = std::make_shared<Backend>();
   register_device_backend(DeviceKind::kCuda, backend);
-  Runtime rt({.devices = "cuda:all", .chunk_size = 48});
+  Runtime rt({.devices = "cuda:all", .schedule = {.chunk_size = 48}});
   ParameterLayout layout;
   layout.add("p", 2);
   rt.register_parameters(layout, std::vector<float>(2, 0.0f));

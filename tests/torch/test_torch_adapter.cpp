@@ -99,7 +99,7 @@ TEST_CASE("Torch.CnnGradientEqualsTheHandWrittenCnnsOnOneToFourDevices") {
   for (float& g : ref) g /= static_cast<float>(batch.size());
   for (const char* devices : {"cpu:1", "cpu:2", "cpu:3", "cpu:4"}) {
     CAPTURE(devices);
-    Runtime rt({.devices = devices, .chunk_size = 8, .threads_per_device = 1});
+    Runtime rt({.devices = devices, .schedule = {.chunk_size = 8}, .host = {.threads_per_device = 1}});
     libtorch::ModuleChunks<TorchCnnImpl> chunks(
         [] { return std::make_shared<TorchCnnImpl>(); }, rt.device_count(), [&data](std::span<const std::uint32_t> s) { return libtorch::rows(data.tx, s); },
         [&data](const ::torch::Tensor& out, std::span<const std::uint32_t> s) {
@@ -144,7 +144,7 @@ TEST_CASE("Torch.GradientEqualsTheHandWrittenModelsOnOneToFourDevices") {
   };
   for (const char* devices : {"cpu:1", "cpu:2", "cpu:3", "cpu:4"}) {
     CAPTURE(devices);
-    Runtime rt({.devices = devices, .chunk_size = 16, .threads_per_device = 1});
+    Runtime rt({.devices = devices, .schedule = {.chunk_size = 16}, .host = {.threads_per_device = 1}});
     check_steps(rt, 3);
   }
   // As the torch examples run: one device slowed 4x, so its chunks are cut smaller, and thieves that merge what they
@@ -153,7 +153,7 @@ TEST_CASE("Torch.GradientEqualsTheHandWrittenModelsOnOneToFourDevices") {
     CAPTURE(devices);
     std::vector<double> slowdown(static_cast<std::size_t>(devices[4] - '0'), 1.0);
     slowdown[0] = 4.0;
-    Runtime rt({.devices = devices, .chunk_size = 16, .slowdown = slowdown, .threads_per_device = 1, .merge_stolen = true});
+    Runtime rt({.devices = devices, .schedule = {.chunk_size = 16, .merge_stolen = true}, .host = {.slowdown = slowdown, .threads_per_device = 1}});
     check_steps(rt, 5);
   }
 }
@@ -161,7 +161,7 @@ TEST_CASE("Torch.GradientEqualsTheHandWrittenModelsOnOneToFourDevices") {
 TEST_CASE("Torch.TrainingStepsLowerTheLoss") {
   ::torch::set_num_threads(1);
   const Data data;
-  Runtime rt({.devices = "cpu:2", .chunk_size = 32, .threads_per_device = 1, .optimizer = {.kind = OptimizerKind::kAdam, .lr = 0.01f}});
+  Runtime rt({.devices = "cpu:2", .schedule = {.chunk_size = 32}, .optimizer = {.kind = OptimizerKind::kAdam, .lr = 0.01f}, .host = {.threads_per_device = 1}});
   auto chunks = torch_mlp(data, rt.device_count());
   rt.register_parameters(chunks.layout(), chunks.initial());
   std::vector<std::uint32_t> all(data.count);

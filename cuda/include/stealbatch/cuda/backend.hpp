@@ -8,7 +8,7 @@ namespace stealbatch::cuda {
 // Idempotent; cheap; safe where there is no GPU (a cuda: spec then fails with a ConfigError saying why).
 //
 //   stealbatch::cuda::enable();
-//   Runtime rt({.devices = "cuda:all", .input_bytes = 785 * 4, .gather = gather_row});
+//   Runtime rt({.devices = "cuda:all", .gpu = {.input_bytes = 785 * 4, .gather = gather_row}});
 void enable();
 
 }  // namespace stealbatch::cuda

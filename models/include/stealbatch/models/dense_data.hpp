@@ -28,8 +28,8 @@ void check_input(const DenseData& data, std::size_t features, std::span<const st
 // What a GPU chunk receives of each sample (RuntimeOptions::input_bytes and ::gather): its features, then its
 // label as a float.
 //
-//   ro.input_bytes = gpu_input_bytes(train);
-//   ro.gather = [&](std::uint32_t s, std::byte* dst) { gather_sample(train, s, dst); };
+//   ro.gpu.input_bytes = gpu_input_bytes(train);
+//   ro.gpu.gather = [&](std::uint32_t s, std::byte* dst) { gather_sample(train, s, dst); };
 std::size_t gpu_input_bytes(const DenseData& data);
 void gather_sample(const DenseData& data, std::uint32_t sample, std::byte* dst);
 

@@ -15,7 +15,7 @@ namespace stealbatch::mpi {
 // library gives less than MPI_THREAD_MULTIPLE.
 //
 //   auto cluster = stealbatch::mpi::MpiCluster::world();          // every process of mpirun -np N
-//   stealbatch::Runtime rt({.devices = "cpu:1", .cluster = cluster});
+//   stealbatch::Runtime rt({.devices = "cpu:1", .cluster = {.job = cluster}});
 //
 // The window is made with MPI_Win_allocate and locked once (MPI_Win_lock_all); reads, writes and compare-and-swaps
 // are MPI_Fetch_and_op / MPI_Compare_and_swap followed by MPI_Win_flush, so each is complete when it returns. A steal

@@ -23,13 +23,13 @@
 
 namespace stealbatch {
 
-// kEqual: every step starts from an equal split. kThroughput (stealing only; a static run always splits
-// equally, as DDP does): after the first step, chunks are placed in proportion to each device's measured
-// samples/s, the median of its last throughput_window steps, so one outlier step does not move the placement.
-// kGiven: in proportion to placement_weights, every step (for instance true speeds known in advance: the
-// "oracle" static split of the perf harness). kPreviousStep: in proportion to each device's samples/s in the
-// previous step alone, with either policy (with kStatic, the per-step resizing of LB-BSP and DBS).
-enum class PlacementPolicy { kEqual, kThroughput, kGiven, kPreviousStep };
+// kAuto (the default): kThroughput with stealing, kEqual without (a static run splits equally, as DDP does).
+// kEqual: every step starts from an equal split. kThroughput (stealing only): after the first step, chunks are placed
+// in proportion to each device's measured samples/s, the median of its last throughput_window steps, so one outlier
+// step does not move the placement. kGiven: in proportion to placement_weights, every step (for instance true speeds
+// known in advance: the "oracle" static split of the perf harness). kPreviousStep: in proportion to each device's
+// samples/s in the previous step alone, with either policy (with kStatic, the per-step resizing of LB-BSP and DBS).
+enum class PlacementPolicy { kAuto, kEqual, kThroughput, kGiven, kPreviousStep };
 
 // kFixed: every chunk holds chunk_size samples (the last may hold fewer). kBySpeed (with kThroughput placement and
 // stealing, once speeds are measured): each device's samples are cut into chunks sized to its speed, chunk_size
@@ -47,10 +47,6 @@ enum class EndGame { kOn, kOff };
 // is dropped, the chunks it had run this step or held are re-run on the survivors, the reduction leaves it out,
 // the step's gradient is still exact, and later steps run on the survivors (StepReport::excluded_devices).
 enum class OnDeviceFailure { kFail, kExclude };
-
-// Faults to inject into a chunk (tests and perf/soak): kThrow, its function throws; kStall, it never completes
-// (until the stall watchdog cancels it); kDeviceLoss, its device dies before running it.
-enum class Fault { kNone, kThrow, kStall, kDeviceLoss };
 
 // Simulated devices: a chunk takes sample_seconds x (the sum of its samples' costs) / speed, slept out on the host,
 // while the chunk function computes the real gradient.
@@ -75,76 +71,102 @@ struct SimOptions {
   double launch_lead = 0.5e-3;
 };
 
-struct RuntimeOptions {
-  std::string devices{};                           // "cpu:4", "cuda:all", "cuda:0,1", "vgpu:64,16", "sim:1,1,0.5"; empty = every GPU if
-                                                   // there is one (with the CUDA backend enabled), else one CPU device per core, up to 4
+// How a step's samples are cut into chunks, placed, stolen and ended. Every rank of a job must agree on these.
+struct ScheduleOptions {
   // Samples per chunk, [1, 1048576] (on the fastest device, with kBySpeed sizing); or 0: each device's chunk is
   // the smallest size that reaches 95% of its best measured throughput (detail::ChunkSizer): large enough for its
   // kernels, as small as that allows for the step's tail; under kStatic, which has no tail to share, its best.
   // StepReport's DeviceReport::chunk_samples tells the sizes.
   std::size_t chunk_size = 0;
   SchedulePolicy policy = SchedulePolicy::kSteal;  // kStatic: no stealing (the DDP baseline)
-  PlacementPolicy placement = PlacementPolicy::kThroughput;
-  EndGame endgame = EndGame::kOn;
+  PlacementPolicy placement = PlacementPolicy::kAuto;
+  std::vector<double> placement_weights{};         // kGiven: one weight >= 0 per device (refused with another placement)
   ChunkSizing chunk_sizing = ChunkSizing::kBySpeed;
-  std::vector<double> slowdown{};                  // per device, each in [1, 1000]; empty = all 1 (CPU devices only)
-  int threads_per_device = 0;                      // CPU devices; 0 = cores / devices, at least 1
-  std::size_t throughput_window = 5;               // steps in the throughput median, [1, 100]
+  EndGame endgame = EndGame::kOn;
+  // With kSteal: a thief runs the chunks it takes in one steal (contiguous samples) in one call of the chunk
+  // function, up to its own chunk size, instead of one call each (ChunkContext::chunks lists them). A fast device
+  // that steals a slow one's small chunks then pays a call's fixed cost (an eager framework's, a kernel launch) once,
+  // and runs larger GEMMs. The gradient is the same sum. Off: one call per chunk (ctx.chunk is then the call's one
+  // chunk; with merging, code keyed on chunk ids reads ctx.chunks).
+  bool merge_stolen = false;
   // With kSteal, kThroughput and kBySpeed on CPU or simulated devices: learn, from chunk times, what each batch
   // position costs apart from each device's speed, and place by cost when that predicts chunk times far better than
   // samples/s does (a batch whose cost depends on position: several sources in fixed proportions, data sorted by
   // length). See detail/cost_profile.hpp; StepReport::placed_by_cost tells when a step was.
   bool cost_by_position = true;
-  // With kSteal: a thief runs the chunks it takes in one steal (contiguous samples) in one call of the chunk
-  // function, up to its own chunk size, instead of one call each (ChunkContext::chunks lists them). For chunk
-  // functions with a fixed cost per call, such as an eager framework's (the libtorch adapter's examples turn it on):
-  // a fast device that steals a slow one's small chunks then pays that cost once. The gradient is the same sum.
-  bool merge_stolen = false;
-  SimOptions sim{};                                // simulated devices ("sim:..." specs)
-  std::vector<double> placement_weights{};         // kGiven: one weight >= 0 per device (refused with another placement)
-  OptimizerOptions optimizer{};
-  std::string trace_path{};                        // Chrome Trace Event JSON; empty = no trace
-  // GPU devices: a chunk's inputs are gathered on the host, sample after sample, into pinned staging, then copied
-  // to the device (ChunkContext::input). gather(sample, dst) writes input_bytes bytes of that sample at dst.
+  std::size_t throughput_window = 5;               // steps in the throughput median, [1, 100]
+  std::uint64_t seed = 0x5eedba7c;                 // victim order
+};
+
+// CPU and simulated devices (host memory).
+struct HostOptions {
+  // Per device, each in [1, 1000]; empty = all 1. Across ranks, one factor per device of the whole job (rank order).
+  std::vector<double> slowdown{};
+  int threads_per_device = 0;                      // CPU devices; 0 = cores / devices, at least 1
+};
+
+// GPU devices (and, for in_flight, simulated ones).
+struct GpuOptions {
+  std::size_t in_flight = 2;                       // chunks launched and not yet finished, [1, kMaxInFlight]
+                                                   // (a worker may wait for in_flight - 1 chunks at once: keep stall_timeout above that)
+  GpuWait wait = GpuWait::kSpin;                   // how a worker waits for its chunks (see GpuWait)
+  // A chunk's inputs are gathered on the host, sample after sample, into pinned staging, then copied to the device
+  // (ChunkContext::input). gather(sample, dst) writes input_bytes bytes of that sample at dst.
   std::size_t input_bytes = 0;                     // [0, 1 << 30]; 0 = no inputs travel (the chunk function finds its own)
   std::function<void(std::uint32_t sample, std::byte* dst)> gather{};
-  std::size_t in_flight = 2;                       // GPU and simulated devices: chunks launched and not yet finished, [1, kMaxInFlight]
-                                                   // (a worker may wait for in_flight - 1 chunks at once: keep stall_timeout above that)
-  GpuWait gpu_wait = GpuWait::kSpin;               // GPU devices: how a worker waits for its chunks (see GpuWait)
+};
+
+// A multi-process run (stealbatch::mpi::MpiCluster): every rank makes its own Runtime with its own devices and calls
+// step() with the same batch, in the same order. Chunk ids are global; each rank's share follows its devices' measured
+// speed; a rank whose devices run dry takes chunks from another rank's share with one-sided atomics; the gradient is
+// reduced within the rank, then across ranks, and divided by the global batch, so every rank's parameters stay the
+// same. CPU and simulated devices.
+struct ClusterOptions {
+  std::shared_ptr<Cluster> job{};                  // empty: this process alone
+  // Every rank's runtime beats a heartbeat from a thread of its own, whatever the rank is doing (a long chunk, an
+  // evaluation, a checkpoint). A rank whose heartbeat stops for heartbeat_timeout seconds, because its process is
+  // frozen or gone or its node is unreachable, ends the job on every other rank, within heartbeat_timeout plus a
+  // tenth of it; the message names the rank, its node, and the step and chunk it was in. (0, 86400].
+  double heartbeat_timeout = 10;
+  // The trainer's own settings that every rank must share (its seed, epochs, data...), as name and value. The
+  // runtime checks them with its own (the options that shape a step) when the ranks join, the parameter layout and
+  // initial values at register_parameters(), and each step's batch (a hash of its sample ids) and learning rate
+  // before the step's first collective: a disagreement throws ConfigError on every rank, naming the field, the ranks
+  // and both values.
+  std::vector<std::pair<std::string, std::string>> agree_on{};
+};
+
+// A runtime's settings, grouped by what they configure; each group is validated with the rest by validate().
+//   Runtime rt({.devices = "cpu:4"});
+//   Runtime rt({.devices = "sim:1,1,0.5", .schedule = {.chunk_size = 32, .policy = SchedulePolicy::kStatic}});
+struct RuntimeOptions {
+  std::string devices{};                           // "cpu:4", "cuda:all", "cuda:0,1", "vgpu:64,16", "sim:1,1,0.5"; empty = every GPU if
+                                                   // there is one (with the CUDA backend enabled), else one CPU device per core, up to 4
+  ScheduleOptions schedule{};
+  OptimizerOptions optimizer{};
+  HostOptions host{};
+  GpuOptions gpu{};
+  SimOptions sim{};                                // simulated devices ("sim:..." specs)
+  ClusterOptions cluster{};
   // The stall watchdog: a step in which some device has been inside one chunk for longer than stall_timeout
   // seconds fails with a TimeoutError, and that device's waits are cancelled. (0, 86400]; default 10 minutes.
   // Across ranks, a rank whose step makes no progress for stall_timeout seconds (stuck, or not calling step() with
   // the others) ends the job too.
   double stall_timeout = 600;
-  // Across ranks: every rank's runtime beats a heartbeat from a thread of its own, whatever the rank is doing (a long
-  // chunk, an evaluation, a checkpoint). A rank whose heartbeat stops for heartbeat_timeout seconds, because its
-  // process is frozen or gone or its node is unreachable, ends the job on every other rank, within heartbeat_timeout
-  // plus a tenth of it; the message names the rank, its node, and the step and chunk it was in. (0, 86400].
-  double heartbeat_timeout = 10;
   OnDeviceFailure on_device_failure = OnDeviceFailure::kFail;
-  // Called on the device's worker before each chunk, with the device's index at the runtime's creation; what it
-  // returns happens to the chunk. Empty: no faults.
-  std::function<Fault(std::size_t device, std::uint64_t step, ChunkId chunk)> inject_fault{};
-  std::uint64_t seed = 0x5eedba7c;                 // victim order
-  // A multi-process run (stealbatch::mpi::MpiCluster): every rank makes its own Runtime with its own devices and
-  // calls step() with the same batch, in the same order. Chunk ids are global; each rank's share follows its
-  // devices' measured speed; a rank whose devices run dry takes chunks from another rank's share with one-sided
-  // atomics; the gradient is reduced within the rank, then across ranks, and divided by the global batch, so every
-  // rank's parameters stay the same. slowdown may then give one factor per device of the whole job (rank order).
-  // CPU and simulated devices. Empty: this process alone.
-  std::shared_ptr<Cluster> cluster{};
-  // Across ranks: the trainer's own settings that every rank must share (its seed, epochs, data...), as name and
-  // value. The runtime checks them with its own (the options that shape a step) when the ranks join, the parameter
-  // layout and initial values at register_parameters(), and each step's batch (a hash of its sample ids) and learning
-  // rate before the step's first collective: a disagreement throws ConfigError on every rank, naming the field, the
-  // ranks and both values.
-  std::vector<std::pair<std::string, std::string>> agree_on{};
+  std::string trace_path{};                        // Chrome Trace Event JSON; empty = no trace
 };
 
 // Checks every option against its range (and the ones that depend on each other) before anything is built; throws
 // ConfigError naming the field, the value and what is valid. The Runtime's constructor calls it first. (Options
 // that depend on the devices, such as the length of slowdown, are checked once the devices are known.)
 void validate(const RuntimeOptions& options);
+// Each group's own checks (validate(RuntimeOptions) runs them all, then what depends on several groups).
+void validate(const ScheduleOptions& o);
+void validate(const HostOptions& o);
+void validate(const GpuOptions& o);
+void validate(const SimOptions& o);
+void validate(const ClusterOptions& o);
 
 // A family of devices: the library's own for cpu: and sim: specs, and the CUDA backend (stealbatch::cuda), which
 // registers one for cuda: and vgpu: specs (stealbatch::cuda::enable()). Without it, those specs fail with a
@@ -175,6 +197,10 @@ class DeviceBackend {
 void register_device_backend(DeviceKind kind, std::shared_ptr<DeviceBackend> backend);
 std::shared_ptr<DeviceBackend> device_backend(DeviceKind kind);
 
+namespace testing {
+struct RuntimeAccess;
+}  // namespace testing
+
 // A trainer's own entries in a checkpoint (epoch, step, seed, data position): strings, as safetensors stores them.
 using CheckpointMetadata = std::map<std::string, std::string>;
 
@@ -187,7 +213,7 @@ SchedulePolicy parse_policy(std::string_view name);
 // replica each; CPU and simulated devices, in one address space, share one, which each device's worker updates
 // slice by slice in the reduction phase.)
 //
-//   Runtime rt({.devices = "cpu:4", .chunk_size = 32});
+//   Runtime rt({.devices = "cpu:4", .schedule = {.chunk_size = 32}});
 //   rt.register_parameters(layout, initial_values);
 //   StepReport r = rt.step(batch_indices, [&](ChunkContext& ctx) { model.accumulate(ctx); });
 class Runtime {
@@ -246,6 +272,7 @@ class Runtime {
   std::vector<std::pair<std::size_t, double>> chunk_curve(std::size_t device) const;
 
  private:
+  friend struct testing::RuntimeAccess;  // stealbatch/runtime/testing.hpp: fault injection
   struct Impl;  // runtime/src/runtime_impl.hpp
   std::unique_ptr<Impl> m;
 };
