@@ -245,7 +245,7 @@ int main(int argc, char** argv) {
     std::printf("# across %d ranks x %zu devices (mpirun): remote = chunks per step run on another rank than placed; leave(us) = a rank's last\n"
                 "#   call for work, which read every other rank's share and found none (median over steps, mean over ranks)\n", ranks, per_rank);
   }
-  std::printf("# bycost = timed steps the runtime placed by learnt batch-position costs (RuntimeOptions::cost_by_position)\n");
+  std::printf("# bycost = timed steps the runtime placed by learnt batch-position costs (RuntimeOptions::schedule.cost_by_position)\n");
   std::printf("%-10s %-15s %5s %10s %10s %6s %8s %8s %8s %9s %6s %6s %7s %6s%s%s\n", "# scenario", "policy", "devs", "step(ms)", "ideal(ms)", "eff",
               "speedup", "ideal-x", "steals", "moved(MB)", "umin", "umax", "#wrong", "bycost", overhead ? " overhead(ms)  share" : "",
               cluster ? "  remote leave(us)" : "");

@@ -38,7 +38,7 @@ struct TrainerFlags {
   std::uint64_t seed = 1;
   std::string endgame = "on";
   std::string chunk_sizing = "speed";
-  std::string merge_stolen = "on";  // "on": a thief runs what it steals in one call (RuntimeOptions::merge_stolen)
+  std::string merge_stolen = "on";  // "on": a thief runs what it steals in one call (RuntimeOptions::schedule.merge_stolen)
   std::string schedule = "cosine";
   std::string gpu_wait = "spin";
   std::string save{};            // checkpoint folder; empty = no checkpoints
@@ -48,7 +48,7 @@ struct TrainerFlags {
   bool save_overwrite = false;   // --save may replace the checkpoints of another run in its folder
   std::size_t stop_after = 0;    // epochs this process runs before it ends (0 = to --epochs)
   double stall_timeout = 600;    // RuntimeOptions::stall_timeout
-  double heartbeat_timeout = 10; // RuntimeOptions::heartbeat_timeout (across ranks)
+  double heartbeat_timeout = 10; // RuntimeOptions::cluster.heartbeat_timeout (across ranks)
 };
 
 // Adds the shared flags to app, with f's values as the defaults; model_options adds the model's own flags

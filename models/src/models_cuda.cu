@@ -224,7 +224,7 @@ std::size_t fc_bytes(const std::vector<std::size_t>& sizes, std::size_t m) {
 
 void require_input(const ChunkContext& ctx) {
   if (ctx.input == nullptr || ctx.stream == nullptr) {
-    throw ConfigError("the GPU models read their samples from ChunkContext::input: set RuntimeOptions::input_bytes and ::gather "
+    throw ConfigError("the GPU models read their samples from ChunkContext::input: set RuntimeOptions::gpu.input_bytes and .gather "
                       "(gpu_input_bytes, gather_sample) and run on a GPU device");
   }
 }

@@ -181,7 +181,7 @@ ChunkPhase Runtime::Impl::run_with_recovery(std::span<const std::uint32_t> sampl
     // off the step's critical path. This step is placed by what the profile knew before it.
     std::function<void()> learn;
     if (speed.pending()) learn = [this] { speed.learn_pending(); };
-    // Thieves run what they steal in one call up to their own chunk size, where asked (RuntimeOptions::merge_stolen).
+    // Thieves run what they steal in one call up to their own chunk size, where asked (RuntimeOptions::schedule.merge_stolen).
     auto choose = [&](std::size_t w, ChunkId first, std::span<const ChunkId> more) { return mergeable(w, first, more, t, largest); };
     auto run_merged = [&](std::size_t w, std::span<const ChunkId> chunks) { run_call(w, chunks, samples, fn, t, plan); };
     const ChunkMerge merge{choose, run_merged};

@@ -46,7 +46,7 @@ std::shared_ptr<DeviceBackend> backend_for(const DeviceSpec& spec) {
 }  // namespace
 
 // What the ranks of a job must share: the options that shape a step (how chunks are cut, placed, stolen and ended,
-// the optimizer), then the trainer's own (RuntimeOptions::agree_on). Not the devices, which each rank has its own of.
+// the optimizer), then the trainer's own (RuntimeOptions::cluster.agree_on). Not the devices, which each rank has its own of.
 static detail::AgreementFields agreement_fields(const RuntimeOptions& o) {
   const auto num = [](double v) {
     char b[32];

@@ -148,7 +148,7 @@ TEST_CASE("Torch.GradientEqualsTheHandWrittenModelsOnOneToFourDevices") {
     check_steps(rt, 3);
   }
   // As the torch examples run: one device slowed 4x, so its chunks are cut smaller, and thieves that merge what they
-  // steal into one call (RuntimeOptions::merge_stolen). The module then sees chunks of several chunks' samples.
+  // steal into one call (RuntimeOptions::schedule.merge_stolen). The module then sees chunks of several chunks' samples.
   for (const char* devices : {"cpu:2", "cpu:3"}) {
     CAPTURE(devices);
     std::vector<double> slowdown(static_cast<std::size_t>(devices[4] - '0'), 1.0);

@@ -25,7 +25,7 @@ struct DenseData {
 //   check_input(data, 784, samples, "mlp");
 void check_input(const DenseData& data, std::size_t features, std::span<const std::uint32_t> samples, const char* model);
 
-// What a GPU chunk receives of each sample (RuntimeOptions::input_bytes and ::gather): its features, then its
+// What a GPU chunk receives of each sample (RuntimeOptions::gpu.input_bytes and .gather): its features, then its
 // label as a float.
 //
 //   ro.gpu.input_bytes = gpu_input_bytes(train);

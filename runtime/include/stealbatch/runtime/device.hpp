@@ -34,7 +34,7 @@ struct ChunkContext {
   std::size_t device = 0;
   std::size_t home_device = 0;   // where the chunk was placed; != device when it was stolen (its inputs moved)
   ChunkId chunk = 0;
-  // The chunks this call runs: {chunk}, or, when a thief merges what it stole (RuntimeOptions::merge_stolen),
+  // The chunks this call runs: {chunk}, or, when a thief merges what it stole (RuntimeOptions::schedule.merge_stolen),
   // several contiguous ones, `chunk` first; `samples` then covers them all.
   std::span<const ChunkId> chunks;
   std::span<const std::uint32_t> samples;
@@ -48,7 +48,7 @@ struct ChunkContext {
   // work on `stream` and returns without waiting: the runtime tracks completion with events.
   void* stream = nullptr;        // the device's compute stream (cudaStream_t)
   void* blas = nullptr;          // a cuBLAS handle bound to `stream` (cublasHandle_t)
-  const void* input = nullptr;   // the chunk's inputs on the device: RuntimeOptions::gather's bytes, sample after sample
+  const void* input = nullptr;   // the chunk's inputs on the device: RuntimeOptions::gpu.gather's bytes, sample after sample
   float* device_loss = nullptr;  // a device float the chunk adds its summed loss to (atomicAdd)
   Device* owner = nullptr;       // the device running the chunk (for workspace())
   // Scratch memory of the running device (device memory on a GPU), at least `bytes`, reused by the device's

@@ -41,7 +41,7 @@ struct StepReport {
   // (those the lost devices had run or held). Empty and 0 in a step where nothing failed.
   std::vector<std::string> excluded_devices;
   std::uint64_t rerun_chunks = 0;
-  bool placed_by_cost = false;  // placed by learnt batch-position costs (RuntimeOptions::cost_by_position)
+  bool placed_by_cost = false;  // placed by learnt batch-position costs (RuntimeOptions::schedule.cost_by_position)
   // Across ranks (RuntimeOptions::cluster): every rank's devices, named "r1/cpu0", are in `devices`; chunks that ran on
   // another rank than the one they were placed on, and the steals that moved them.
   std::size_t ranks = 1;

@@ -1,4 +1,4 @@
-// Each device's chunk size, chosen from its own measured throughput against chunk size (RuntimeOptions::chunk_size = 0).
+// Each device's chunk size, chosen from its own measured throughput against chunk size (RuntimeOptions::schedule.chunk_size = 0).
 #pragma once
 
 #include <array>

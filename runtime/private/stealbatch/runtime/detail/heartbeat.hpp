@@ -29,7 +29,7 @@ class Heartbeat {
  public:
   static constexpr std::uint64_t kLeft = ~std::uint64_t{0};
 
-  // Starts beating and watching at once. timeout_s: (0, 86400], as RuntimeOptions::heartbeat_timeout.
+  // Starts beating and watching at once. timeout_s: (0, 86400], as RuntimeOptions::cluster.heartbeat_timeout.
   Heartbeat(std::shared_ptr<Cluster> cluster, double timeout_s);
   ~Heartbeat();  // writes kLeft, then stops the thread
   Heartbeat(const Heartbeat&) = delete;
