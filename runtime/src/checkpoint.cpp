@@ -165,7 +165,7 @@ Staged stage(const CheckpointFile& file, const StageTarget& m) {
     if (adam) append(s.state.second, std::string(kOptimizerPrefix) + t.name + ".v");
   }
   const double steps = number(meta, "stealbatch.optimizer.steps", source);
-  if (steps < 0 || steps > 1e18 || steps != static_cast<double>(static_cast<std::uint64_t>(steps))) {
+  if (!(steps >= 0 && steps <= 1e18) || steps != static_cast<double>(static_cast<std::uint64_t>(steps))) {  // NaN fails the first test
     fail(CheckpointError::Reason::kFormat, source, "stealbatch.optimizer.steps = " + exact(steps) + " is not a step count");
   }
   s.state.steps = static_cast<std::uint64_t>(steps);
