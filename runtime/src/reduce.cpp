@@ -4,7 +4,6 @@
 #include "runtime_impl.hpp"
 
 #include <algorithm>
-#include <numeric>
 
 namespace stealbatch {
 

@@ -224,7 +224,9 @@ void Runtime::Impl::exclude_device(std::size_t position) {
   sched.reset();  // joins the workers: they are parked between steps
   dev.exclude(position);
   speed.drop_device(position);
-  if (options.schedule.placement == PlacementPolicy::kGiven) options.schedule.placement_weights.erase(options.schedule.placement_weights.begin() + static_cast<std::ptrdiff_t>(position));
+  if (auto& w = options.schedule.placement_weights; options.schedule.placement == PlacementPolicy::kGiven) {
+    w.erase(w.begin() + static_cast<std::ptrdiff_t>(position));
+  }
   if (dev.devices.empty()) throw Error("runtime: every device was lost; nothing is left to run on");
   make_communicator();
   make_scheduler();

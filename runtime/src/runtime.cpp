@@ -2,13 +2,10 @@
 #include "runtime_impl.hpp"
 
 #include <stealbatch/error.hpp>
-#include <stealbatch/stats.hpp>
 #include <stealbatch/runtime/detail/agreement.hpp>
-#include <stealbatch/runtime/detail/speed_shares.hpp>
 
 #include <algorithm>
 #include <cstdio>
-#include <numeric>
 #include <thread>
 
 namespace stealbatch {
@@ -180,9 +177,9 @@ std::exception_ptr Runtime::Impl::check_stalls() {
 }
 
 Runtime::Runtime(RuntimeOptions options) : m(std::make_unique<Impl>(std::move(options))) {}
+Runtime::~Runtime() = default;
 
 void testing::RuntimeAccess::inject_faults(Runtime& rt, FaultInjector f) { rt.m->inject_fault = std::move(f); }
-Runtime::~Runtime() = default;
 
 void Runtime::register_parameters(ParameterLayout layout, std::span<const float> initial) {
   if (initial.size() != layout.size()) {

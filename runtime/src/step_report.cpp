@@ -79,7 +79,7 @@ StepReport Runtime::Impl::build_report(std::size_t batch, const ChunkTable& t, c
       const auto from = std::max(phase.start + last, std::min(dev.replicas[d]->device_end, barrier));
       trace->add({static_cast<std::uint32_t>(dev.ids[d]), 0, (from - epoch).count(), (barrier - epoch).count(), TraceKind::kBarrier});
     }
-    trace->add({static_cast<std::uint32_t>(dev.ids.size() + dev.lost.size()), 0, (phase.end - epoch).count(), (reduced.end - epoch).count(), TraceKind::kAllReduce});
+    trace->add({static_cast<std::uint32_t>(dev.ever()), 0, (phase.end - epoch).count(), (reduced.end - epoch).count(), TraceKind::kAllReduce});
   }
   if (cluster) {
     // Every rank's devices and loss, from the tallies; what this rank took from the others.
