@@ -203,6 +203,7 @@ int main(int argc, char** argv) {
     }
     o.schedule.policy = rng() % 3 == 0 ? SchedulePolicy::kStatic : SchedulePolicy::kSteal;
     o.schedule.chunk_size = 1 + rng() % 16;
+    o.schedule.merge_stolen = rng() % 2 == 0;
     o.on_device_failure = rng() % 2 == 0 ? OnDeviceFailure::kExclude : OnDeviceFailure::kFail;
     if (cluster) o.on_device_failure = OnDeviceFailure::kFail, o.cluster.job = cluster;  // across ranks a loss fails the step
     o.stall_timeout = timeout;
@@ -228,27 +229,30 @@ int main(int argc, char** argv) {
     ++t.runtimes;
     std::vector<float> params = model.initial_parameters(rng());
     rt.register_parameters(model.layout(), params);
-    // Which device ran each chunk this step (names), to count every chunk on a device that survived the step.
-    std::vector<std::vector<std::string>> ran;
-    std::vector<std::pair<std::size_t, std::size_t>> span_of;  // per chunk: its first position in the batch and its size
+    // Every call of the chunk function this step: the device that ran it (its name), the chunks it ran (one, or a
+    // thief's merged steal), and the span of the batch it covered; to count every chunk, and every sample, on a
+    // device that survived the step.
+    struct Call {
+      std::string device;
+      std::vector<ChunkId> chunks;
+      std::size_t at = 0, size = 0;
+    };
+    std::vector<Call> calls;
     const std::uint32_t* batch_base = nullptr;
-    std::mutex ran_mutex;
+    std::mutex calls_mutex;
     auto fn = [&](ChunkContext& ctx) {
       thread_local MlpModel::Workspace ws;
       ctx.add_loss(model.accumulate_gradient(ctx.params, ctx.grad, data, ctx.samples, ws));
-      const std::lock_guard lock(ran_mutex);
-      if (ctx.chunk >= ran.size()) throw std::logic_error("soak: chunk id beyond the batch");
-      ran[ctx.chunk].push_back(ctx.owner->name());
-      const auto at = static_cast<std::size_t>(ctx.samples.data() - batch_base);
-      span_of[ctx.chunk] = {at, ctx.samples.size()};
+      const std::lock_guard lock(calls_mutex);
+      calls.push_back({ctx.owner->name(), std::vector<ChunkId>(ctx.chunks.begin(), ctx.chunks.end()),
+                       static_cast<std::size_t>(ctx.samples.data() - batch_base), ctx.samples.size()});
     };
     const std::size_t steps = 10 + rng() % 30;
     for (std::size_t s = 0; s < steps && (s == 0 || keep_going()); ++s) {
       const std::size_t batch = 32 + rng() % 480;
       std::vector<std::uint32_t> idx(batch);
       for (auto& i : idx) i = static_cast<std::uint32_t>(rng() % count);
-      ran.assign(batch, {});  // at most one chunk per sample (speed-sized chunks can be smaller than chunk_size)
-      span_of.assign(batch, {0, 0});
+      calls.clear();
       batch_base = idx.data();
       plan.kind = Fault::kNone;
       plan.seen = 0;
@@ -343,12 +347,13 @@ int main(int argc, char** argv) {
       // Across ranks each rank counts what its devices ran, and the sums must be 1 (chunk by chunk, then sample by
       // sample); rank 0 keeps the job's tally.
       std::vector<double> chunk_runs(rep.chunks, 0.0), covered(batch, 0.0);
-      for (std::size_t c = 0; c < rep.chunks; ++c) {
-        const auto& runs = ran[c];
-        std::size_t on_alive = 0;
-        for (const auto& who : runs) on_alive += std::find(alive.begin(), alive.end(), who) != alive.end();
-        chunk_runs[c] = static_cast<double>(on_alive);
-        for (std::size_t i = 0; i < span_of[c].second; ++i) covered[span_of[c].first + i] += static_cast<double>(on_alive);
+      for (const Call& call : calls) {
+        if (std::find(alive.begin(), alive.end(), call.device) == alive.end()) continue;
+        for (ChunkId c : call.chunks) {
+          if (c >= rep.chunks) throw std::logic_error("soak: chunk id " + std::to_string(c) + " beyond the step's " + std::to_string(rep.chunks));
+          chunk_runs[c] += 1;
+        }
+        for (std::size_t i = 0; i < call.size; ++i) covered[call.at + i] += 1;
       }
       chunk_runs = over_ranks(std::move(chunk_runs));
       covered = over_ranks(std::move(covered));
