@@ -35,6 +35,9 @@ struct Scenario {
   std::string name;
   std::vector<double> speeds;                     // true relative speeds
   std::function<double(std::uint32_t)> cost{};    // relative cost of a sample (empty: 1)
+  // What a trainer would give as a sample's cost (its tokens), for the policies that take costs (steal-cost, packer);
+  // empty: the true cost. It may differ from the true one, as a token count misses attention's quadratic term.
+  std::function<double(std::uint32_t)> tokens{};
   // A factor on a device's speed at (step, seconds into the step); empty: constant speeds.
   std::function<double(std::size_t, std::uint64_t, double)> speed_factor{};
 };
@@ -64,11 +67,32 @@ Scenario make_scenario(const std::string& name, std::size_t n, std::size_t batch
     for (double& c : *costs) c = ln(rng);
     return {name, std::vector<double>(n, 1.0), [costs](std::uint32_t s) { return (*costs)[s % costs->size()]; }};
   }
+  if (name == "doclen" || name == "doclen-grouped") {
+    // Documents of lognormal length L (median 245 tokens, sigma 1, within [8, 2048]), each a transformer's cost
+    // L d + L^2 d / c relative to its mean: c = 1024 puts attention's part level with the rest at L = 1024 (a
+    // stand-in for c fitted to measured chunk times). The trainer gives L. Grouped: each batch sorted by length,
+    // longest first, as length-grouped samplers order it, so an equal split gives the first devices the long ones.
+    auto len = std::make_shared<std::vector<double>>(total);
+    std::mt19937_64 rng(11);
+    std::lognormal_distribution<double> ln(std::log(245.0), 1.0);
+    for (double& l : *len) l = std::clamp(std::round(ln(rng)), 8.0, 2048.0);
+    if (name == "doclen-grouped") {
+      for (std::size_t at = 0; at < total; at += batch) std::sort(len->begin() + static_cast<std::ptrdiff_t>(at), len->begin() + static_cast<std::ptrdiff_t>(std::min(total, at + batch)), std::greater<>());
+    }
+    constexpr double c = 1024;
+    double mean = 0;
+    for (double l : *len) mean += l + l * l / c;
+    mean /= static_cast<double>(total);
+    Scenario sc{name, std::vector<double>(n, 1.0)};
+    sc.cost = [len, mean](std::uint32_t s) { const double l = (*len)[s % len->size()]; return (l + l * l / c) / mean; };
+    sc.tokens = [len](std::uint32_t s) { return (*len)[s % len->size()]; };
+    return sc;
+  }
   if (name == "slowdown") {
     // Equal devices; every third step, device 0 drops to 30% of its speed a third of the way into the step.
     return {name, std::vector<double>(n, 1.0)};
   }
-  throw ConfigError("scenario = '" + name + "': expected seed-slow, seed-skew, hetero, varcost, slowdown or scale");
+  throw ConfigError("scenario = '" + name + "': expected seed-slow, seed-skew, hetero, varcost, doclen, doclen-grouped, slowdown or scale");
 }
 
 struct PolicySetup {
@@ -92,11 +116,15 @@ PolicySetup make_policy(const std::string& name, const Scenario& sc) {
   } else if (name == "steal") {
     o.schedule.policy = SchedulePolicy::kSteal, o.schedule.placement = PlacementPolicy::kEqual, o.schedule.endgame = EndGame::kOff;
     o.schedule.chunk_sizing = ChunkSizing::kFixed;
-  } else if (name == "steal-adaptive") {
+  } else if (name == "steal-adaptive" || name == "steal-cost") {
+    // steal-cost: the same, given each sample's cost with every step (the scenario's tokens).
     o.schedule.policy = SchedulePolicy::kSteal, o.schedule.placement = PlacementPolicy::kThroughput, o.schedule.endgame = EndGame::kOn;
     o.schedule.chunk_sizing = ChunkSizing::kBySpeed;
+  } else if (name == "packer") {
+    // A token-balanced packer: static, each step's samples packed onto the devices by the given cost (the tokens).
+    o.schedule.policy = SchedulePolicy::kStatic, o.schedule.placement = PlacementPolicy::kPacked;
   } else {
-    throw ConfigError("policy = '" + name + "': expected static, oracle, lbbsp, central, steal or steal-adaptive");
+    throw ConfigError("policy = '" + name + "': expected static, oracle, lbbsp, central, steal, steal-adaptive, steal-cost or packer");
   }
   return {name, o};
 }
@@ -145,8 +173,8 @@ int main(int argc, char** argv) {
   CLI::App app{"stealbench: the runtime on simulated devices, scenario by policy, against the ideal"};
   app.footer("Mode: stealbench --chunk-overhead [--devices cpu:2] [--policy steal] [--chunks 4096] [--steps 50]: the runtime's cost per "
              "chunk with empty chunk functions on real devices (stealbench --chunk-overhead --help).");
-  app.add_option("--scenario", scenarios_arg, "seed-slow,seed-skew,hetero,scale or all")->capture_default_str();
-  app.add_option("--policy", policies_arg, "static,oracle,lbbsp,central,steal,steal-adaptive or all")->capture_default_str();
+  app.add_option("--scenario", scenarios_arg, "seed-slow,seed-skew,hetero,varcost,doclen,doclen-grouped,slowdown,scale or all (all: not the doclen ones)")->capture_default_str();
+  app.add_option("--policy", policies_arg, "static,oracle,lbbsp,central,steal,steal-adaptive,steal-cost,packer or all (the last two: doclen scenarios)")->capture_default_str();
   app.add_option("--devices", devices, "simulated devices (scale uses 4 to 64)")->check(CLI::Range(2, 1024))->capture_default_str();
   app.add_option("--steps", steps, "timed steps per row")->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first (they also measure the devices)")->check(CLI::Range(0, 1000))->capture_default_str();
@@ -219,7 +247,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> scen = scenarios_arg == "all"
                                       ? std::vector<std::string>{"seed-slow", "seed-skew", "hetero", "varcost", "slowdown", "scale"}
                                       : split(scenarios_arg);
-  const std::vector<std::string> all_policies{"static", "oracle", "lbbsp", "central", "steal", "steal-adaptive"};
+  const std::vector<std::string> all_policies{"static", "oracle", "lbbsp", "central", "steal", "steal-adaptive", "steal-cost", "packer"};
   std::vector<std::string> pols = policies_arg == "all" ? (cluster ? std::vector<std::string>{"static", "steal-adaptive"} : all_policies) : split(policies_arg);
   // static first, whatever the order asked: every other row's speedup is against it.
   std::stable_sort(pols.begin(), pols.end(), [&](const std::string& a, const std::string& b) {
@@ -245,7 +273,7 @@ int main(int argc, char** argv) {
     std::printf("# across %d ranks x %zu devices (mpirun): remote = chunks per step run on another rank than placed; leave(us) = a rank's last\n"
                 "#   call for work, which read every other rank's share and found none (median over steps, mean over ranks)\n", ranks, per_rank);
   }
-  std::printf("# bycost = timed steps the runtime placed by learnt batch-position costs (RuntimeOptions::schedule.cost_by_position)\n");
+  std::printf("# bycost = timed steps the runtime placed by cost: given sample costs (steal-cost, packer) or learnt batch-position ones (schedule.cost_by_position)\n");
   std::printf("%-10s %-15s %5s %10s %10s %6s %8s %8s %8s %9s %6s %6s %7s %6s%s%s\n", "# scenario", "policy", "devs", "step(ms)", "ideal(ms)", "eff",
               "speedup", "ideal-x", "steals", "moved(MB)", "umin", "umax", "#wrong", "bycost", overhead ? " overhead(ms)  share" : "",
               cluster ? "  remote leave(us)" : "");
@@ -298,6 +326,12 @@ int main(int argc, char** argv) {
         };
         double static_ms = 0;
         for (const std::string& pname : pols) {
+          // The policies given costs: the doclen scenarios in one process (left out of "all" elsewhere).
+          const bool given = pname == "steal-cost" || pname == "packer";
+          if (given && (cluster || !sc.tokens)) {
+            if (policies_arg == "all") continue;
+            throw ConfigError("policy = " + pname + " needs a doclen scenario in one process");
+          }
           PolicySetup ps = make_policy(pname, sc);
           std::string spec = "sim:";
           // Across ranks, rank r drives devices [r x per_rank, (r + 1) x per_rank) of the scenario.
@@ -335,16 +369,18 @@ int main(int argc, char** argv) {
           std::vector<std::vector<double>> util(n);
           std::uint64_t wrong = 0;
           std::size_t by_cost = 0;  // timed steps placed by position costs
+          std::vector<double> given_cost(given ? step_batch : 0);
           for (std::size_t i = 0; i < warmup + steps; ++i) {
             const auto first = static_cast<std::uint32_t>(i * step_batch);
             std::iota(samples.begin(), samples.end(), first);
             double work = 0;
             for (std::uint32_t s : samples) work += sc.cost ? sc.cost(s) : 1.0;
             for (auto& c : seen) c.store(0, std::memory_order_relaxed);
+            for (std::size_t k = 0; k < given_cost.size(); ++k) given_cost[k] = sc.tokens(samples[k]);
             const StepReport r = rt.compute_gradient(samples, [&](ChunkContext& ctx) {
               for (std::uint32_t s : ctx.samples) seen[s - first].fetch_add(1, std::memory_order_relaxed);
               ctx.grad[0] += static_cast<float>(ctx.samples.size());
-            });
+            }, given_cost);
             {
               std::vector<double> runs(step_batch + 2);
               for (std::size_t k = 0; k < step_batch; ++k) runs[k] = seen[k].load(std::memory_order_relaxed);

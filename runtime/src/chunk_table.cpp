@@ -46,7 +46,53 @@ StepPlan Runtime::Impl::plan_step(std::size_t batch) {
     p.rate.assign(speed.cost_profile.speeds().begin(), speed.cost_profile.speeds().end());
     p.position_cost = speed.cost_profile.costs();
   }
+  if (costs.given()) plan_given_costs(batch, p);
   return p;
+}
+
+// The step's sample costs (one process): with stealing, or packed, the batch is placed and cut in cost, each
+// position's cost the trainer's over the batch's mean. A static run that is not packed splits the samples equally, as
+// DDP does (the costs still measure each device's cost per second).
+void Runtime::Impl::plan_given_costs(std::size_t batch, StepPlan& p) {
+  const std::size_t n = dev.devices.size();
+  const bool steal = options.schedule.policy == SchedulePolicy::kSteal;
+  if (!steal && !costs.packed()) return;
+  p.placement = Placement::kByCost;
+  p.position_cost = costs.norm;
+  p.learn_costs = false;  // the costs are given, not learnt by position
+  p.cost_chunk = cost_chunk(batch);
+  // Each device's measured cost per second, in the plan's units (mean samples of this batch per second).
+  std::vector<double> measured = speed.cost_estimates();
+  if (options.schedule.placement == PlacementPolicy::kPreviousStep && !measured.empty()) {
+    for (std::size_t d = 0; d < n; ++d) measured[d] = speed.cost_rate[d].back();
+  }
+  bool known = measured.size() == n;
+  for (double& r : measured) known = known && std::isfinite(r) && r > 0, r /= costs.mean;
+  const PlacementPolicy placement = options.schedule.placement;
+  const bool by_measure = placement == PlacementPolicy::kThroughput || placement == PlacementPolicy::kPreviousStep;
+  // The end game weighs devices by what was measured; shares follow it where the placement does, the weights where
+  // given, and equal costs otherwise (a packed batch too: the packer is blind to speeds).
+  p.known = known && (by_measure || costs.packed());
+  p.rate = p.known ? measured : placement == PlacementPolicy::kGiven ? options.schedule.placement_weights : std::vector<double>(n, 1.0);
+  if (costs.packed()) {
+    p.cutting = Cutting::kPacked;
+    p.finer_ends = false;
+    return;
+  }
+  p.cutting = Cutting::kBySpeed;
+  p.finer_ends = n > 1;
+}
+
+// A full chunk's cost in mean samples of the batch: chunk_size; or, with chunk_size = 0, the smallest chunk whose
+// fixed call cost is at most a tenth of its time on every device (detail::CallFit), within [1, the batch over the
+// devices]; 16 until a device's calls are known.
+double Runtime::Impl::cost_chunk(std::size_t batch) const {
+  constexpr double kUntilKnown = 16, kEfficiency = 0.9;
+  if (options.schedule.chunk_size > 0) return static_cast<double>(options.schedule.chunk_size);
+  double c = 0;
+  for (const detail::CallFit& f : speed.call_fit) c = std::max(c, f.overhead_cost(kEfficiency));
+  c = c > 0 ? c / costs.mean : kUntilKnown;
+  return std::clamp(c, 1.0, std::max(1.0, static_cast<double>(batch) / static_cast<double>(dev.devices.size())));
 }
 
 namespace {
@@ -124,7 +170,8 @@ void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& 
 
 // Placed by speed with fixed sizes: samples in proportion to speed, and chunks sized to it.
 void Runtime::Impl::cut_by_speed(std::size_t batch, const StepPlan& p, ChunkTable& t) {
-  const std::size_t n = dev.devices.size(), cs = options.schedule.chunk_size;
+  const std::size_t n = dev.devices.size();
+  const double cs = p.cost_chunk > 0 ? p.cost_chunk : static_cast<double>(options.schedule.chunk_size);  // in cost units with given costs
   // Samples in proportion to speed, and chunks sized to it: a device at a sixth of the fastest one's speed gets a
   // sixth of the samples in chunks a sixth as large, so its chunks take about as long as anyone's and the step's
   // tail stays about one fast chunk long. Placed by cost, the same in cost units: a device's share is its part of
@@ -132,13 +179,25 @@ void Runtime::Impl::cut_by_speed(std::size_t batch, const StepPlan& p, ChunkTabl
   const double fastest = *std::max_element(p.rate.begin(), p.rate.end());
   std::vector<double> floor(n);
   for (std::size_t d = 0; d < n; ++d) {
-    t.own_size[d] = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(static_cast<double>(cs) * p.rate[d] / fastest)));
-    t.own_cost[d] = p.by_cost() ? static_cast<double>(cs) * p.rate[d] / fastest : static_cast<double>(t.own_size[d]);
+    t.own_size[d] = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(cs * p.rate[d] / fastest)));
+    t.own_cost[d] = p.by_cost() ? cs * p.rate[d] / fastest : static_cast<double>(t.own_size[d]);
     floor[d] = p.by_cost() ? t.own_cost[d] / 4 : static_cast<double>(std::max<std::size_t>(1, t.own_size[d] / 4));  // a quarter chunk
   }
   const std::vector<double> weights = detail::speed_share_weights(p.rate, speed.history, t.own_size, batch);
   const Shares share = p.by_cost() ? detail::split_by_cost(p.position_cost, weights) : to_shares(place_proportional(batch, weights));
   cut_shares(share, t.own_cost, floor, std::vector<bool>(n, true), p.position_cost, t, t.ranges);
+}
+
+// Packed (PlacementPolicy::kPacked): each device's packed samples lie together (GivenCosts::take()); each share is cut
+// into whole chunks of the cost budget.
+void Runtime::Impl::cut_packed(const StepPlan& p, ChunkTable& t) {
+  const std::size_t n = dev.devices.size();
+  Shares share(n);
+  std::uint32_t at = 0;
+  for (std::size_t d = 0; d < n; ++d) share[d] = {at, at + costs.packed_len[d]}, at += costs.packed_len[d];
+  const std::vector<double> target(n, p.cost_chunk);
+  for (std::size_t d = 0; d < n; ++d) t.own_size[d] = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(p.cost_chunk))), t.own_cost[d] = p.cost_chunk;
+  cut_shares(share, target, /*floor: whole chunks*/ target, std::vector<bool>(n, true), p.position_cost, t, t.ranges);
 }
 
 // Fixed sizes, placed by count: the batch cut into chunks of chunk_size (the last may hold fewer), placed equally,
@@ -188,7 +247,9 @@ ChunkTable Runtime::Impl::cut_and_place(std::size_t batch, StepPlan& p) {
     case Cutting::kBySpeed: cut_by_speed(batch, p, t); break;
     case Cutting::kFixed: cut_fixed(batch, p, t); break;
     case Cutting::kRankShares: cut_rank_shares(batch, p, t); break;
+    case Cutting::kPacked: cut_packed(p, t); break;
   }
+  if (p.cost_chunk > 0) t.full_chunk = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(p.cost_chunk)));
   const std::size_t chunks = t.size();
   // Each chunk's cost in the units of the plan's rate: its samples, or the sum of its positions' costs.
   t.chunk_cost.resize(chunks);
@@ -209,12 +270,17 @@ ChunkTable Runtime::Impl::cut_and_place(std::size_t batch, StepPlan& p) {
   t.runs.assign(chunks, 0);
   t.took_s.assign(p.learn_costs ? chunks : 0, 0.0);
   t.compute_s.assign(p.sized() ? chunks : 0, 0.0);
+  // Given costs: each chunk's in the trainer's units, and on host devices each call's time against it.
+  t.given_cost.assign(costs.given() ? chunks : 0, 0.0);
+  for (std::size_t c = 0; c < t.given_cost.size(); ++c) t.given_cost[c] = costs.trainer_cost(t.spans[c].begin, t.spans[c].size);
+  t.calls.assign(costs.given() && dev.host ? n : 0, {});
   return t;
 }
 
 std::vector<ChunkId> ChunkTable::drop_device(std::size_t dead) {
   const auto at = static_cast<std::ptrdiff_t>(dead);
   own_size.erase(own_size.begin() + at), own_cost.erase(own_cost.begin() + at), share_len.erase(share_len.begin() + at);
+  if (!calls.empty()) calls.erase(calls.begin() + at);
   std::vector<ChunkId> redo;
   for (std::size_t c = 0; c < size(); ++c) {
     if (runs[c] != 0 && ran_on[c] == dead) runs[c] = 0;  // its gradient buffer leaves the reduction with it

@@ -109,7 +109,8 @@ void Runtime::Impl::record_call(std::size_t w, std::span<const ChunkId> chunks, 
   if (own) r.device_end = std::max(r.device_end, timing.device_end);
   // The call's span: on the device's timeline when it keeps one, else the worker's call (read once, for every use).
   const auto begin = own ? timing.device_begin : t0;
-  const auto end = own ? timing.device_end : (plan.watch_speed || !t.took_s.empty() || !t.compute_s.empty() || trace ? Clock::now() : t0);
+  const bool timed = plan.watch_speed || !t.took_s.empty() || !t.compute_s.empty() || !t.calls.empty() || trace;
+  const auto end = own ? timing.device_end : (timed ? Clock::now() : t0);
   const double took = seconds(end - begin);
   // The call's cost in the units of the plan's rate.
   double cost = 0;
@@ -120,6 +121,11 @@ void Runtime::Impl::record_call(std::size_t w, std::span<const ChunkId> chunks, 
     const double part = chunks.size() == 1 || !(cost > 0) ? 1.0 / static_cast<double>(chunks.size()) : t.chunk_cost[id] / cost;
     if (!t.took_s.empty()) t.took_s[id] = took * part;
     if (!t.compute_s.empty()) t.compute_s[id] = chunks.size() > 1 ? 0.0 : timing.compute_seconds > 0 ? timing.compute_seconds : took;
+  }
+  if (!t.calls.empty()) {  // this device's own list: only its worker writes it
+    double given = 0;
+    for (ChunkId id : chunks) given += t.given_cost[id];
+    t.calls[w].emplace_back(given, took);
   }
   if (plan.watch_speed) watch_live_speed(w, chunks, took * plan.rate[w] / cost, took, t, plan);
   if (trace) trace->push(w, {static_cast<std::uint32_t>(dev.ids[w]), c, (begin - epoch).count(), (end - epoch).count(), TraceKind::kChunk});

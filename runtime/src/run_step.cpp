@@ -9,12 +9,17 @@
 
 namespace stealbatch {
 
-StepReport Runtime::Impl::run_step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to) {
-  if (samples.empty()) throw ConfigError("batch = 0 samples; a step needs at least 1");
-  if (samples.size() > std::numeric_limits<std::uint32_t>::max()) {
-    throw ConfigError("batch = " + std::to_string(samples.size()) + " samples; at most 4294967295 per step");
+StepReport Runtime::Impl::run_step(std::span<const std::uint32_t> batch_samples, const ChunkFunction& fn, Reduce reduce_to,
+                                   std::span<const double> cost) {
+  if (batch_samples.empty()) throw ConfigError("batch = 0 samples; a step needs at least 1");
+  if (batch_samples.size() > std::numeric_limits<std::uint32_t>::max()) {
+    throw ConfigError("batch = " + std::to_string(batch_samples.size()) + " samples; at most 4294967295 per step");
   }
   if (layout.size() == 0) throw ConfigError("step: no parameters registered; call register_parameters() first");
+  if (cluster && !cost.empty()) throw ConfigError("sample costs across ranks: not supported yet; step() without `cost` places by measured speed");
+  // The samples in the order the step runs them: the trainer's, or packed device after device (kPacked).
+  const bool pack = options.schedule.placement == PlacementPolicy::kPacked;
+  const std::span<const std::uint32_t> samples = costs.take(batch_samples, cost, pack ? dev.devices.size() : 0);
   const std::size_t batch = samples.size();
   const auto t_start = Clock::now();
   if (cluster) begin_rank_step(samples, reduce_to);          // cluster_step.cpp: every rank at the same step

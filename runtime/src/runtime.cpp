@@ -231,6 +231,14 @@ std::vector<std::pair<std::size_t, double>> Runtime::chunk_curve(std::size_t dev
   return m->speed.chunk_sizer.curve(device);
 }
 
+Runtime::CallCost Runtime::call_cost(std::size_t device) const {
+  (void)m->dev.devices.at(device);  // std::out_of_range for a device that does not exist
+  const detail::CallFit& f = m->speed.call_fit.at(device);
+  if (!f.known()) return {};
+  const detail::CallFit::Line l = f.line();
+  return {l.per_call, l.per_unit, f.calls()};
+}
+
 std::vector<float> Runtime::parameters(std::size_t device) const {
   std::vector<float> out(m->layout.size());
   Device& d = *m->dev.devices.at(device);
@@ -302,16 +310,16 @@ void Runtime::Impl::take_mean_gradient(std::size_t batch) {
 // The full-batch mean: the sum over every sample divided by the true sample count (a partial last chunk weighs what it
 // holds), never a mean of per-device means. Host devices write the mean (or the update) slice by slice in the
 // reduction phase; other devices reduce the sum, and then each hands over or updates its replica.
-StepReport Runtime::compute_gradient(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
+StepReport Runtime::compute_gradient(std::span<const std::uint32_t> samples, const ChunkFunction& fn, std::span<const double> cost) {
   const auto t0 = Clock::now();
-  StepReport rep = m->run_step(samples, fn, m->dev.host ? Reduce::kMean : Reduce::kSum);
+  StepReport rep = m->run_step(samples, fn, m->dev.host ? Reduce::kMean : Reduce::kSum, cost);
   m->take_mean_gradient(samples.size());
   return m->finish_step(std::move(rep), t0);
 }
 
-StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunction& fn) {
+StepReport Runtime::step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, std::span<const double> cost) {
   const auto t0 = Clock::now();
-  StepReport rep = m->run_step(samples, fn, m->dev.host ? Reduce::kUpdate : Reduce::kSum);
+  StepReport rep = m->run_step(samples, fn, m->dev.host ? Reduce::kUpdate : Reduce::kSum, cost);
   if (m->dev.host) {
     m->switch_shared_params(rep);
   } else {

@@ -5,6 +5,7 @@
 
 #include "cluster_state.hpp"
 #include "device_set.hpp"
+#include "given_costs.hpp"
 #include "shared_parameters.hpp"
 #include "speed_model.hpp"
 #include "step_types.hpp"
@@ -30,9 +31,12 @@ struct Runtime::Impl {
   // One step, for one process and across ranks alike: plan, cut and place the chunks, run them, reduce, report
   // (run_step.cpp). Across ranks, where the devices get their chunks (the ranks' share words) and how the sum crosses
   // processes (the tally) are cluster_step.cpp's; every other phase is the same code.
-  StepReport run_step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to);
+  StepReport run_step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to, std::span<const double> cost);
   // chunk_table.cpp
   StepPlan plan_step(std::size_t batch);
+  void plan_given_costs(std::size_t batch, StepPlan& plan);  // the step's sample costs: placement and chunks in cost
+  double cost_chunk(std::size_t batch) const;                 // a full chunk's cost, in mean samples of the batch
+  void cut_packed(const StepPlan& plan, ChunkTable& t);
   ChunkTable cut_and_place(std::size_t batch, StepPlan& plan);
   void cut_sized(std::size_t batch, const StepPlan& plan, ChunkTable& t);
   void cut_by_speed(std::size_t batch, const StepPlan& plan, ChunkTable& t);
@@ -95,6 +99,7 @@ struct Runtime::Impl {
   RuntimeOptions options;
   DeviceSet dev;              // the devices, their replicas' tallies, ids, and the devices lost
   SpeedModel speed;           // what the steps taught of the devices' speeds and the positions' costs
+  GivenCosts costs;           // the step's sample costs, as the trainer gave them (empty: none)
   SharedParameters shared;    // host devices: the one copy of the parameters and the optimizer
   ClusterState cluster;       // across ranks: this rank's part of the job (false in one process)
   std::unique_ptr<Communicator> comm;

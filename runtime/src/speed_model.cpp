@@ -18,6 +18,8 @@ constexpr std::size_t kSlownessWindow = 16;
 void SpeedModel::reset(std::size_t n, std::size_t window, bool static_policy, bool host, bool learn_later) {
   history.assign(n, {});
   stolen_slowness.assign(n, {});
+  cost_rate.assign(n, {});
+  call_fit.assign(n, {});
   m_idle_steps.assign(n, 0);
   chunk_sizer.reset(n);
   // No thieves under the static policy: each device's fastest rung, not the smallest good-enough one.
@@ -36,6 +38,15 @@ std::vector<double> SpeedModel::estimates() const {
   return detail::pooled_speeds(out, history);
 }
 
+std::vector<double> SpeedModel::cost_estimates() const {
+  std::vector<double> out;
+  for (const auto& h : cost_rate) {
+    if (h.empty()) return {};
+    out.push_back(median(h));
+  }
+  return detail::pooled_speeds(out, cost_rate);
+}
+
 void SpeedModel::learn_pending() noexcept {
   PendingObservation& p = m_pending;
   if (!p.ready) return;
@@ -49,7 +60,7 @@ void SpeedModel::learn_pending() noexcept {
 
 void SpeedModel::drop_device(std::size_t position) {
   const auto at = [position](auto& v) { v.erase(v.begin() + static_cast<std::ptrdiff_t>(position)); };
-  at(history), at(stolen_slowness), at(m_idle_steps);
+  at(history), at(stolen_slowness), at(m_idle_steps), at(cost_rate), at(call_fit);
   cost_profile.reset();  // indexed by the devices as they were
   chunk_sizer.erase(position);
   m_pending.ready = false;
@@ -65,14 +76,20 @@ void SpeedModel::learn_from_step(std::size_t batch, const ChunkTable& t, const S
     auto& h = history[d];
     if (dr.compute_s > 0 && dr.samples > 0) {
       push_window(h, static_cast<double>(dr.samples) / dr.compute_s, m_window);
+      if (dr.cost > 0) push_window(cost_rate[d], dr.cost / dr.compute_s, m_window);
       m_idle_steps[d] = 0;
     } else if (++m_idle_steps[d] >= kStaleAfterIdleSteps) {
       // A device that runs nothing gets no fresh figure, and a wrong low one (a slow first step, a passing stall)
       // would keep it idle for good: few chunks placed, every chunk declined in the end game. After a while, forget
       // it; the next step splits equally and measures every device again.
       h.clear();
+      cost_rate[d].clear();
       m_idle_steps[d] = 0;
     }
+  }
+  // Each call's time against the given cost it held (host devices, where the call's time is the chunk's).
+  for (std::size_t d = 0; d < n && d < t.calls.size(); ++d) {
+    for (const auto& [cost, seconds] : t.calls[d]) call_fit[d].add(cost, seconds);
   }
   if (plan.sized()) {
     if (m_host) {

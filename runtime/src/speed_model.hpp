@@ -7,6 +7,7 @@
 
 #include "step_types.hpp"
 
+#include <stealbatch/runtime/detail/call_fit.hpp>
 #include <stealbatch/runtime/detail/chunk_sizer.hpp>
 #include <stealbatch/runtime/detail/cost_profile.hpp>
 #include <stealbatch/runtime/telemetry.hpp>
@@ -29,6 +30,9 @@ struct SpeedModel {
   // sizes' throughput, the positions' costs, and the slowness of the data stolen from each device. Nothing from a step
   // with a re-run round (its counters cover that round only).
   void learn_from_step(std::size_t batch, const ChunkTable& t, const StepPlan& plan, bool rerun, std::span<const DeviceReport> local);
+  // Each device's given cost per second (the trainer's units: step()'s `cost`), its median over the window; empty
+  // until every device has a figure.
+  std::vector<double> cost_estimates() const;
   // The cost profile learns from the last step's chunk times, if they wait (noexcept: the profile is advice).
   void learn_pending() noexcept;
   bool pending() const noexcept { return m_pending.ready; }
@@ -38,6 +42,8 @@ struct SpeedModel {
   std::vector<std::vector<double>> stolen_slowness;  // per device, its stolen chunks' time over what their thieves' speed predicts
   detail::CostProfile cost_profile;                  // costs by batch position, apart from device speeds (cost_by_position)
   detail::ChunkSizer chunk_sizer;                    // each device's chunk size (chunk_size = 0)
+  std::vector<std::vector<double>> cost_rate;        // per device, its last given-cost-per-second figures
+  std::vector<detail::CallFit> call_fit;             // per device, its call time against the given cost it held
 
  private:
   // The last step's chunk times, for the profile to learn from (devices that leave the cores idle: while the next

@@ -37,6 +37,7 @@ std::vector<DeviceReport> Runtime::Impl::device_reports(const ChunkTable& t, con
   // stolen by the device that ran it.
   for (std::size_t c = 0; c < t.size(); ++c) {
     if (t.runs[c] != 0 && t.ran_on[c] != t.home[c]) ++out[t.ran_on[c]].chunks_stolen;
+    if (t.runs[c] != 0 && !t.given_cost.empty()) out[t.ran_on[c]].cost += t.given_cost[c];
   }
   return out;
 }

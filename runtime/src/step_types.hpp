@@ -12,6 +12,7 @@
 #include <exception>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace stealbatch {
@@ -53,19 +54,21 @@ struct RankShares {
   }
 };
 
-// How the step's samples are divided: equally (or by given weights), by measured samples/s, or by learnt
-// batch-position costs (detail::CostProfile).
+// How the step's samples are divided: equally (or by given weights), by measured samples/s, or by cost: the step's
+// given sample costs (GivenCosts), or learnt batch-position ones (detail::CostProfile).
 enum class Placement { kEqualOrGiven, kBySpeed, kByCost };
 // How shares are cut into chunks: chunk_size everywhere (the last may hold fewer); each device's chunk from its
 // measured curve (chunk_size = 0, detail::ChunkSizer); chunks sized to each device's speed with a share's end cut
-// finer (stealing, 2+ devices); or across ranks, each rank's share cut to its speed (cluster_step.cpp).
-enum class Cutting { kFixed, kSized, kBySpeed, kRankShares };
+// finer (stealing, 2+ devices); across ranks, each rank's share cut to its speed (cluster_step.cpp); or each device's
+// packed share (PlacementPolicy::kPacked) cut to the cost budget.
+enum class Cutting { kFixed, kSized, kBySpeed, kRankShares, kPacked };
 
 // How a step is placed: what is known of the devices and which rules apply (chunk_table.cpp).
 struct StepPlan {
   std::vector<double> speeds;  // samples/s per device; empty until measured
   std::vector<double> rate;    // each device's speed in cost units per second (samples/s, or the profile's speeds)
   std::span<const double> position_cost;  // kByCost: each batch position's cost (read before the chunk phase only)
+  double cost_chunk = 0;       // given costs: a full chunk's cost, in the units of position_cost (mean 1 a sample)
   bool known = false;          // every device has a measured speed
   Placement placement = Placement::kEqualOrGiven;
   Cutting cutting = Cutting::kFixed;
@@ -100,6 +103,9 @@ struct ChunkTable {
   std::vector<float> stolen_ratio;      // watch_speed: a stolen chunk's time over what its thief's speed predicts
   std::vector<double> took_s;           // learn_costs: its time on its device
   std::vector<double> compute_s;        // sized: its compute time where the device knows it, else its time
+  std::vector<double> given_cost;       // given costs: its samples' cost, in the trainer's units
+  // Given costs on host devices: each device's calls, (given cost, seconds); written by that device's worker only.
+  std::vector<std::vector<std::pair<double, double>>> calls;
   std::size_t size() const noexcept { return spans.size(); }
   // Device `dead` was lost mid-step: the tables re-indexed to the devices that remain, and what it ran or held marked
   // as not run. Returns the chunks nobody has run now, in id order.

@@ -48,7 +48,7 @@ StepReport accumulate(std::span<const StepReport> steps) {
       const DeviceReport& b = s.devices[d];
       a.name = b.name;
       a.busy_s += b.busy_s, a.idle_s += b.idle_s, a.barrier_wait_s += b.barrier_wait_s, a.compute_s += b.compute_s;
-      a.chunks_run += b.chunks_run, a.chunks_stolen += b.chunks_stolen, a.samples += b.samples;
+      a.chunks_run += b.chunks_run, a.chunks_stolen += b.chunks_stolen, a.samples += b.samples, a.cost += b.cost;
       a.chunk_samples = b.chunk_samples;  // the latest step's
     }
   }

@@ -36,6 +36,9 @@ void validate(const ScheduleOptions& o) {
                       ": without stealing every step splits equally (as DDP does), so it would be ignored; leave placement = auto, or use "
                       "previous_step (each step resized to the last one's speeds) or given");
   }
+  if (o.placement == PlacementPolicy::kPacked && o.policy == SchedulePolicy::kCentral) {
+    throw ConfigError("placement = packed with policy = central: the central queue ignores any placement; use static (the packer) or steal");
+  }
   if (!o.placement_weights.empty() && o.placement != PlacementPolicy::kGiven) {
     throw ConfigError("placement_weights has " + std::to_string(o.placement_weights.size()) +
                       " values but placement is not given: they would be ignored; set placement = given, or leave them empty");
@@ -98,6 +101,7 @@ void validate(const RuntimeOptions& o) {
       throw ConfigError("on_device_failure = exclude with a cluster: across ranks a lost device fails the step on every rank (fail)");
     }
     if (o.schedule.placement == PlacementPolicy::kGiven) throw ConfigError("placement = given with a cluster: across ranks shares follow measured speeds");
+    if (o.schedule.placement == PlacementPolicy::kPacked) throw ConfigError("placement = packed with a cluster: across ranks shares follow measured speeds");
   }
 }
 

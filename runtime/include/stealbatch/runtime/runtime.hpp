@@ -29,7 +29,14 @@ namespace stealbatch {
 // step does not move the placement. kGiven: in proportion to placement_weights, every step (for instance true speeds
 // known in advance: the "oracle" static split of the perf harness). kPreviousStep: in proportion to each device's
 // samples/s in the previous step alone, with either policy (with kStatic, the per-step resizing of LB-BSP and DBS).
-enum class PlacementPolicy { kAuto, kEqual, kThroughput, kGiven, kPreviousStep };
+// kPacked (needs each step's sample costs, Runtime::step's `cost`): before each step the batch's samples are packed
+// onto the devices greedily by cost, largest first, each to the device with the least cost so far, blind to the
+// devices' speeds; with kStatic, the token-balanced packer of WLB-LLM-style trainers.
+//
+// With sample costs and kSteal, the placement is in cost, not in samples: kAuto and kThroughput split the batch's cost
+// in proportion to each device's measured cost per second, kEqual into equal costs, kGiven by the weights. kStatic
+// with costs but without kPacked still splits the samples equally (what DDP's DistributedSampler does).
+enum class PlacementPolicy { kAuto, kEqual, kThroughput, kGiven, kPreviousStep, kPacked };
 
 // kFixed: every chunk holds chunk_size samples (the last may hold fewer). kBySpeed (with kThroughput placement and
 // stealing, once speeds are measured): each device's samples are cut into chunks sized to its speed, chunk_size
@@ -230,9 +237,16 @@ class Runtime {
 
   // One training step over the samples (their indices), then the optimizer update. A chunk function that throws
   // fails the step with that exception; nothing is applied, and the next step runs normally.
-  StepReport step(std::span<const std::uint32_t> samples, const ChunkFunction& fn);
+  //
+  // `cost` (optional): each sample's cost, one finite positive number per sample, in the batch's order (its tokens,
+  // or any estimate of its compute). With stealing, chunks are then cut to a cost budget (chunk_size samples of the
+  // batch's mean cost, so a chunk of long documents holds fewer of them) and shares are placed by cost; the runtime
+  // learns each device's cost per second, and its time per call against the cost it held (call_cost()), from the
+  // chunk times. The cost is an estimate: stealing corrects what it gets wrong.
+  //   rt.step(batch, chunks.function(), tokens);   // tokens[i]: the length of sample batch[i]
+  StepReport step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, std::span<const double> cost = {});
   // As step(), without the update: the reduced mean gradient is left in gradient().
-  StepReport compute_gradient(std::span<const std::uint32_t> samples, const ChunkFunction& fn);
+  StepReport compute_gradient(std::span<const std::uint32_t> samples, const ChunkFunction& fn, std::span<const double> cost = {});
 
   // Sets every replica's learning rate for the following steps (a schedule); throws ConfigError outside (0, 10].
   // The replicas take it in the next step's update phase, so a schedule that changes it every step costs no
@@ -272,6 +286,14 @@ class Runtime {
   // With chunk_size = 0: device d's measured throughput against chunk size, (samples per chunk, samples/s), from
   // the chunk sizes it has run so far.
   std::vector<std::pair<std::size_t, double>> chunk_curve(std::size_t device) const;
+  // With sample costs (step()'s `cost`), on CPU and simulated devices: device d's time per call against the cost the
+  // call held, t = per_call + per_unit * cost (seconds; cost in the trainer's units), fitted over its last 128 calls.
+  // calls = 0 until 8 calls are known.
+  struct CallCost {
+    double per_call = 0, per_unit = 0;
+    std::size_t calls = 0;
+  };
+  CallCost call_cost(std::size_t device) const;
 
  private:
   friend struct testing::RuntimeAccess;  // stealbatch/runtime/testing.hpp: fault injection

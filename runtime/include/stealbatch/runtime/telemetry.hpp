@@ -23,6 +23,7 @@ struct DeviceReport {
   std::uint64_t chunks_stolen = 0;
   std::uint64_t samples = 0;
   std::size_t chunk_samples = 0;  // the size of its own chunks this step (before a share's end is cut finer)
+  double cost = 0;                // the sample costs it ran, in the trainer's units (0: the step had none)
 };
 
 struct StepReport {
@@ -41,7 +42,7 @@ struct StepReport {
   // (those the lost devices had run or held). Empty and 0 in a step where nothing failed.
   std::vector<std::string> excluded_devices;
   std::uint64_t rerun_chunks = 0;
-  bool placed_by_cost = false;  // placed by learnt batch-position costs (RuntimeOptions::schedule.cost_by_position)
+  bool placed_by_cost = false;  // placed by cost: the step's given sample costs, or learnt batch-position ones (cost_by_position)
   // Across ranks (RuntimeOptions::cluster): every rank's devices, named "r1/cpu0", are in `devices`; chunks that ran on
   // another rank than the one they were placed on, and the steals that moved them.
   std::size_t ranks = 1;

@@ -1,0 +1,69 @@
+// A device's call time against the cost of what the call ran, t = a + b c: a, what one call costs whatever it holds
+// (an eager framework's dispatch, a kernel launch, the autograd graph), b, the seconds per unit of the trainer's
+// sample cost (Runtime::step's `cost`). Least squares over the device's last kWindow calls, with a >= 0: where the
+// unconstrained fit puts a below 0, the line through the origin. Calls of one cost cannot separate a from b: then
+// a = 0 and b is their mean time over their mean cost.
+//
+// The chunk budget follows from it: a call of cost c spends a / (a + b c) of its time on its fixed part, which is at
+// most 1 - e where c >= e / (1 - e) * a / b (overhead_cost()).
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+
+namespace stealbatch::detail {
+
+class CallFit {
+ public:
+  static constexpr std::size_t kWindow = 128;
+  static constexpr std::size_t kMinCalls = 8;  // fewer calls fit nothing
+
+  // One call: its cost (trainer's units) and its time. Ignores what is not finite and positive.
+  void add(double cost, double seconds) noexcept {
+    if (!std::isfinite(cost) || !std::isfinite(seconds) || !(cost > 0) || !(seconds > 0)) return;
+    m_calls[m_next] = {cost, seconds};
+    m_next = (m_next + 1) % kWindow;
+    if (m_count < kWindow) ++m_count;
+  }
+  void clear() noexcept { m_count = 0, m_next = 0; }
+  bool known() const noexcept { return m_count >= kMinCalls; }
+  std::size_t calls() const noexcept { return m_count; }
+
+  struct Line {
+    double per_call = 0;  // a, seconds
+    double per_unit = 0;  // b, seconds per cost unit
+  };
+  // The fit; {0, 0} until known().
+  Line line() const noexcept {
+    if (!known()) return {};
+    double sc = 0, st = 0, scc = 0, sct = 0;
+    for (std::size_t i = 0; i < m_count; ++i) {
+      const auto [c, t] = m_calls[i];
+      sc += c, st += t, scc += c * c, sct += c * t;
+    }
+    const double n = static_cast<double>(m_count), mc = sc / n, mt = st / n;
+    const double var = scc / n - mc * mc, cov = sct / n - mc * mt;
+    if (var > 1e-9 * mc * mc) {
+      const double b = cov / var, a = mt - b * mc;
+      if (a >= 0 && b > 0) return {a, b};
+      if (a < 0) return {0, sct / scc};  // through the origin
+    }
+    return {0, st / sc};  // one cost, or time falling with cost (noise): no fixed part to tell
+  }
+  // The smallest call cost whose fixed part is at most 1 - efficiency of its time (0 without a fixed part, or unknown).
+  double overhead_cost(double efficiency) const noexcept {
+    const Line l = line();
+    if (!(l.per_unit > 0) || !(l.per_call > 0)) return 0;
+    return efficiency / (1 - efficiency) * l.per_call / l.per_unit;
+  }
+
+ private:
+  struct Call {
+    double cost = 0, seconds = 0;
+  };
+  std::array<Call, kWindow> m_calls{};
+  std::size_t m_count = 0, m_next = 0;
+};
+
+}  // namespace stealbatch::detail
