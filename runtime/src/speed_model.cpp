@@ -29,23 +29,24 @@ void SpeedModel::reset(std::size_t n, std::size_t window, bool static_policy, bo
   m_window = window, m_host = host, m_learn_later = learn_later;
 }
 
-std::vector<double> SpeedModel::estimates() const {
+namespace {
+
+// Each device's median over its window, pooled where the devices differ no more than their noise; empty until every
+// device has a figure.
+std::vector<double> pooled_medians(const std::vector<std::vector<double>>& windows) {
   std::vector<double> out;
-  for (const auto& h : history) {
+  for (const auto& h : windows) {
     if (h.empty()) return {};
     out.push_back(median(h));
   }
-  return detail::pooled_speeds(out, history);
+  return detail::pooled_speeds(out, windows);
 }
 
-std::vector<double> SpeedModel::cost_estimates() const {
-  std::vector<double> out;
-  for (const auto& h : cost_rate) {
-    if (h.empty()) return {};
-    out.push_back(median(h));
-  }
-  return detail::pooled_speeds(out, cost_rate);
-}
+}  // namespace
+
+std::vector<double> SpeedModel::estimates() const { return pooled_medians(history); }
+
+std::vector<double> SpeedModel::cost_estimates() const { return pooled_medians(cost_rate); }
 
 void SpeedModel::learn_pending() noexcept {
   PendingObservation& p = m_pending;
