@@ -120,11 +120,12 @@ PolicySetup make_policy(const std::string& name, const Scenario& sc) {
     // steal-cost: the same, given each sample's cost with every step (the scenario's tokens).
     o.schedule.policy = SchedulePolicy::kSteal, o.schedule.placement = PlacementPolicy::kThroughput, o.schedule.endgame = EndGame::kOn;
     o.schedule.chunk_sizing = ChunkSizing::kBySpeed;
-  } else if (name == "packer") {
-    // A token-balanced packer: static, each step's samples packed onto the devices by the given cost (the tokens).
-    o.schedule.policy = SchedulePolicy::kStatic, o.schedule.placement = PlacementPolicy::kPacked;
+  } else if (name == "packer" || name == "packer-steal") {
+    // A token-balanced packer: static, each step's samples packed onto the devices by the given cost (the tokens);
+    // packer-steal: the packer's placement, with stealing to correct it.
+    o.schedule.policy = name == "packer" ? SchedulePolicy::kStatic : SchedulePolicy::kSteal, o.schedule.placement = PlacementPolicy::kPacked;
   } else {
-    throw ConfigError("policy = '" + name + "': expected static, oracle, lbbsp, central, steal, steal-adaptive, steal-cost or packer");
+    throw ConfigError("policy = '" + name + "': expected static, oracle, lbbsp, central, steal, steal-adaptive, steal-cost, packer or packer-steal");
   }
   return {name, o};
 }
@@ -174,7 +175,7 @@ int main(int argc, char** argv) {
   app.footer("Mode: stealbench --chunk-overhead [--devices cpu:2] [--policy steal] [--chunks 4096] [--steps 50]: the runtime's cost per "
              "chunk with empty chunk functions on real devices (stealbench --chunk-overhead --help).");
   app.add_option("--scenario", scenarios_arg, "seed-slow,seed-skew,hetero,varcost,doclen,doclen-grouped,slowdown,scale or all (all: not the doclen ones)")->capture_default_str();
-  app.add_option("--policy", policies_arg, "static,oracle,lbbsp,central,steal,steal-adaptive,steal-cost,packer or all (the last two: doclen scenarios)")->capture_default_str();
+  app.add_option("--policy", policies_arg, "static,oracle,lbbsp,central,steal,steal-adaptive,steal-cost,packer,packer-steal or all (the last three: doclen scenarios)")->capture_default_str();
   app.add_option("--devices", devices, "simulated devices (scale uses 4 to 64)")->check(CLI::Range(2, 1024))->capture_default_str();
   app.add_option("--steps", steps, "timed steps per row")->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first (they also measure the devices)")->check(CLI::Range(0, 1000))->capture_default_str();
@@ -247,7 +248,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> scen = scenarios_arg == "all"
                                       ? std::vector<std::string>{"seed-slow", "seed-skew", "hetero", "varcost", "slowdown", "scale"}
                                       : split(scenarios_arg);
-  const std::vector<std::string> all_policies{"static", "oracle", "lbbsp", "central", "steal", "steal-adaptive", "steal-cost", "packer"};
+  const std::vector<std::string> all_policies{"static", "oracle", "lbbsp", "central", "steal", "steal-adaptive", "steal-cost", "packer", "packer-steal"};
   std::vector<std::string> pols = policies_arg == "all" ? (cluster ? std::vector<std::string>{"static", "steal-adaptive"} : all_policies) : split(policies_arg);
   // static first, whatever the order asked: every other row's speedup is against it.
   std::stable_sort(pols.begin(), pols.end(), [&](const std::string& a, const std::string& b) {
@@ -327,7 +328,7 @@ int main(int argc, char** argv) {
         double static_ms = 0;
         for (const std::string& pname : pols) {
           // The policies given costs: the doclen scenarios in one process (left out of "all" elsewhere).
-          const bool given = pname == "steal-cost" || pname == "packer";
+          const bool given = pname == "steal-cost" || pname == "packer" || pname == "packer-steal";
           if (given && (cluster || !sc.tokens)) {
             if (policies_arg == "all") continue;
             throw ConfigError("policy = " + pname + " needs a doclen scenario in one process");

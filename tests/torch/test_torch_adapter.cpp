@@ -10,6 +10,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -227,3 +229,114 @@ TEST_CASE("Torch.AGpuChunkWithACpuOnlyLibtorchIsAClearError") {
   CHECK(loss == 0);
 }
 #endif
+
+namespace {
+
+// A one-layer causal transformer over bytes, small enough for a test: token and position embeddings, one masked
+// self-attention with a residual, and a head to the next byte. It reads Sequences in either form.
+struct TinyLmImpl : ::torch::nn::Module {
+  std::int64_t width;
+  ::torch::nn::Embedding tok{nullptr}, pos{nullptr};
+  ::torch::nn::Linear qkv{nullptr}, proj{nullptr}, head{nullptr};
+  TinyLmImpl(std::int64_t w, std::int64_t max_len) : width(w) {
+    tok = register_module("tok", ::torch::nn::Embedding(256, w));
+    pos = register_module("pos", ::torch::nn::Embedding(max_len, w));
+    qkv = register_module("qkv", ::torch::nn::Linear(w, 3 * w));
+    proj = register_module("proj", ::torch::nn::Linear(w, w));
+    head = register_module("head", ::torch::nn::Linear(w, 256));
+  }
+  ::torch::Tensor forward(const libtorch::Sequences& s) {
+    ::torch::Tensor x = tok(s.tokens) + pos(s.positions);  // [B, L, w]
+    const std::vector<::torch::Tensor> q = qkv(x).chunk(3, -1);
+    ::torch::Tensor att = ::torch::matmul(q[0], q[1].transpose(1, 2)) / std::sqrt(static_cast<double>(width));
+    att = att.masked_fill(s.allowed.logical_not(), -std::numeric_limits<float>::infinity()).softmax(-1);
+    x = x + proj(::torch::matmul(att, q[2]));
+    return head(x);  // [B, L, 256]
+  }
+};
+
+::torch::Tensor next_byte_loss(const ::torch::Tensor& logits, const libtorch::Sequences& s) {
+  return ::torch::nn::functional::cross_entropy(logits.reshape({-1, 256}), s.targets.reshape({-1}),
+                                                ::torch::nn::functional::CrossEntropyFuncOptions().reduction(::torch::kSum).ignore_index(libtorch::Sequences::kNoTarget));
+}
+
+// Documents of random bytes with a long tail of lengths, 1 to 48.
+struct Documents {
+  std::vector<std::vector<std::uint8_t>> docs;
+  explicit Documents(std::size_t n) {
+    std::mt19937_64 rng(5);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t len = rng() % 4 == 0 ? 16 + rng() % 33 : 1 + rng() % 8;
+      docs.emplace_back(len);
+      for (auto& b : docs.back()) b = static_cast<std::uint8_t>(rng() % 256);
+    }
+  }
+  std::span<const std::uint8_t> operator()(std::uint32_t s) const { return docs.at(s); }
+};
+
+}  // namespace
+
+TEST_CASE("Torch.SequencesInBothFormsMaskPaddingAndOtherSequences") {
+  const std::vector<std::vector<std::uint8_t>> docs = {{1, 2, 3}, {7}, {4, 5}};
+  auto of = [&](std::uint32_t s) { return std::span<const std::uint8_t>(docs[s]); };
+  const std::vector<std::uint32_t> all = {0, 1, 2};
+  const libtorch::Sequences pad = libtorch::make_sequences(all, of, libtorch::SequenceForm::kPadded);
+  CHECK(pad.tokens.sizes() == ::torch::IntArrayRef({3, 3}));
+  CHECK(pad.token_count() == 6);
+  CHECK(pad.tokens[2][1].item<std::int64_t>() == 5);
+  CHECK(pad.targets[0][0].item<std::int64_t>() == 2);
+  CHECK(pad.targets[0][2].item<std::int64_t>() == libtorch::Sequences::kNoTarget);  // a sequence's last token
+  CHECK(pad.targets[1][1].item<std::int64_t>() == libtorch::Sequences::kNoTarget);  // padding
+  CHECK(pad.allowed[0][2][0].item<bool>());
+  CHECK_FALSE(pad.allowed[0][0][1].item<bool>());  // causal
+  CHECK_FALSE(pad.allowed[2][1][2].item<bool>());  // never a padded key
+  const libtorch::Sequences packed = libtorch::make_sequences(all, of, libtorch::SequenceForm::kPacked);
+  CHECK(packed.tokens.sizes() == ::torch::IntArrayRef({1, 6}));
+  CHECK(packed.positions[0][4].item<std::int64_t>() == 0);  // the third sequence starts at 4
+  CHECK(packed.targets[0][3].item<std::int64_t>() == libtorch::Sequences::kNoTarget);  // 7 is its sequence's last: not followed by 4
+  CHECK(packed.allowed[0][5][4].item<bool>());
+  CHECK_FALSE(packed.allowed[0][4][3].item<bool>());  // block-diagonal: not the sequence before
+  const std::vector<std::vector<std::uint8_t>> empty = {{}};
+  CHECK_THROWS_WITH_AS(libtorch::make_sequences(std::vector<std::uint32_t>{0}, [&](std::uint32_t) { return std::span<const std::uint8_t>(empty[0]); },
+                                                libtorch::SequenceForm::kPadded),
+                       doctest::Contains("sample 0 has no tokens"), ConfigError);
+}
+
+// A causal transformer on variable-length documents, padded or packed, with stealing on cpu:2 and each document's
+// length as its cost: the gradient is one plain libtorch backward over the same batch.
+TEST_CASE("Torch.VariableLengthGradientEqualsOnePlainBackward") {
+  ::torch::set_num_threads(1);
+  const Documents docs(200);
+  std::vector<std::uint32_t> batch(120);
+  std::vector<double> cost(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) batch[i] = static_cast<std::uint32_t>((i * 7) % docs.docs.size()), cost[i] = static_cast<double>(docs.docs[batch[i]].size());
+  ::torch::manual_seed(3);
+  auto make = [] { return std::make_shared<TinyLmImpl>(16, 48); };
+  std::vector<std::vector<float>> refs;
+  std::vector<float> initial;  // both forms from the same start
+  for (const libtorch::SequenceForm form : {libtorch::SequenceForm::kPadded, libtorch::SequenceForm::kPacked}) {
+    CAPTURE(static_cast<int>(form));
+    libtorch::ModuleChunks<TinyLmImpl, libtorch::Sequences> chunks(
+        make, 2, [&](std::span<const std::uint32_t> s) { return libtorch::make_sequences(s, docs, form); },
+        [&](const ::torch::Tensor& out, std::span<const std::uint32_t> s) { return next_byte_loss(out, libtorch::make_sequences(s, docs, form)); });
+    if (initial.empty()) initial = chunks.initial();
+    // The reference: one module, the whole batch in one forward and one backward.
+    TinyLmImpl plain(16, 48);
+    std::vector<float> ref(chunks.layout().size(), 0.0f);
+    libtorch::bind_module(plain, chunks.layout(), initial, ref);
+    const libtorch::Sequences all = libtorch::make_sequences(batch, docs, form);
+    next_byte_loss(plain.forward(all), all).backward();
+    libtorch::settle(plain, chunks.layout(), ref);
+    for (float& g : ref) g /= static_cast<float>(batch.size());
+    refs.push_back(ref);
+    Runtime rt({.devices = "cpu:2", .schedule = {.chunk_size = 8}, .host = {.slowdown = {3.0, 1.0}, .threads_per_device = 1}});
+    rt.register_parameters(chunks.layout(), initial);
+    for (int step = 0; step < 3; ++step) {
+      const StepReport r = rt.compute_gradient(batch, chunks.function(), cost);
+      CHECK(r.placed_by_cost);
+      CHECK(examples::max_relative_error(rt.gradient(), ref) <= 1e-5);
+    }
+  }
+  // Padding and packing compute the same function.
+  CHECK(examples::max_relative_error(refs[1], refs[0]) <= 1e-5);
+}

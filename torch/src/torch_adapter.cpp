@@ -119,6 +119,58 @@ void settle(::torch::nn::Module& module, const ParameterLayout& layout, std::spa
   return m_copies.back().second;
 }
 
+std::int64_t Sequences::token_count() const noexcept {
+  std::int64_t n = 0;
+  for (std::int64_t l : lengths) n += l;
+  return n;
+}
+
+Sequences Sequences::to(const ::torch::Device& device) const {
+  Sequences out = *this;
+  out.tokens = tokens.to(device), out.positions = positions.to(device), out.targets = targets.to(device), out.allowed = allowed.to(device);
+  return out;
+}
+
+Sequences make_sequences(std::span<const std::uint32_t> samples, const std::function<std::span<const std::uint8_t>(std::uint32_t)>& tokens_of,
+                         SequenceForm form) {
+  Sequences q;
+  q.form = form;
+  std::vector<std::span<const std::uint8_t>> seq;
+  std::int64_t longest = 0, total = 0;
+  for (std::uint32_t s : samples) {
+    seq.push_back(tokens_of(s));
+    const auto len = static_cast<std::int64_t>(seq.back().size());
+    if (len == 0) throw ConfigError("libtorch: sample " + std::to_string(s) + " has no tokens; a sequence needs at least one");
+    q.lengths.push_back(len);
+    longest = std::max(longest, len), total += len;
+  }
+  const auto n = static_cast<std::int64_t>(seq.size());
+  const bool packed = form == SequenceForm::kPacked;
+  const std::int64_t rows = packed ? 1 : n, cols = packed ? total : longest;
+  const auto longs = ::torch::TensorOptions().dtype(::torch::kLong);
+  q.tokens = ::torch::zeros({rows, cols}, longs);
+  q.positions = ::torch::zeros({rows, cols}, longs);
+  q.targets = ::torch::full({rows, cols}, Sequences::kNoTarget, longs);
+  q.allowed = ::torch::zeros({rows, cols, cols}, ::torch::TensorOptions().dtype(::torch::kBool));
+  auto tok = q.tokens.accessor<std::int64_t, 2>(), pos = q.positions.accessor<std::int64_t, 2>(), tgt = q.targets.accessor<std::int64_t, 2>();
+  auto ok = q.allowed.accessor<bool, 3>();
+  std::int64_t at = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t row = packed ? 0 : i, base = packed ? at : 0, len = q.lengths[static_cast<std::size_t>(i)];
+    const auto& x = seq[static_cast<std::size_t>(i)];
+    for (std::int64_t t = 0; t < len; ++t) {
+      tok[row][base + t] = x[static_cast<std::size_t>(t)];
+      pos[row][base + t] = t;
+      if (t + 1 < len) tgt[row][base + t] = x[static_cast<std::size_t>(t + 1)];
+      for (std::int64_t k = 0; k <= t; ++k) ok[row][base + t][base + k] = true;  // causal, within the sequence
+    }
+    // A padding query attends to itself alone, so that its softmax is defined; no real query sees it, and it has no target.
+    for (std::int64_t t = len; !packed && t < cols; ++t) ok[row][t][t] = true;
+    at += len;
+  }
+  return q;
+}
+
 namespace detail {
 
 #if defined(STEALBATCH_TORCH_CUDA)

@@ -75,6 +75,33 @@ class DeviceData {
   mutable std::vector<std::pair<::torch::Device, ::torch::Tensor>> m_copies;
 };
 
+// A chunk's variable-length token sequences (a language model's documents), in one of two forms:
+// - kPadded: sequence i in row i of a [n, L] tensor (L the longest), zeros after its length; attention is causal and
+//   never reaches padding;
+// - kPacked: the sequences end to end in one row, [1, T]; attention is causal within each sequence
+//   (block-diagonal), so no position is padding.
+// The model reads tokens(), positions() (each token's position within its own sequence) and attention_mask(); the
+// loss reads targets(): each token's next token in its sequence, or kNoTarget (a sequence's last token, padding).
+enum class SequenceForm { kPadded, kPacked };
+struct Sequences {
+  static constexpr std::int64_t kNoTarget = -100;  // cross_entropy's default ignore_index
+  SequenceForm form = SequenceForm::kPadded;
+  ::torch::Tensor tokens;     // int64: [n, L] padded, [1, T] packed
+  ::torch::Tensor positions;  // int64, tokens' shape: each token's position within its sequence
+  ::torch::Tensor targets;    // int64, tokens' shape: the next token in the same sequence, or kNoTarget
+  ::torch::Tensor allowed;    // bool: [n, L, L] padded, [1, T, T] packed; true where query i may attend to key j
+  std::vector<std::int64_t> lengths;
+  std::int64_t token_count() const noexcept;  // the real tokens, without padding
+  Sequences to(const ::torch::Device& device) const;
+};
+// A chunk's sequences from each sample's tokens (bytes: a byte-level model), in the given form, on the host.
+// Throws ConfigError for an empty sequence.
+Sequences make_sequences(std::span<const std::uint32_t> samples, const std::function<std::span<const std::uint8_t>(std::uint32_t)>& tokens_of,
+                         SequenceForm form);
+// A ModuleChunks input moved to a chunk's device: a tensor, or Sequences.
+inline ::torch::Tensor to_device(const ::torch::Tensor& x, const ::torch::Device& d) { return x.device() == d ? x : x.to(d); }
+inline Sequences to_device(const Sequences& x, const ::torch::Device& d) { return x.tokens.device() == d ? x : x.to(d); }
+
 namespace detail {
 // A chunk on a GPU device (ctx.stream set): `pass` (forward, loss and backward; it returns the summed loss) runs with
 // the chunk's GPU and the device's stream current, on the module bound to the device's buffers, and the loss is
@@ -86,12 +113,13 @@ void run_gpu_chunk(::torch::nn::Module& module, const ParameterLayout& layout, C
 // A chunk function from a module: one replica per device (make() builds one; every replica has the same layout),
 // the chunk's input from its sample ids, and the summed loss of its output. Each device's thread runs torch with
 // `threads` intra-op threads (torch's thread count is per calling thread: set on each device's worker, not once for
-// the process, or every device would start a pool of all the cores).
-template <class Module>
+// the process, or every device would start a pool of all the cores). `In` is what the input function returns and
+// the module's forward() takes: a tensor, or a chunk's variable-length Sequences (make_sequences()).
+template <class Module, class In = ::torch::Tensor>
 class ModuleChunks {
  public:
   using Make = std::function<std::shared_ptr<Module>()>;
-  using Input = std::function<::torch::Tensor(std::span<const std::uint32_t> samples)>;
+  using Input = std::function<In(std::span<const std::uint32_t> samples)>;
   using Loss = std::function<::torch::Tensor(const ::torch::Tensor& output, std::span<const std::uint32_t> samples)>;
 
   ModuleChunks(const Make& make, std::size_t devices, Input input, Loss loss, int threads = 1)
@@ -117,9 +145,7 @@ class ModuleChunks {
       Module& m = *m_replicas[ctx.device];
       if (ctx.stream != nullptr) {
         detail::run_gpu_chunk(m, m_layout, ctx, [&] {
-          ::torch::Tensor x = m_input(ctx.samples);
-          const ::torch::Device here = chunk_device();
-          if (x.device() != here) x = x.to(here);  // an input function that read host data
+          const In x = to_device(m_input(ctx.samples), chunk_device());  // an input function may read host data
           ::torch::Tensor loss = m_loss(m.forward(x), ctx.samples);
           loss.backward();
           return loss;
