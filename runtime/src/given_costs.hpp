@@ -1,7 +1,7 @@
 // The step's sample costs as the trainer gave them (Runtime::step's `cost`: tokens, or any positive number per batch
 // position), in the units the step's plan works in: each position's cost over the batch's mean, so that a chunk of
 // chunk_size holds chunk_size samples of mean cost. With PlacementPolicy::kPacked, the batch reordered too: each
-// device's samples together, packed greedily by cost (pack()). Empty when the step has no costs: the step then runs
+// device's samples together, packed greedily by cost (detail::pack_by_cost()). Empty when the step has no costs: the step then runs
 // as without them. Invariant: norm is empty or has one finite positive entry per position of the order the step
 // runs (`order` when packed, the trainer's batch otherwise), with mean 1.
 #pragma once

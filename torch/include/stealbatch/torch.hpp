@@ -79,7 +79,8 @@ class DeviceData {
 // - kPadded: sequence i in row i of a [n, L] tensor (L the longest), zeros after its length; attention is causal and
 //   never reaches padding;
 // - kPacked: the sequences end to end in one row, [1, T]; attention is causal within each sequence
-//   (block-diagonal), so no position is padding.
+//   (block-diagonal), so no position is padding. The mask is dense, T x T for T tokens in the chunk, and so is a
+//   plain attention over it: packing saves work only with a kernel that skips the blocks (a varlen attention).
 // The model reads tokens(), positions() (each token's position within its own sequence) and attention_mask(); the
 // loss reads targets(): each token's next token in its sequence, or kNoTarget (a sequence's last token, padding).
 enum class SequenceForm { kPadded, kPacked };
