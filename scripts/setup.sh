@@ -8,7 +8,7 @@ packages=(
   libtbb-dev libboost-dev doctest-dev
   libdnnl-dev zlib1g-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   openmpi-bin libopenmpi-dev
-  libtorch-dev
+  libtorch-dev libopenblas0-pthread
   dataset-fashion-mnist
   clang libclang-rt-14-dev xz-utils
 )

@@ -164,7 +164,7 @@ std::size_t chunk_size(const TrainerFlags& f) { return f.chunk == "auto" ? 0 : s
 // One policy's run, an epoch at a time, so that --compare can alternate the policies epoch by epoch.
 class PolicyRun {
  public:
-  PolicyRun(const TrainerFlags& f, SchedulePolicy policy, const TrainerModel& model, const DenseData& train_set);
+  PolicyRun(const TrainerFlags& f, const PolicyChoice& policy, const TrainerModel& model, const DenseData& train_set);
   std::size_t first_epoch() const { return from.epoch; }
   std::size_t last_epoch() const { return f.stop_after ? std::min(f.epochs, from.epoch + f.stop_after - 1) : f.epochs; }
   // One untimed gradient (no update) on the first epoch's first batch: what the first step in a process pays and a
@@ -174,6 +174,11 @@ class PolicyRun {
   RunResult finish();
 
  private:
+  std::vector<std::uint32_t> order_of(std::size_t epoch) const {
+    return model.order ? model.order(epoch) : epoch_order(train_set.count, f.seed, epoch);
+  }
+  StepReport step(std::span<const std::uint32_t> ids, bool update);
+
   const TrainerFlags& f;
   const TrainerModel& model;
   const DenseData& train_set;
@@ -186,18 +191,22 @@ class PolicyRun {
   std::optional<CheckpointDir> save_dir;
   std::optional<CheckpointDir::Lock> save_lock;
   std::size_t step_no = 0;
+  bool costs = false;        // the step gets the model's sample costs
+  std::vector<double> cost;  // the step's, when it does
+  double units = 0;          // the model's units (tokens) in the timed steps
   double first_loss = 0;  // the first step's loss of this process, for warn_if_diverging
   std::vector<StepReport> all;
 };
 
-PolicyRun::PolicyRun(const TrainerFlags& flags, SchedulePolicy policy, const TrainerModel& m, const DenseData& data)
-    : f(flags), model(m), train_set(data) {
+PolicyRun::PolicyRun(const TrainerFlags& flags, const PolicyChoice& policy, const TrainerModel& m, const DenseData& data)
+    : f(flags), model(m), train_set(data), costs(policy.costs) {
   ro.devices = f.devices;
   ro.schedule.chunk_size = chunk_size(f);
-  ro.schedule.policy = policy;
+  ro.schedule.policy = policy.schedule;
+  ro.schedule.placement = policy.placement;
   ro.optimizer.kind = parse_optimizer(f.optimizer);
   ro.optimizer.lr = f.lr;
-  ro.trace_path = f.trace.empty() ? "" : (f.compare ? f.trace + (policy == SchedulePolicy::kSteal ? ".steal.json" : ".static.json") : f.trace);
+  ro.trace_path = f.trace.empty() ? "" : (f.compare ? f.trace + "." + policy.name + ".json" : f.trace);
   ro.schedule.seed = f.seed;
   ro.schedule.endgame = f.endgame == "on" ? EndGame::kOn : EndGame::kOff;
   ro.schedule.chunk_sizing = f.chunk_sizing == "speed" ? ChunkSizing::kBySpeed : ChunkSizing::kFixed;
@@ -231,7 +240,9 @@ PolicyRun::PolicyRun(const TrainerFlags& flags, SchedulePolicy policy, const Tra
 
   steps_per_epoch = (train_set.count + f.batch - 1) / f.batch;
   total_steps = steps_per_epoch * f.epochs;
-  res.policy = policy == SchedulePolicy::kSteal ? "steal" : policy == SchedulePolicy::kStatic ? "static" : "central";
+  res.policy = policy.name;
+  res.metric = model.metric;
+  res.units = model.units;
   from = f.resume.empty() ? RunPosition{} : resume_from(f, *rt, train_set.count, res);
   if (!f.save.empty()) {
     save_dir.emplace(f.save);
@@ -254,13 +265,21 @@ PolicyRun::PolicyRun(const TrainerFlags& flags, SchedulePolicy policy, const Tra
   step_no = from.step;
 }
 
+StepReport PolicyRun::step(std::span<const std::uint32_t> ids, bool update) {
+  cost.clear();
+  if (costs) {
+    for (std::uint32_t s : ids) cost.push_back(model.sample_cost(s));
+  }
+  return update ? rt->step(ids, fn, cost) : rt->compute_gradient(ids, fn, cost);
+}
+
 void PolicyRun::warm_up() {
-  const std::vector<std::uint32_t> order = epoch_order(train_set.count, f.seed, from.epoch);
-  (void)rt->compute_gradient(std::span<const std::uint32_t>(order).subspan(0, std::min(f.batch, order.size())), fn);
+  const std::vector<std::uint32_t> order = order_of(from.epoch);
+  (void)step(std::span<const std::uint32_t>(order).subspan(0, std::min(f.batch, order.size())), false);
 }
 
 void PolicyRun::run_epoch(std::size_t epoch) {
-  const std::vector<std::uint32_t> order = epoch_order(train_set.count, f.seed, epoch);  // the same order for every policy, and for perf/torch_ref.py
+  const std::vector<std::uint32_t> order = order_of(epoch);  // the same order for every policy, and for perf/torch_ref.py
   const auto t0 = Clock::now();
   auto last_print = t0;
   double loss_sum = 0, saving = 0;
@@ -273,7 +292,9 @@ void PolicyRun::run_epoch(std::size_t epoch) {
       rt->set_learning_rate(std::max(1e-6f, static_cast<float>(f.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * progress)))));
     }
     ++step_no;
-    const StepReport r = rt->step(std::span<const std::uint32_t>(order).subspan(start, b), fn);
+    const auto ids = std::span<const std::uint32_t>(order).subspan(start, b);
+    const StepReport r = step(ids, true);
+    for (std::uint32_t s : ids) units += model.sample_units ? model.sample_units(s) : 1.0;
     warn_if_diverging(r.loss, step_no, first_loss);
     loss_sum += r.loss * static_cast<double>(r.samples);
     done += b;
@@ -304,6 +325,21 @@ RunResult PolicyRun::finish() {
   res.steals = res.total.steals;
   const double secs = std::accumulate(res.epoch_seconds.begin(), res.epoch_seconds.end(), 0.0);
   res.samples_per_s = secs > 0 ? static_cast<double>(res.total.samples) / secs : 0;
+  res.units_per_s = secs > 0 ? units / secs : 0;
+  // The ideal: each device's chunk time at full speed (its time over its slowdown factor), spread over the devices'
+  // summed speed, plus the reduction and the update that every step pays.
+  // Across ranks a step reports every rank's devices, in rank order, as --slowdown names them.
+  double ideal = 0, actual = 0;
+  for (const StepReport& r : all) {
+    double work = 0, speed = 0;
+    for (std::size_t d = 0; d < r.devices.size(); ++d) {
+      const double factor = d < ro.host.slowdown.size() ? ro.host.slowdown[d] : 1.0;
+      work += r.devices[d].compute_s / factor, speed += 1.0 / factor;
+    }
+    ideal += (speed > 0 ? work / speed : 0) + r.reduce_s + r.optimizer_s;
+    actual += r.step_s;
+  }
+  res.ideal_fraction = actual > 0 ? ideal / actual : 0;
   res.test_accuracy = model.test_accuracy(rt->parameters(0));
   if (ro.schedule.chunk_size == 0) {
     for (std::size_t d = 0; d < rt->device_count(); ++d) res.chunk_curves.push_back(rt->chunk_curve(d));
@@ -334,8 +370,8 @@ void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<voi
   count("--limit", f.limit, "train on the first N training samples only (0 = all)", 0, 1e9);
   count("--lr", f.lr, "learning rate", 1e-12, 1e6);
   app.add_option("--optimizer", f.optimizer, "sgd (momentum 0.9) or adam")->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
-  app.add_option("--policy", f.policy, "static (equal split, no stealing: the DDP baseline), steal, or central (one shared queue)")
-      ->check(CLI::IsMember({"static", "steal", "central"}))->capture_default_str();
+  app.add_option("--policy", f.policy, "static (equal split, no stealing: the DDP baseline), steal, central (one shared queue); with sample costs (torch_lm) also packer (greedy bin-packing by cost, no stealing) and steal-nocosts (steal, the costs withheld)")
+      ->check(CLI::IsMember({"static", "steal", "central", "packer", "steal-nocosts"}))->capture_default_str();
   app.add_option("--slowdown", f.slowdown, "per-device slowdown factors, e.g. 6.6,6.6,1,1 (1 = full speed)");
   if (model_options) model_options(app);
   app.add_option("--schedule", f.schedule, "learning rate: cosine (decays --lr to 0 over the run) or constant")
@@ -348,7 +384,8 @@ void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<voi
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_option("--gpu-wait", f.gpu_wait, "GPU devices: spin (CUDA's default scheduling, as PyTorch waits) or block (blocking-sync events: no CPU, a wake-up per wait)")
       ->check(CLI::IsMember({"spin", "block"}))->capture_default_str();
-  app.add_flag("--compare", f.compare, "run static and steal on the same work, each warmed up by one untimed step, alternating epoch by epoch; print both dashboards and the speedup of the median epochs");
+  app.add_flag("--compare", f.compare, "run each of --compare-policies on the same work, each warmed up by one untimed step, alternating epoch by epoch; print every dashboard and each one's speedup over the first, of the median epochs");
+  app.add_option("--compare-policies", f.compare_policies, "--compare: the policies, comma-separated (names as --policy's), the first the baseline")->capture_default_str();
   app.add_option("--json", f.json, "write the results as JSON to this file")->check(a_path);
   app.add_option("--trace", f.trace, "write a Chrome trace (with --compare: FILE.static.json and FILE.steal.json)")->check(a_path);
   count("--seed", f.seed, "seed for initialization, shuffling and victim choice", 0, 9007199254740992.0);
@@ -401,7 +438,7 @@ std::vector<RunResult> train_policies(const TrainerFlags& f, const TrainerModel&
   if (f.compare && (!f.save.empty() || !f.resume.empty())) throw ConfigError("--save and --resume are for one run, not --compare's two");
   std::vector<RunResult> runs;
   if (!f.compare) {
-    PolicyRun run(f, parse_policy(f.policy), model, train_set);
+    PolicyRun run(f, policy_choice(f.policy, model), model, train_set);
     for (std::size_t e = run.first_epoch(); e <= run.last_epoch(); ++e) run.run_epoch(e);
     runs.push_back(run.finish());
     return runs;
@@ -410,8 +447,15 @@ std::vector<RunResult> train_policies(const TrainerFlags& f, const TrainerModel&
   // anything is timed, and within one process the two alternate epoch by epoch, static first, so that a machine
   // whose load drifts slows both alike (report() takes each one's median epoch). Across ranks the two runtimes may
   // not live at once (their share words would meet in the cluster's window): there each policy runs whole, in turn.
+  std::vector<PolicyChoice> choices;
+  for (std::size_t at = 0; at <= f.compare_policies.size();) {
+    const std::size_t end = std::min(f.compare_policies.find(',', at), f.compare_policies.size());
+    choices.push_back(policy_choice(f.compare_policies.substr(at, end - at), model));
+    at = end + 1;
+  }
+  if (choices.size() < 2) throw ConfigError("compare-policies = '" + f.compare_policies + "': --compare needs two policies or more");
   if (g_cluster) {
-    for (SchedulePolicy p : {SchedulePolicy::kStatic, SchedulePolicy::kSteal}) {
+    for (const PolicyChoice& p : choices) {
       PolicyRun run(f, p, model, train_set);
       run.warm_up();
       for (std::size_t e = run.first_epoch(); e <= run.last_epoch(); ++e) run.run_epoch(e);
@@ -419,16 +463,27 @@ std::vector<RunResult> train_policies(const TrainerFlags& f, const TrainerModel&
     }
     return runs;
   }
-  PolicyRun fixed(f, SchedulePolicy::kStatic, model, train_set), stealing(f, SchedulePolicy::kSteal, model, train_set);
-  fixed.warm_up();
-  stealing.warm_up();
-  for (std::size_t e = fixed.first_epoch(); e <= fixed.last_epoch(); ++e) {
-    fixed.run_epoch(e);
-    stealing.run_epoch(e);
+  std::vector<std::unique_ptr<PolicyRun>> all;
+  for (const PolicyChoice& p : choices) all.push_back(std::make_unique<PolicyRun>(f, p, model, train_set));
+  for (auto& r : all) r->warm_up();
+  for (std::size_t e = all[0]->first_epoch(); e <= all[0]->last_epoch(); ++e) {
+    for (auto& r : all) r->run_epoch(e);
   }
-  runs.push_back(fixed.finish());
-  runs.push_back(stealing.finish());
+  for (auto& r : all) runs.push_back(r->finish());
   return runs;
+}
+
+PolicyChoice policy_choice(const std::string& name, const TrainerModel& model) {
+  const bool given = static_cast<bool>(model.sample_cost);
+  if (name == "static") return {name, SchedulePolicy::kStatic, PlacementPolicy::kAuto, false};
+  if (name == "steal") return {name, SchedulePolicy::kSteal, PlacementPolicy::kAuto, given};
+  if (name == "steal-nocosts") return {name, SchedulePolicy::kSteal, PlacementPolicy::kAuto, false};
+  if (name == "central") return {name, SchedulePolicy::kCentral, PlacementPolicy::kAuto, false};
+  if (name == "packer") {
+    if (!given) throw ConfigError("policy = 'packer': it packs each batch by its samples' costs, and this model gives none (torch_lm does)");
+    return {name, SchedulePolicy::kStatic, PlacementPolicy::kPacked, true};
+  }
+  throw ConfigError("policy = '" + name + "': expected static, steal, steal-nocosts, packer or central");
 }
 
 std::string describe_configuration(const TrainerFlags& f) {
@@ -447,17 +502,23 @@ void print_kernels() {
 void report(const TrainerFlags& f, const std::vector<RunResult>& runs) {
   for (const RunResult& r : runs) {
     std::printf("\n%s", format_dashboard(r.total, "policy " + r.policy).c_str());
-    std::printf("| epoch time %.3f s (mean of %zu), %.0f samples/s, test accuracy %.4f\n", mean(r.epoch_seconds), r.epoch_seconds.size(),
-                r.samples_per_s, r.test_accuracy);
+    std::printf("| epoch time %.3f s (mean of %zu), %.0f samples/s", mean(r.epoch_seconds), r.epoch_seconds.size(), r.samples_per_s);
+    if (r.units != "samples") std::printf(", %.0f %s/s", r.units_per_s, r.units.c_str());
+    std::printf(", %.2f of the ideal, %s %.4f\n", r.ideal_fraction, r.metric.c_str(), r.test_accuracy);
   }
   double speedup = 0;
   if (f.compare) {
-    const double a = median(runs[0].epoch_seconds), b = median(runs[1].epoch_seconds);
-    speedup = a / b;
-    std::printf("\nsteal vs static: %.2fx faster per epoch (median epoch: static %.3f s, steal %.3f s; %zu epoch(s) each, %s, after one untimed step each)\n",
-                speedup, a, b, runs[1].epoch_seconds.size(), g_cluster ? "one policy after the other" : "alternating");
+    std::printf("\n");
+    const double a = median(runs[0].epoch_seconds);
+    for (std::size_t i = 1; i < runs.size(); ++i) {
+      const double b = median(runs[i].epoch_seconds);
+      if (i + 1 == runs.size()) speedup = a / b;
+      std::printf("%s vs %s: %.2fx faster per epoch (median epoch: %s %.3f s, %s %.3f s; %zu epoch(s) each, %s, after one untimed step each)\n",
+                  runs[i].policy.c_str(), runs[0].policy.c_str(), a / b, runs[0].policy.c_str(), a, runs[i].policy.c_str(), b, runs[i].epoch_seconds.size(),
+                  g_cluster ? "one policy after the other" : "alternating");
+    }
   }
-  std::printf("test accuracy %.4f\n", runs.back().test_accuracy);
+  std::printf("%s %.4f\n", runs.back().metric.c_str(), runs.back().test_accuracy);
   if (const auto& saves = runs.back().save_seconds; !saves.empty()) {
     std::printf("checkpoints: %zu saved to %s, median %.1f ms each (fsync included, not in the epoch times)\n", saves.size(), f.save.c_str(),
                 median(saves) * 1e3);
@@ -474,10 +535,11 @@ void report(const TrainerFlags& f, const std::vector<RunResult>& runs) {
       std::vector<std::size_t> sizes;
       for (const DeviceReport& d : r.total.devices) util.push_back(d.utilization), sizes.push_back(d.chunk_samples);
       j["runs"].push_back({{"policy", r.policy}, {"epoch_seconds", r.epoch_seconds}, {"epoch_loss", r.epoch_loss}, {"samples_per_s", r.samples_per_s}, {"steals", r.steals},
+                           {"units", r.units}, {"units_per_s", r.units_per_s}, {"ideal_fraction", r.ideal_fraction}, {"metric", r.metric},
                            {"utilization", util}, {"chunk_samples", sizes}, {"chunk_curves", r.chunk_curves}, {"test_accuracy", r.test_accuracy},
                            {"checkpoint_save_seconds", r.save_seconds}, {"checkpoint_load_seconds", r.load_seconds}});
     }
-    if (f.compare) j["speedup_steal_vs_static"] = speedup;  // of the median epochs
+    if (f.compare) j["speedup_steal_vs_static"] = speedup;  // of the median epochs: the last policy over the first
     std::ofstream out(f.json);
     if (!out) throw Error("cannot write --json file '" + f.json + "'");
     out << j.dump(2) << "\n";

@@ -31,6 +31,7 @@ struct TrainerFlags {
   float lr = 0.1f;
   std::string optimizer = "sgd";
   std::string policy = "steal";
+  std::string compare_policies = "static,steal";  // what --compare runs, alternating epoch by epoch
   std::string slowdown{};
   bool compare = false;
   std::string json{};
@@ -88,11 +89,21 @@ struct TrainerModel {
   // chunk_function() also runs on GPU devices and reads its inputs there itself (the libtorch adapter built against
   // a CUDA libtorch): used in place of gpu_chunk, and no inputs are gathered for it.
   bool chunk_function_on_gpus = false;
+  // Variable-length samples (torch_lm). sample_cost: each sample's cost, given with each step to the policies that
+  // use costs (packer, steal); sample_units: what a sample counts for the throughput line, in `units`; order: each
+  // epoch's sample order. Empty: no costs, one unit a sample, epoch_order().
+  std::function<double(std::uint32_t)> sample_cost{};
+  std::function<double(std::uint32_t)> sample_units{};
+  std::string units = "samples";
+  std::function<std::vector<std::uint32_t>(std::size_t epoch)> order{};
+  std::string metric = "test accuracy";  // what test_accuracy() returns
 };
 
 template <class Model>
 TrainerModel trainer_model(const Model& model, const TrainingData& data, std::uint64_t seed) {
-  TrainerModel t{&model.layout(), model.initial_parameters(seed), {}, {}, {}, false};
+  TrainerModel t;
+  t.layout = &model.layout();
+  t.initial = model.initial_parameters(seed);
   t.chunk_function = [&model, &data](std::size_t devices) -> ChunkFunction {
     auto ws = std::make_shared<std::vector<typename Model::Workspace>>(devices);
     return [&model, &data, ws](ChunkContext& ctx) {
@@ -108,6 +119,11 @@ TrainerModel trainer_model(const Model& model, const TrainingData& data, std::ui
 
 struct RunResult {
   std::string policy;
+  std::string metric = "test accuracy", units = "samples";
+  double units_per_s = 0;  // the model's units (tokens) over the epochs' time; samples_per_s without units
+  // The ideal's share of the run's time: the ideal is each step's summed chunk time over the devices (each device's
+  // time divided by its --slowdown factor, over the devices' summed speed), plus its reduction and update.
+  double ideal_fraction = 0;
   std::vector<double> epoch_seconds;
   std::vector<double> epoch_loss;  // each epoch's mean training loss (this process's epochs: after --resume, from there)
   double samples_per_s = 0;
@@ -119,7 +135,19 @@ struct RunResult {
   double load_seconds = 0;           // the --resume load
 };
 
-// Trains from the model's initial parameters for --epochs under --policy, or under static and then steal on the
+// The policies a trainer runs by name: static (equal split, no stealing: the DDP baseline), steal (with the model's
+// sample costs when it gives them), steal-nocosts (steal, the costs withheld), packer (a greedy bin-packing of each
+// batch on the costs, no stealing: needs costs), central (one shared queue).
+struct PolicyChoice {
+  std::string name;
+  SchedulePolicy schedule = SchedulePolicy::kSteal;
+  PlacementPolicy placement = PlacementPolicy::kAuto;
+  bool costs = false;  // give the model's sample costs with each step
+};
+// ConfigError for an unknown name, or for packer with a model that gives no costs.
+PolicyChoice policy_choice(const std::string& name, const TrainerModel& model);
+
+// Trains from the model's initial parameters for --epochs under --policy, or under each of --compare-policies on the
 // same work with --compare, and returns one result per policy.
 std::vector<RunResult> train_policies(const TrainerFlags& f, const TrainerModel& model, const DenseData& train_set);
 

@@ -127,12 +127,12 @@ std::int64_t Sequences::token_count() const noexcept {
 
 Sequences Sequences::to(const ::torch::Device& device) const {
   Sequences out = *this;
-  out.tokens = tokens.to(device), out.positions = positions.to(device), out.targets = targets.to(device), out.allowed = allowed.to(device);
+  out.tokens = tokens.to(device), out.positions = positions.to(device), out.targets = targets.to(device), out.allowed = allowed.defined() ? allowed.to(device) : allowed;
   return out;
 }
 
 Sequences make_sequences(std::span<const std::uint32_t> samples, const std::function<std::span<const std::uint8_t>(std::uint32_t)>& tokens_of,
-                         SequenceForm form) {
+                         SequenceForm form, SequenceMask mask) {
   Sequences q;
   q.form = form;
   std::vector<std::span<const std::uint8_t>> seq;
@@ -151,9 +151,11 @@ Sequences make_sequences(std::span<const std::uint32_t> samples, const std::func
   q.tokens = ::torch::zeros({rows, cols}, longs);
   q.positions = ::torch::zeros({rows, cols}, longs);
   q.targets = ::torch::full({rows, cols}, Sequences::kNoTarget, longs);
-  q.allowed = ::torch::zeros({rows, cols, cols}, ::torch::TensorOptions().dtype(::torch::kBool));
   auto tok = q.tokens.accessor<std::int64_t, 2>(), pos = q.positions.accessor<std::int64_t, 2>(), tgt = q.targets.accessor<std::int64_t, 2>();
-  auto ok = q.allowed.accessor<bool, 3>();
+  const bool dense = mask == SequenceMask::kDense;
+  if (dense) q.allowed = ::torch::zeros({rows, cols, cols}, ::torch::TensorOptions().dtype(::torch::kBool));
+  bool* ok = dense ? q.allowed.data_ptr<bool>() : nullptr;  // [rows][cols][cols], contiguous
+  const auto at_ok = [&](std::int64_t r, std::int64_t i, std::int64_t j) -> bool& { return ok[(r * cols + i) * cols + j]; };
   std::int64_t at = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t row = packed ? 0 : i, base = packed ? at : 0, len = q.lengths[static_cast<std::size_t>(i)];
@@ -162,10 +164,10 @@ Sequences make_sequences(std::span<const std::uint32_t> samples, const std::func
       tok[row][base + t] = x[static_cast<std::size_t>(t)];
       pos[row][base + t] = t;
       if (t + 1 < len) tgt[row][base + t] = x[static_cast<std::size_t>(t + 1)];
-      for (std::int64_t k = 0; k <= t; ++k) ok[row][base + t][base + k] = true;  // causal, within the sequence
+      if (dense) std::fill_n(&at_ok(row, base + t, base), t + 1, true);  // causal, within the sequence
     }
     // A padding query attends to itself alone, so that its softmax is defined; no real query sees it, and it has no target.
-    for (std::int64_t t = len; !packed && t < cols; ++t) ok[row][t][t] = true;
+    for (std::int64_t t = len; dense && !packed && t < cols; ++t) at_ok(row, t, t) = true;
     at += len;
   }
   return q;

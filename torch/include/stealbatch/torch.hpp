@@ -81,9 +81,12 @@ class DeviceData {
 // - kPacked: the sequences end to end in one row, [1, T]; attention is causal within each sequence
 //   (block-diagonal), so no position is padding. The mask is dense, T x T for T tokens in the chunk, and so is a
 //   plain attention over it: packing saves work only with a kernel that skips the blocks (a varlen attention).
-// The model reads tokens(), positions() (each token's position within its own sequence) and attention_mask(); the
-// loss reads targets(): each token's next token in its sequence, or kNoTarget (a sequence's last token, padding).
+// The model reads tokens, positions (each token's position within its own sequence) and allowed (the mask), or
+// lengths alone: a model that attends within each sequence itself (a causal mask alone is exact on right padding; a
+// loop over the packed sequences is a varlen attention) asks make_sequences() for no mask. The loss reads targets:
+// each token's next token in its sequence, or kNoTarget (a sequence's last token, padding).
 enum class SequenceForm { kPadded, kPacked };
+enum class SequenceMask { kDense, kNone };
 struct Sequences {
   static constexpr std::int64_t kNoTarget = -100;  // cross_entropy's default ignore_index
   SequenceForm form = SequenceForm::kPadded;
@@ -91,14 +94,15 @@ struct Sequences {
   ::torch::Tensor positions;  // int64, tokens' shape: each token's position within its sequence
   ::torch::Tensor targets;    // int64, tokens' shape: the next token in the same sequence, or kNoTarget
   ::torch::Tensor allowed;    // bool: [n, L, L] padded, [1, T, T] packed; true where query i may attend to key j
+                              // (undefined with SequenceMask::kNone)
   std::vector<std::int64_t> lengths;
   std::int64_t token_count() const noexcept;  // the real tokens, without padding
   Sequences to(const ::torch::Device& device) const;
 };
 // A chunk's sequences from each sample's tokens (bytes: a byte-level model), in the given form, on the host.
-// Throws ConfigError for an empty sequence.
+// Throws ConfigError for an empty sequence. SequenceMask::kNone leaves `allowed` undefined (no T x T allocation).
 Sequences make_sequences(std::span<const std::uint32_t> samples, const std::function<std::span<const std::uint8_t>(std::uint32_t)>& tokens_of,
-                         SequenceForm form);
+                         SequenceForm form, SequenceMask mask = SequenceMask::kDense);
 // A ModuleChunks input moved to a chunk's device: a tensor, or Sequences.
 inline ::torch::Tensor to_device(const ::torch::Tensor& x, const ::torch::Device& d) { return x.device() == d ? x : x.to(d); }
 inline Sequences to_device(const Sequences& x, const ::torch::Device& d) { return x.tokens.device() == d ? x : x.to(d); }
