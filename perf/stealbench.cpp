@@ -52,7 +52,7 @@ std::vector<double> repeat(const std::vector<double>& pattern, std::size_t n) {
 // the second half's, so static busy times are 1, 1, 0.15, 0.15.
 // Step i runs samples [i * batch, (i + 1) * batch): a fresh batch every step, as in training. `total` is the
 // number of samples over all steps.
-Scenario make_scenario(const std::string& name, std::size_t n, std::size_t batch, std::size_t total) {
+Scenario make_scenario(const std::string& name, std::size_t n, std::size_t batch, std::size_t total, double attention_c) {
   if (name == "seed-slow") return {name, repeat({1 / 6.6, 1 / 6.6, 1, 1}, n), {}};
   if (name == "hetero") return {name, repeat({1.0, 0.8, 0.5, 0.25}, n), {}};
   if (name == "seed-skew") {
@@ -69,9 +69,10 @@ Scenario make_scenario(const std::string& name, std::size_t n, std::size_t batch
   }
   if (name == "doclen" || name == "doclen-grouped") {
     // Documents of lognormal length L (median 245 tokens, sigma 1, within [8, 2048]), each a transformer's cost
-    // L d + L^2 d / c relative to its mean: c = 1024 puts attention's part level with the rest at L = 1024 (a
-    // stand-in for c fitted to measured chunk times). The trainer gives L. Grouped: each batch sorted by length,
-    // longest first, as length-grouped samplers order it, so an equal split gives the first devices the long ones.
+    // L + L^2 / c relative to its mean: attention's part equals the rest's at L = c (--attention-c; torch_lm fits
+    // c = b / e to its measured times at start-up). The trainer gives L alone, so its cost misses the quadratic part.
+    // Grouped: each batch sorted by length, longest first, as length-grouped samplers order it, so an equal split
+    // gives the first devices the long ones.
     auto len = std::make_shared<std::vector<double>>(total);
     std::mt19937_64 rng(11);
     std::lognormal_distribution<double> ln(std::log(245.0), 1.0);
@@ -79,12 +80,12 @@ Scenario make_scenario(const std::string& name, std::size_t n, std::size_t batch
     if (name == "doclen-grouped") {
       for (std::size_t at = 0; at < total; at += batch) std::sort(len->begin() + static_cast<std::ptrdiff_t>(at), len->begin() + static_cast<std::ptrdiff_t>(std::min(total, at + batch)), std::greater<>());
     }
-    constexpr double c = 1024;
+    const double c = attention_c;
     double mean = 0;
     for (double l : *len) mean += l + l * l / c;
     mean /= static_cast<double>(total);
     Scenario sc{name, std::vector<double>(n, 1.0)};
-    sc.cost = [len, mean](std::uint32_t s) { const double l = (*len)[s % len->size()]; return (l + l * l / c) / mean; };
+    sc.cost = [len, mean, c](std::uint32_t s) { const double l = (*len)[s % len->size()]; return (l + l * l / c) / mean; };
     sc.tokens = [len](std::uint32_t s) { return (*len)[s % len->size()]; };
     return sc;
   }
@@ -167,7 +168,8 @@ int main(int argc, char** argv) {
   }
   std::string scenarios_arg = "all", policies_arg = "all", json_path;
   std::size_t devices = 4, steps = 20, warmup = 3, chunk = 16, batch = 1024;
-  double time_scale = 20.0;  // 16-sample chunks of 1.6 ms at speed 1: timer jitter stays a few percent
+  double time_scale = 20.0;
+  double attention_c = 1024;  // doclen: the length where attention's cost equals the rest's  // 16-sample chunks of 1.6 ms at speed 1: timer jitter stays a few percent
   double bytes_per_sample = 150e3, link_gbps = 25, allreduce_mb = 100, busbw_gbps = 100, latency_us = 10;
   double noise_pct = 0;                 // every chunk's speed x (1 +- noise_pct%), uniformly
   std::vector<double> step_change;      // {step, factor}: device 0's speed x factor from that step on
@@ -181,6 +183,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed steps first (they also measure the devices)")->check(CLI::Range(0, 1000))->capture_default_str();
   app.add_option("--chunk", chunk, "samples per chunk (on the fastest device)")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--batch", batch, "samples per step (scale: per --devices devices, grown with the device count)")->check(CLI::Range(1, 1 << 24))->capture_default_str();
+  app.add_option("--attention-c", attention_c, "doclen scenarios: a document's cost is L + L^2/c (torch_lm prints the c it fits)")
+      ->check(CLI::Range(1.0, 1e9))->capture_default_str();
   app.add_option("--time-scale", time_scale, "simulated cost per sample = 5 us x this (larger: less timer noise, slower runs)")
       ->check(CLI::Range(0.01, 1000.0))->capture_default_str();
   app.add_option("--bytes-per-sample", bytes_per_sample, "input bytes a stolen sample moves (150 kB: a 224x224 RGB image)")
@@ -288,7 +292,7 @@ int main(int argc, char** argv) {
       for (std::size_t n : counts) {
         // scale keeps the samples per device of --devices (weak scaling, as a data-parallel run grows its batch).
         const std::size_t step_batch = sname == "scale" ? std::max<std::size_t>(1, batch * n / devices) : batch;
-        Scenario sc = make_scenario(sname == "scale" ? "hetero" : sname, n, step_batch, step_batch * (warmup + steps));
+        Scenario sc = make_scenario(sname == "scale" ? "hetero" : sname, n, step_batch, step_batch * (warmup + steps), attention_c);
         if (noise_pct > 0 || !step_change.empty()) {
           // Speed schedules on top of the scenario's own: a step change of device 0 and per-chunk noise. The noise
           // generator is per device, so the device threads never share one.

@@ -1,5 +1,7 @@
 # stealbench: the runtime on simulated devices, every scenario at 4 devices (every policy, with --overhead), at 16 and
-# 32 (static, lbbsp, steal-adaptive), the scale sweep (hetero at 4 to 64 devices); then the tail model of varcost.
+# 32 (static, lbbsp, steal-adaptive), the scale sweep (hetero at 4 to 64 devices); the document-length scenarios
+# (static, steal without and with the given lengths, the packer) at 4, 16 and 32 devices and with device 0 at half
+# speed, attention's c as torch_lm fits it here; then the tail model of varcost.
 section_stealbench() {
   local scenarios=seed-slow,seed-skew,hetero,varcost,slowdown
   "$build/perf/stealbench" --scenario "$scenarios" --overhead --json "$out/sb4.json" 2>/dev/null | tee "$out/sb4.txt"
@@ -9,5 +11,10 @@ section_stealbench() {
   done
   "$build/perf/stealbench" --scenario scale --policy static,lbbsp,central,steal,steal-adaptive --overhead --json "$out/sb_scale.json" 2>/dev/null \
     | tee "$out/sb_scale.txt"
+  local doc=(--scenario doclen,doclen-grouped --policy static,steal-adaptive,steal-cost,packer --attention-c 200)
+  for n in 4 16 32; do
+    "$build/perf/stealbench" "${doc[@]}" --devices "$n" --json "$out/sb_doclen$n.json" 2>/dev/null | tee "$out/sb_doclen$n.txt"
+  done
+  "$build/perf/stealbench" "${doc[@]}" --devices 4 --step-change 0 0.5 --json "$out/sb_doclen4_half.json" 2>/dev/null | tee "$out/sb_doclen4_half.txt"
   python3 perf/tail_model.py | tee "$out/tail_model.txt"
 }

@@ -89,6 +89,9 @@ mkdir "$work/empty"
 expect 4 "no checkpoint" -- "$mlp" "${small[@]}" --resume "$work/empty"
 expect 2 "json = .*cannot open it for writing" -- "$mlp" "${small[@]}" --json "$work/no-such-dir/out.json"
 expect 2 "compare.*policy" -- "$mlp" "${small[@]}" --compare --policy static
+expect 2 "packs each batch by its samples' costs, and this model gives none" -- "$mlp" "${small[@]}" --policy packer
+expect 2 "compare-policies = 'steal': --compare needs two policies" -- "$mlp" "${small[@]}" --compare --compare-policies steal
+expect 2 "policy = 'bogus'" -- "$mlp" "${small[@]}" --compare --compare-policies static,bogus
 # A checkpoint folder has one owner: a second run with other flags does not save into it (unless asked to replace its
 # checkpoints), --resume refuses another run's checkpoint naming what differs, and two live runs cannot share it.
 ck=("${base[@]}" --batch 64 --devices cpu:2)

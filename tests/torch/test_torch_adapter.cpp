@@ -340,3 +340,47 @@ TEST_CASE("Torch.VariableLengthGradientEqualsOnePlainBackward") {
   // Padding and packing compute the same function.
   CHECK(examples::max_relative_error(refs[1], refs[0]) <= 1e-5);
 }
+
+// torch_lm's model (two pre-norm blocks, attention within each document: a loop over the packed documents, a causal
+// mask alone over the padded rows), from Sequences without their dense mask, on cpu:2 with stealing and costs: the
+// gradient is one plain libtorch backward over the batch, and the two forms compute the same function.
+TEST_CASE("Torch.TransformerLmGradientEqualsOnePlainBackwardInBothForms") {
+  ::torch::set_num_threads(1);
+  const Documents docs(160);
+  std::vector<std::uint32_t> batch(96);
+  std::vector<double> cost(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    batch[i] = static_cast<std::uint32_t>((i * 5) % docs.docs.size());
+    const double l = static_cast<double>(docs.docs[batch[i]].size());
+    cost[i] = l + l * l / 32;
+  }
+  const examples::TorchLmOptions o{.width = 16, .layers = 2, .heads = 2, .max_len = 48};
+  ::torch::manual_seed(4);
+  auto make = [o] { return std::make_shared<examples::TorchLmImpl>(o); };
+  std::vector<std::vector<float>> refs;
+  std::vector<float> initial;
+  for (const libtorch::SequenceForm form : {libtorch::SequenceForm::kPadded, libtorch::SequenceForm::kPacked}) {
+    CAPTURE(static_cast<int>(form));
+    const auto input = [&](std::span<const std::uint32_t> s) { return libtorch::make_sequences(s, docs, form, libtorch::SequenceMask::kNone); };
+    libtorch::ModuleChunks<examples::TorchLmImpl, libtorch::Sequences> chunks(
+        make, 2, input, [&](const ::torch::Tensor& out, std::span<const std::uint32_t> s) { return examples::next_byte_loss(out, input(s)); });
+    CHECK_FALSE(input(batch).allowed.defined());  // no T x T mask was built
+    if (initial.empty()) initial = chunks.initial();
+    examples::TorchLmImpl plain(o);
+    std::vector<float> ref(chunks.layout().size(), 0.0f);
+    libtorch::bind_module(plain, chunks.layout(), initial, ref);
+    const libtorch::Sequences all = input(batch);
+    examples::next_byte_loss(plain.forward(all), all).backward();
+    libtorch::settle(plain, chunks.layout(), ref);
+    for (float& g : ref) g /= static_cast<float>(batch.size());
+    refs.push_back(ref);
+    Runtime rt({.devices = "cpu:2", .schedule = {.chunk_size = 8}, .host = {.slowdown = {3.0, 1.0}, .threads_per_device = 1}});
+    rt.register_parameters(chunks.layout(), initial);
+    for (int step = 0; step < 3; ++step) {
+      const StepReport r = rt.compute_gradient(batch, chunks.function(), cost);
+      CHECK(r.placed_by_cost);
+      CHECK(examples::max_relative_error(rt.gradient(), ref) <= 1e-5);
+    }
+  }
+  CHECK(examples::max_relative_error(refs[1], refs[0]) <= 1e-5);
+}
