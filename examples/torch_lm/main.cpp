@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -275,8 +276,14 @@ int main(int argc, char** argv) {
                 static_cast<long long>(lm.layers), static_cast<long long>(lm.heads), static_cast<long long>(lm.max_len), order.c_str(), form.c_str(),
                 describe_configuration(f).c_str());
 
+    // The cores shared among this process's devices, and among the ranks on this node under mpirun (Open MPI and
+    // MPICH say how many share it).
     const std::size_t device_count = parse_device_spec(f.devices).count;
-    const int threads = std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / std::max<std::size_t>(1, device_count)));
+    std::size_t local_ranks = 1;
+    for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+      if (const char* v = std::getenv(var); v != nullptr && std::atoi(v) > 0) local_ranks = static_cast<std::size_t>(std::atoi(v));
+    }
+    const int threads = std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / std::max<std::size_t>(1, device_count * local_ranks)));
     ::torch::manual_seed(f.seed);
     const std::function<std::shared_ptr<TorchLmImpl>()> make = [lm] { return std::make_shared<TorchLmImpl>(lm); };
     auto first = make();
