@@ -30,6 +30,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_ref import spawn_ddp  # noqa: E402  (the same process start and slowdown as the examples' DDP peer)
+
 
 class Block(nn.Module):
     def __init__(self, width, heads):
@@ -169,20 +172,7 @@ def ddp_worker(rank, a, factors, port, queue):
 
 
 def run_ddp(a):
-    import torch.multiprocessing as mp
-    factors = [float(f) for f in a.slowdown.split(",")] if a.slowdown else [1.0] * a.procs
-    if len(factors) != a.procs:
-        sys.exit(f"torch_lm_ref: --slowdown has {len(factors)} factors for {a.procs} processes")
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = 29500 + os.getpid() % 1000
-    procs = [ctx.Process(target=ddp_worker, args=(r, a, factors, port, queue)) for r in range(a.procs)]
-    for p in procs:
-        p.start()
-    results = dict(queue.get() for _ in procs)
-    for p in procs:
-        p.join()
-    r0 = results[0]
+    r0, factors = spawn_ddp(ddp_worker, a)
     print(f"[torch ddp lm] {a.procs} processes, slowdown {a.slowdown or 'none'}: {r0['tokens_per_s']:.0f} tokens/s, "
           f"validation bits/byte {r0['validation_bits_per_byte']:.4f}")
     return {"mode": "ddp", "procs": a.procs, "slowdown": factors, "torch": torch.__version__, **r0}

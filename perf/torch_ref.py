@@ -166,21 +166,27 @@ def ddp_worker(rank, a, factors, port, queue):
     torch.distributed.destroy_process_group()
 
 
-def run_ddp(a):
+def spawn_ddp(worker, a):
+    """Starts a.procs processes of worker(rank, a, factors, port, queue), each slowed by its --slowdown factor, and
+    returns rank 0's result and the factors (torch_lm_ref.py's DDP runs the same way)."""
     import torch.multiprocessing as mp
     factors = [float(f) for f in a.slowdown.split(",")] if a.slowdown else [1.0] * a.procs
     if len(factors) != a.procs:
-        sys.exit(f"torch_ref: --slowdown has {len(factors)} factors for {a.procs} processes")
+        sys.exit(f"{os.path.basename(sys.argv[0])}: --slowdown has {len(factors)} factors for {a.procs} processes")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = 29500 + os.getpid() % 1000
-    procs = [ctx.Process(target=ddp_worker, args=(r, a, factors, port, queue)) for r in range(a.procs)]
+    procs = [ctx.Process(target=worker, args=(r, a, factors, port, queue)) for r in range(a.procs)]
     for p in procs:
         p.start()
     results = dict(queue.get() for _ in procs)
     for p in procs:
         p.join()
-    r0 = results[0]
+    return results[0], factors
+
+
+def run_ddp(a):
+    r0, factors = spawn_ddp(ddp_worker, a)
     out = {**header(a, {"procs": a.procs, "slowdown": factors}), **r0}
     print(f"[torch ddp {a.model}] {a.procs} processes, slowdown {a.slowdown or 'none'}: {r0['samples_per_s']:.0f} samples/s "
           f"(median epoch after the first), test accuracy {r0['test_accuracy']:.4f}")
