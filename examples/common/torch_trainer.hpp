@@ -48,6 +48,11 @@ double torch_accuracy(Net& net, const Tensors& test) {
   return static_cast<double>(correct) / static_cast<double>(n);
 }
 
+// scheduled_lr() on every parameter group of a torch optimizer.
+inline void set_scheduled_lr(::torch::optim::Optimizer& opt, const TrainerFlags& f, std::size_t step, std::size_t total) {
+  for (auto& g : opt.param_groups()) g.options().set_lr(scheduled_lr(f, step, total));
+}
+
 // The same module and epochs with plain libtorch: one process, torch's own threads, torch::optim::Adam, the same
 // batch, learning-rate schedule and sample order, starting from `initial` (the stealbatch run's start).
 template <class Net>
@@ -73,10 +78,7 @@ void train_plain(const TrainerFlags& f, const std::function<std::shared_ptr<Net>
     const auto t0 = std::chrono::steady_clock::now();
     for (std::size_t start = 0; start < order.size(); start += f.batch) {
       const auto ids = std::span<const std::uint32_t>(order).subspan(start, std::min(f.batch, order.size() - start));
-      if (f.schedule == "cosine") {
-        const double progress = static_cast<double>(step) / static_cast<double>(total);
-        for (auto& g : opt.param_groups()) g.options().set_lr(std::max(1e-6, f.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * progress))));
-      }
+      set_scheduled_lr(opt, f, step, total);
       ++step;
       opt.zero_grad();
       // The runtime's convention: the summed loss divided by the batch, i.e. the mean.

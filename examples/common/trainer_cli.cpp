@@ -287,10 +287,7 @@ void PolicyRun::run_epoch(std::size_t epoch) {
   std::size_t done = 0, saved_at = 0;
   for (std::size_t start = first; start < order.size(); start += f.batch) {
     const std::size_t b = std::min(f.batch, order.size() - start);
-    if (f.schedule == "cosine") {  // cosine decay from --lr towards 0 over the whole run
-      const double progress = static_cast<double>(step_no) / static_cast<double>(total_steps);
-      rt->set_learning_rate(std::max(1e-6f, static_cast<float>(f.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * progress)))));
-    }
+    if (f.schedule == "cosine") rt->set_learning_rate(static_cast<float>(scheduled_lr(f, step_no, total_steps)));
     ++step_no;
     const auto ids = std::span<const std::uint32_t>(order).subspan(start, b);
     const StepReport r = step(ids, true);
@@ -484,6 +481,12 @@ PolicyChoice policy_choice(const std::string& name, const TrainerModel& model) {
     return {name, SchedulePolicy::kStatic, PlacementPolicy::kPacked, true};
   }
   throw ConfigError("policy = '" + name + "': expected static, steal, steal-nocosts, packer or central");
+}
+
+double scheduled_lr(const TrainerFlags& f, std::size_t step, std::size_t total) {
+  if (f.schedule != "cosine" || total == 0) return f.lr;
+  const double progress = static_cast<double>(step) / static_cast<double>(total);
+  return std::max(1e-6, static_cast<double>(f.lr) * 0.5 * (1.0 + std::cos(3.141592653589793 * progress)));
 }
 
 std::string describe_configuration(const TrainerFlags& f) {

@@ -151,6 +151,9 @@ PolicyChoice policy_choice(const std::string& name, const TrainerModel& model);
 // same work with --compare, and returns one result per policy.
 std::vector<RunResult> train_policies(const TrainerFlags& f, const TrainerModel& model, const DenseData& train_set);
 
+// The learning rate at `step` (from 0) of `total`: --lr, or with --schedule cosine its decay towards 0 (at least 1e-6).
+double scheduled_lr(const TrainerFlags& f, std::size_t step, std::size_t total);
+
 // "devices cpu:4, slowdown none, batch 256, ...": the configuration for a trainer's header line.
 std::string describe_configuration(const TrainerFlags& f);
 

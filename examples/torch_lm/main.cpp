@@ -183,10 +183,7 @@ void train_plain_lm(const TrainerFlags& f, const TorchLmOptions& lm, const LmDat
     double loss_sum = 0;
     for (std::size_t start = 0; start < order.size(); start += f.batch) {
       const auto ids = std::span<const std::uint32_t>(order).subspan(start, std::min(f.batch, order.size() - start));
-      if (f.schedule == "cosine") {
-        const double progress = static_cast<double>(step) / static_cast<double>(total);
-        for (auto& g : opt.param_groups()) g.options().set_lr(std::max(1e-6, f.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * progress))));
-      }
+      set_scheduled_lr(opt, f, step, total);
       ++step;
       opt.zero_grad();
       const libtorch::Sequences s = libtorch::make_sequences(ids, of, form, libtorch::SequenceMask::kNone);

@@ -274,6 +274,32 @@ struct Documents {
   std::span<const std::uint8_t> operator()(std::uint32_t s) const { return docs.at(s); }
 };
 
+// The gradient a step must give: one plain libtorch forward and backward of the whole batch from `initial`, over the
+// batch's size.
+template <class Net, class Loss>
+std::vector<float> one_plain_backward(Net& plain, const ParameterLayout& layout, const std::vector<float>& initial, const libtorch::Sequences& all,
+                                      std::size_t batch, const Loss& loss) {
+  std::vector<float> ref(layout.size(), 0.0f);
+  libtorch::bind_module(plain, layout, initial, ref);
+  loss(plain.forward(all), all).backward();
+  libtorch::settle(plain, layout, ref);
+  for (float& g : ref) g /= static_cast<float>(batch);
+  return ref;
+}
+
+// Three steps on cpu:2 (device 0 3x slower, chunks of 8, stealing, the given costs), each placed by cost and each
+// giving `ref`.
+void check_steps_give(const ChunkFunction& fn, const ParameterLayout& layout, const std::vector<float>& initial, const std::vector<std::uint32_t>& batch,
+                      const std::vector<double>& cost, const std::vector<float>& ref) {
+  Runtime rt({.devices = "cpu:2", .schedule = {.chunk_size = 8}, .host = {.slowdown = {3.0, 1.0}, .threads_per_device = 1}});
+  rt.register_parameters(layout, initial);
+  for (int step = 0; step < 3; ++step) {
+    const StepReport r = rt.compute_gradient(batch, fn, cost);
+    CHECK(r.placed_by_cost);
+    CHECK(examples::max_relative_error(rt.gradient(), ref) <= 1e-5);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("Torch.SequencesInBothFormsMaskPaddingAndOtherSequences") {
@@ -322,20 +348,9 @@ TEST_CASE("Torch.VariableLengthGradientEqualsOnePlainBackward") {
     if (initial.empty()) initial = chunks.initial();
     // The reference: one module, the whole batch in one forward and one backward.
     TinyLmImpl plain(16, 48);
-    std::vector<float> ref(chunks.layout().size(), 0.0f);
-    libtorch::bind_module(plain, chunks.layout(), initial, ref);
-    const libtorch::Sequences all = libtorch::make_sequences(batch, docs, form);
-    next_byte_loss(plain.forward(all), all).backward();
-    libtorch::settle(plain, chunks.layout(), ref);
-    for (float& g : ref) g /= static_cast<float>(batch.size());
-    refs.push_back(ref);
-    Runtime rt({.devices = "cpu:2", .schedule = {.chunk_size = 8}, .host = {.slowdown = {3.0, 1.0}, .threads_per_device = 1}});
-    rt.register_parameters(chunks.layout(), initial);
-    for (int step = 0; step < 3; ++step) {
-      const StepReport r = rt.compute_gradient(batch, chunks.function(), cost);
-      CHECK(r.placed_by_cost);
-      CHECK(examples::max_relative_error(rt.gradient(), ref) <= 1e-5);
-    }
+    refs.push_back(one_plain_backward(plain, chunks.layout(), initial, libtorch::make_sequences(batch, docs, form), batch.size(),
+                                      [](const ::torch::Tensor& out, const libtorch::Sequences& s) { return next_byte_loss(out, s); }));
+    check_steps_give(chunks.function(), chunks.layout(), initial, batch, cost, refs.back());
   }
   // Padding and packing compute the same function.
   CHECK(examples::max_relative_error(refs[1], refs[0]) <= 1e-5);
@@ -367,20 +382,9 @@ TEST_CASE("Torch.TransformerLmGradientEqualsOnePlainBackwardInBothForms") {
     CHECK_FALSE(input(batch).allowed.defined());  // no T x T mask was built
     if (initial.empty()) initial = chunks.initial();
     examples::TorchLmImpl plain(o);
-    std::vector<float> ref(chunks.layout().size(), 0.0f);
-    libtorch::bind_module(plain, chunks.layout(), initial, ref);
-    const libtorch::Sequences all = input(batch);
-    examples::next_byte_loss(plain.forward(all), all).backward();
-    libtorch::settle(plain, chunks.layout(), ref);
-    for (float& g : ref) g /= static_cast<float>(batch.size());
-    refs.push_back(ref);
-    Runtime rt({.devices = "cpu:2", .schedule = {.chunk_size = 8}, .host = {.slowdown = {3.0, 1.0}, .threads_per_device = 1}});
-    rt.register_parameters(chunks.layout(), initial);
-    for (int step = 0; step < 3; ++step) {
-      const StepReport r = rt.compute_gradient(batch, chunks.function(), cost);
-      CHECK(r.placed_by_cost);
-      CHECK(examples::max_relative_error(rt.gradient(), ref) <= 1e-5);
-    }
+    refs.push_back(one_plain_backward(plain, chunks.layout(), initial, input(batch), batch.size(),
+                                      [](const ::torch::Tensor& out, const libtorch::Sequences& s) { return examples::next_byte_loss(out, s); }));
+    check_steps_give(chunks.function(), chunks.layout(), initial, batch, cost, refs.back());
   }
   CHECK(examples::max_relative_error(refs[1], refs[0]) <= 1e-5);
 }
