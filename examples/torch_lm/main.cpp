@@ -25,7 +25,6 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -302,25 +301,27 @@ int main(int argc, char** argv) {
     }
     if (plain) return train_plain_lm(f, lm, data, grouped, seq_form, plain_threads, initial, layout);
 
-    // Each chunk builds its documents' Sequences once; the loss reads the same chunk's targets.
-    struct Built {
-      const std::uint32_t* ids = nullptr;
-      std::size_t n = 0;
-      libtorch::Sequences seq;
-    };
+    // A call builds its documents' Sequences once: the input function (called first, on the device's thread) keeps
+    // them for the loss, which the adapter calls next in the same call on the same thread. Nothing is reused across
+    // calls, whose sample spans may lie at the same address with other contents (a packed batch's order, say).
     const auto of = [&data](std::uint32_t i) { return data.doc(i); };
-    const auto build = [of, seq_form](std::span<const std::uint32_t> s) -> const libtorch::Sequences& {
-      thread_local Built b;
-      if (b.ids != s.data() || b.n != s.size()) b = {s.data(), s.size(), libtorch::make_sequences(s, of, seq_form, libtorch::SequenceMask::kNone)};
-      return b.seq;
+    struct Inputs {
+      static libtorch::Sequences& last() {
+        thread_local libtorch::Sequences s;
+        return s;
+      }
     };
     TrainerModel tm;
     tm.layout = &layout;
     tm.initial = initial;
-    tm.chunk_function = [make, build, threads](std::size_t devices) -> ChunkFunction {
+    tm.chunk_function = [make, of, seq_form, threads](std::size_t devices) -> ChunkFunction {
       auto chunks = std::make_shared<libtorch::ModuleChunks<TorchLmImpl, libtorch::Sequences>>(
-          make, devices, [build](std::span<const std::uint32_t> s) { return build(s); },
-          [build](const ::torch::Tensor& out, std::span<const std::uint32_t> s) { return next_byte_loss(out, libtorch::to_device(build(s), out.device())); }, threads);
+          make, devices,
+          [of, seq_form](std::span<const std::uint32_t> s) {
+            return Inputs::last() = libtorch::make_sequences(s, of, seq_form, libtorch::SequenceMask::kNone);
+          },
+          [](const ::torch::Tensor& out, std::span<const std::uint32_t>) { return next_byte_loss(out, libtorch::to_device(Inputs::last(), out.device())); },
+          threads);
       ChunkFunction fn = chunks->function();
       return [chunks, fn](ChunkContext& ctx) { fn(ctx); };
     };

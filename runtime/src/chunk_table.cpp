@@ -274,6 +274,7 @@ ChunkTable Runtime::Impl::cut_and_place(std::size_t batch, StepPlan& p) {
   t.given_cost.assign(costs.given() ? chunks : 0, 0.0);
   for (std::size_t c = 0; c < t.given_cost.size(); ++c) t.given_cost[c] = costs.trainer_cost(t.spans[c].begin, t.spans[c].size);
   t.calls.assign(costs.given() && dev.host ? n : 0, {});
+  for (auto& calls : t.calls) calls.reserve(chunks);  // a worker's record_call() appends without allocating
   return t;
 }
 

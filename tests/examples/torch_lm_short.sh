@@ -29,8 +29,9 @@ for p, r in runs.items():
     assert r["metric"] == "validation bits/byte" and 0 < r["test_accuracy"] < 9, (p, r["test_accuracy"])
     assert r["epoch_seconds"] and len(r["utilization"]) == 2, p
 # The same batches from the same start: every policy computes the same gradients (to rounding), so the same model.
+# (A chunk that trained on another chunk's documents moved the packer's figure by 3e-4 here.)
 v = [r["test_accuracy"] for r in runs.values()]
-assert max(v) - min(v) < 1e-3, v
+assert max(v) - min(v) < 1e-4, v
 print("report ok:", {p: round(r["test_accuracy"], 4) for p, r in runs.items()})
 EOF
 grep -q "^# unigram model on the same split: [0-9.]* bits/byte" "$work/log" || fail "no unigram bar"
