@@ -24,7 +24,12 @@ StepPlan Runtime::Impl::plan_step(std::size_t batch) {
     // claim chunks as they go, and the end game weighs them by speed only with two or more of them.
     p.known = p.known && n > 1;
     p.cutting = Cutting::kRankShares;
-    plan_ranks(batch, p);
+    plan_ranks(batch, p);  // with given costs, placed by cost (cluster_step.cpp)
+    if (p.by_cost()) {
+      p.rate = measured_cost_rates();
+      p.known = !p.rate.empty() && n > 1;
+      if (!p.known) p.rate.assign(n, 1.0);
+    }
     return p;
   }
   const bool steal = options.schedule.policy == SchedulePolicy::kSteal;
@@ -61,13 +66,8 @@ void Runtime::Impl::plan_given_costs(std::size_t batch, StepPlan& p) {
   p.position_cost = costs.norm;
   p.learn_costs = false;  // the costs are given, not learnt by position
   p.cost_chunk = cost_chunk(batch);
-  // Each device's measured cost per second, in the plan's units (mean samples of this batch per second).
-  std::vector<double> measured = speed.cost_estimates();
-  if (options.schedule.placement == PlacementPolicy::kPreviousStep && !measured.empty()) {
-    for (std::size_t d = 0; d < n; ++d) measured[d] = speed.cost_rate[d].back();
-  }
-  bool known = measured.size() == n;
-  for (double& r : measured) known = known && std::isfinite(r) && r > 0, r /= costs.mean;
+  const std::vector<double> measured = measured_cost_rates();
+  const bool known = !measured.empty();
   const PlacementPolicy placement = options.schedule.placement;
   const bool by_measure = placement == PlacementPolicy::kThroughput || placement == PlacementPolicy::kPreviousStep;
   // The end game weighs devices by what was measured; shares follow it where the placement does, the weights where
@@ -81,6 +81,18 @@ void Runtime::Impl::plan_given_costs(std::size_t batch, StepPlan& p) {
   }
   p.cutting = Cutting::kBySpeed;
   p.finer_ends = n > 1;
+}
+
+// Each device's measured cost per second in the plan's units (mean-cost samples of this batch per second): the median
+// of its last steps', or with kPreviousStep the last one's. Empty until every device has one.
+std::vector<double> Runtime::Impl::measured_cost_rates() const {
+  std::vector<double> measured = speed.cost_estimates();
+  if (options.schedule.placement == PlacementPolicy::kPreviousStep && !measured.empty()) {
+    for (std::size_t d = 0; d < measured.size(); ++d) measured[d] = speed.cost_rate[d].back();
+  }
+  bool known = measured.size() == dev.devices.size();
+  for (double& r : measured) known = known && std::isfinite(r) && r > 0, r /= costs.mean;
+  return known ? measured : std::vector<double>{};
 }
 
 // A full chunk's cost in mean samples of the batch: chunk_size; or, with chunk_size = 0, the smallest chunk whose
@@ -212,22 +224,35 @@ void Runtime::Impl::cut_fixed(std::size_t batch, const StepPlan& p, ChunkTable& 
   }
 }
 
-// Across ranks: the rank's shares in proportion to the ranks' speeds, each cut into chunks of its rank's size with its
-// end cut finer (as a device's share in one process), the same on every rank; this rank's devices each run its size.
+// Across ranks: the rank's shares in proportion to the ranks' speeds (in samples, or with given costs in cost), each
+// cut into chunks of its rank's size with its end cut finer (as a device's share in one process), the same on every
+// rank; this rank's devices each run its size. Packed (kPacked): a rank's share is its devices' packs (the batch
+// packed over the job's devices in rank order), cut into whole chunks of the budget.
 void Runtime::Impl::cut_rank_shares(std::size_t batch, StepPlan& p, ChunkTable& t) {
   RankShares& rs = p.ranks;
   const std::size_t ranks = rs.speed.size();
-  Shares share = to_shares(place_proportional(batch, rs.speed));
-  std::vector<double> target(ranks), floor(ranks);
-  for (std::size_t r = 0; r < ranks; ++r) target[r] = static_cast<double>(rs.chunk[r]), floor[r] = std::max(1.0, std::floor(target[r] / 4));
+  Shares share(ranks);
+  if (costs.packed()) {
+    std::uint32_t at = 0;
+    for (std::size_t r = 0, g = 0; r < ranks; ++r) {
+      std::uint32_t len = 0;
+      for (std::size_t d = 0; d < cluster.rank_devices[r]; ++d) len += costs.packed_len[g++];
+      share[r] = {at, at + len}, at += len;
+    }
+  } else {
+    share = p.by_cost() ? detail::split_by_cost(p.position_cost, rs.speed) : to_shares(place_proportional(batch, rs.speed));
+  }
+  std::vector<double> floor(ranks);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    floor[r] = costs.packed() ? rs.chunk[r] : p.by_cost() ? rs.chunk[r] / 4 : std::max(1.0, std::floor(rs.chunk[r] / 4));
+  }
   rs.share.assign(ranks, {});
-  cut_shares(share, target, floor, std::vector<bool>(ranks, true), {}, t, rs.share);
+  cut_shares(share, rs.chunk, floor, std::vector<bool>(ranks, true), p.position_cost, t, rs.share);
   t.ranges.assign(dev.devices.size(), {});  // the devices claim chunks from the share words as they go
-  t.own_size.assign(dev.devices.size(), rs.chunk[rs.me]);
-  t.own_cost.assign(dev.devices.size(), static_cast<double>(rs.chunk[rs.me]));
-  t.full_chunk = rs.chunk[rs.me];
-  rs.before.assign(t.size() + 1, 0);
-  for (std::size_t c = 0; c < t.size(); ++c) rs.before[c + 1] = rs.before[c] + t.spans[c].size;
+  const auto whole = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(rs.chunk[rs.me])));
+  t.own_size.assign(dev.devices.size(), whole);
+  t.own_cost.assign(dev.devices.size(), rs.chunk[rs.me]);
+  t.full_chunk = whole;
   if (t.size() >= detail::ShareWord::kMaxChunk) {
     throw ConfigError("batch = " + std::to_string(batch) + " makes " + std::to_string(t.size()) + " chunks across ranks; at most " +
                       std::to_string(detail::ShareWord::kMaxChunk - 1) + " (raise chunk_size)");
@@ -260,6 +285,10 @@ ChunkTable Runtime::Impl::cut_and_place(std::size_t batch, StepPlan& p) {
       for (std::uint32_t x = t.spans[c].begin; x < t.spans[c].begin + t.spans[c].size; ++x) cost += p.position_cost[x];
     }
     t.chunk_cost[c] = cost;
+  }
+  if (p.ranks.active()) {  // what a share word holds, from two reads: the cost of chunks [0, c)
+    p.ranks.before.assign(chunks + 1, 0.0);
+    for (std::size_t c = 0; c < chunks; ++c) p.ranks.before[c + 1] = p.ranks.before[c] + t.chunk_cost[c];
   }
   // Where each chunk was placed (across ranks, the device that claims it, when it does).
   t.home.assign(chunks, 0);

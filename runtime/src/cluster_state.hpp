@@ -1,8 +1,9 @@
 // This rank's part of a job across ranks (RuntimeOptions::cluster): the cluster, each rank's device count and this
-// rank's first device's global index, each rank's measured samples/s over the last steps (the same on every rank:
-// gathered with the reduction), the steps run across the ranks (every rank counts the same, failed ones too: the share
-// words' tag), this rank's progress word, and, for the watch, the last progress word seen of each rank and since when.
-// Empty (false) in one process. The share-word protocol and the watch that use it are cluster_step.cpp's.
+// rank's first device's global index, each rank's measured samples/s over the last steps and, of steps with given
+// sample costs, its cost per second in the trainer's units (the same on every rank: gathered with the reduction), the
+// steps run across the ranks (every rank counts the same, failed ones too: the share words' tag), this rank's progress
+// word, and, for the watch, the last progress word seen of each rank and since when. Empty (false) in one process. The
+// share-word protocol and the watch that use it are cluster_step.cpp's.
 #pragma once
 
 #include <stealbatch/runtime/cluster.hpp>
@@ -21,6 +22,7 @@ struct ClusterState {
   std::vector<std::size_t> rank_devices;
   std::size_t first_device = 0;
   std::vector<std::vector<double>> rank_speed_history;
+  std::vector<std::vector<double>> rank_cost_history;  // in the trainer's cost units per second
   std::uint64_t steps = 0;        // steps begun across the ranks
   std::uint64_t step_now = 0;     // the step this rank is in, or last was in (1, 2, ...): the progress word's high half
   std::uint64_t progress = 0;     // this rank's progress word's low half (bumped by the watch)

@@ -87,6 +87,7 @@ void Runtime::Impl::join_cluster(DeviceSpec& spec) {
     options.host.threads_per_device = std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / std::max<std::size_t>(1, on_node)));
   }
   cluster.rank_speed_history.assign(static_cast<std::size_t>(ranks), {});
+  cluster.rank_cost_history.assign(static_cast<std::size_t>(ranks), {});
   cluster.peers_seen.assign(static_cast<std::size_t>(ranks), {});
   // The clocks: each of a few rounds ends a collective on every rank at about the same moment; there every rank reads
   // its time since its own epoch, and the median difference from rank 0's is the offset (within the collective's
@@ -139,9 +140,10 @@ void Runtime::Impl::watch_cluster() {
   }
 }
 
-void Runtime::Impl::begin_rank_step(std::span<const std::uint32_t> samples, Reduce reduce_to) {
+void Runtime::Impl::begin_rank_step(std::span<const std::uint32_t> samples, std::span<const double> cost, Reduce reduce_to) {
   // Before the step's first collective, whose size follows the batch: every rank must be at the same step, with the
-  // same batch and learning rate, or the job would corrupt the MPI library's buffers, hang, or train wrongly.
+  // same batch, sample costs and learning rate, or the job would corrupt the MPI library's buffers, hang, or train
+  // wrongly (the chunk table that every rank builds alike follows the costs).
   for (auto& seen : cluster.peers_seen) seen.restart();  // each step's watch starts afresh
   cluster.step_now = cluster.steps + 1;
   publish_progress();  // in this step now
@@ -150,7 +152,9 @@ void Runtime::Impl::begin_rank_step(std::span<const std::uint32_t> samples, Redu
   const char* call = reduce_to == Reduce::kUpdate ? "step()" : reduce_to == Reduce::kMean ? "compute_gradient()" : "a summed gradient";
   detail::check_agreement(*cluster,
                           {{"step", std::to_string(cluster.step_now)}, {"call", call}, {"batch size", std::to_string(samples.size())},
-                           {"batch (hash of its sample ids)", detail::hex16(detail::fnv1a(std::as_bytes(samples)))}, {"learning rate", lr}},
+                           {"batch (hash of its sample ids)", detail::hex16(detail::fnv1a(std::as_bytes(samples)))},
+                           {"sample costs (hash of their bytes)", cost.empty() ? std::string("none") : detail::hex16(detail::fnv1a(std::as_bytes(cost)))},
+                           {"learning rate", lr}},
                           "at a step", [this] { watch_cluster(); });
 }
 
@@ -160,10 +164,16 @@ void Runtime::Impl::plan_ranks(std::size_t batch, StepPlan& p) {
   rs.me = static_cast<std::size_t>(cluster->rank());
   rs.tag = static_cast<std::uint16_t>(cluster.steps++ % 65535 + 1);  // 1 to 65535: never a fresh word's 0
   // The rank speeds, the same on every rank (gathered with the last reduction): the shares in proportion to them, each
-  // cut into chunks sized by its rank's speed.
+  // cut into chunks sized by its rank's speed. With given costs, in cost: each rank's cost per second in mean-cost
+  // samples of this batch, and chunks of a cost budget (a chunk of long samples holds fewer of them). A static run
+  // that is not packed splits the samples equally, as in one process (plan_given_costs()).
+  const bool by_cost = costs.given() && (options.schedule.policy == SchedulePolicy::kSteal || costs.packed());
   rs.speed.assign(ranks, 0.0);
   bool known = true;
-  for (std::size_t r = 0; r < ranks; ++r) rs.speed[r] = median(cluster.rank_speed_history[r]), known = known && rs.speed[r] > 0;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    rs.speed[r] = by_cost ? median(cluster.rank_cost_history[r]) / costs.mean : median(cluster.rank_speed_history[r]);
+    known = known && std::isfinite(rs.speed[r]) && rs.speed[r] > 0;
+  }
   rs.measured = known && options.schedule.policy == SchedulePolicy::kSteal;
   if (!rs.measured) rs.speed.assign(ranks, 1.0);
   const std::size_t total_devices = cluster.total_devices();
@@ -171,7 +181,13 @@ void Runtime::Impl::plan_ranks(std::size_t batch, StepPlan& p) {
   const double fastest = *std::max_element(rs.speed.begin(), rs.speed.end());
   rs.chunk.resize(ranks);
   for (std::size_t r = 0; r < ranks; ++r) {
-    rs.chunk[r] = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(static_cast<double>(full) * rs.speed[r] / fastest)));
+    const double c = static_cast<double>(full) * rs.speed[r] / fastest;
+    rs.chunk[r] = by_cost ? c : std::max(1.0, std::round(c));  // whole samples without costs
+  }
+  if (by_cost) {
+    p.placement = Placement::kByCost;
+    p.position_cost = costs.norm;
+    p.cost_chunk = rs.chunk[rs.me];
   }
   rs.victims.clear();
   for (int pass = 0; pass < 2; ++pass) {
@@ -183,7 +199,7 @@ void Runtime::Impl::plan_ranks(std::size_t batch, StepPlan& p) {
   // The other ranks' devices take from this rank's share too once theirs is done: for the end game, their rate in
   // this rank's full chunks (none while the rank speeds are equal placeholders).
   p.outside_rate = 0;
-  for (std::size_t r = 0; r < ranks && rs.measured; ++r) p.outside_rate += r == rs.me ? 0.0 : rs.speed[r] / static_cast<double>(rs.chunk[rs.me]);
+  for (std::size_t r = 0; r < ranks && rs.measured; ++r) p.outside_rate += r == rs.me ? 0.0 : rs.speed[r] / rs.chunk[rs.me];
 }
 
 namespace {
@@ -241,14 +257,13 @@ void give_up_share(Cluster& c, std::uint16_t tag) {
 // device takes).
 std::uint64_t held_by_shares(Cluster& c, const RankShares& rs) noexcept {
   try {
-    std::uint64_t held = 0;
+    double held = 0;
     for (int r = 0; r < c.size(); ++r) {
       detail::ShareWord s = detail::ShareWord::unpack(c.read(r, Cluster::kShare));
       if (s.tag != rs.tag) s = r == c.rank() ? detail::ShareWord{rs.tag, 0, 0} : rs.word_of(static_cast<std::size_t>(r));
       held += rs.before[s.back] - rs.before[s.front];
     }
-    const std::size_t full = rs.chunk[rs.me];
-    return (held + full - 1) / full;
+    return static_cast<std::uint64_t>(std::ceil(held / rs.chunk[rs.me] - 1e-9));
   } catch (...) {
     return std::uint64_t{1} << 32;
   }
@@ -294,17 +309,20 @@ ChunkPhase Runtime::Impl::run_from_shares(std::span<const std::uint32_t> samples
 void Runtime::Impl::sum_across_ranks(const ChunkTable& t, const ChunkPhase& phase, const std::vector<DeviceReport>& local, RankTally& tally) {
   const std::size_t ranks = static_cast<std::size_t>(cluster->size());
   const int me = cluster->rank();
-  double busy = 0, samples = 0, loss = 0;
+  double busy = 0, samples = 0, cost = 0, loss = 0;
   for (std::size_t d = 0; d < dev.devices.size(); ++d) {
     const DeviceReport& dr = local[d];
     float* f = tally.device(cluster.first_device + d);
     f[0] = static_cast<float>(dr.compute_s), f[1] = static_cast<float>(dr.chunks_run), f[2] = static_cast<float>(dr.chunks_stolen);
     f[3] = static_cast<float>(dr.samples), f[4] = static_cast<float>(dr.chunk_samples);
     f[5] = dev.kind == DeviceKind::kSim ? 1.0f : dev.kind == DeviceKind::kCuda ? 2.0f : 0.0f;
-    busy = std::max(busy, dr.compute_s), samples += static_cast<double>(dr.samples), loss += dev.replicas[d]->loss;
+    f[6] = costs.given() ? static_cast<float>(dr.cost / costs.mean) : 0.0f;  // in mean-cost samples, as the speed below
+    busy = std::max(busy, dr.compute_s), samples += static_cast<double>(dr.samples), cost += dr.cost, loss += dev.replicas[d]->loss;
   }
-  // This rank's samples/s: what its devices ran over the time the busiest computed (0 when it ran nothing).
+  // This rank's samples/s: what its devices ran over the time the busiest computed (0 when it ran nothing); and with
+  // given costs its cost per second, sent in mean-cost samples (a float whatever the trainer's units).
   tally.speed()[me] = busy > 0 ? static_cast<float>(samples / busy) : 0.0f;
+  tally.cost_speed()[me] = busy > 0 && costs.given() ? static_cast<float>(cost / costs.mean / busy) : 0.0f;
   tally.failed()[me] = phase.failure ? 1.0f : 0.0f;
   tally.loss()[me] = static_cast<float>(loss);
   for (std::size_t c = 0; c < t.size(); ++c) tally.runs()[c] = static_cast<float>(t.runs[c]);
@@ -327,6 +345,7 @@ void Runtime::Impl::sum_across_ranks(const ChunkTable& t, const ChunkPhase& phas
   }
   for (std::size_t r = 0; r < ranks; ++r) {
     if (tally.speed()[r] > 0) push_window(cluster.rank_speed_history[r], tally.speed()[r], options.schedule.throughput_window);
+    if (tally.cost_speed()[r] > 0) push_window(cluster.rank_cost_history[r], tally.cost_speed()[r] * costs.mean, options.schedule.throughput_window);
   }
 }
 
@@ -345,7 +364,7 @@ void Runtime::Impl::add_rank_devices(StepReport& rep, RankTally& tally, std::vec
       } else {
         dr.compute_s = dr.busy_s = f[0];
         dr.chunks_run = static_cast<std::uint64_t>(f[1]), dr.chunks_stolen = static_cast<std::uint64_t>(f[2]);
-        dr.samples = static_cast<std::uint64_t>(f[3]), dr.chunk_samples = static_cast<std::size_t>(f[4]);
+        dr.samples = static_cast<std::uint64_t>(f[3]), dr.chunk_samples = static_cast<std::size_t>(f[4]), dr.cost = f[6] * costs.mean;
         dr.barrier_wait_s = std::max(0.0, rep.chunks_s - dr.compute_s);
       }
       dr.name = "r" + std::to_string(r) + "/" + (f[5] == 1.0f ? "sim" : f[5] == 2.0f ? "cuda" : "cpu") + std::to_string(d);

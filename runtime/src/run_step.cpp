@@ -16,13 +16,14 @@ StepReport Runtime::Impl::run_step(std::span<const std::uint32_t> batch_samples,
     throw ConfigError("batch = " + std::to_string(batch_samples.size()) + " samples; at most 4294967295 per step");
   }
   if (layout.size() == 0) throw ConfigError("step: no parameters registered; call register_parameters() first");
-  if (cluster && !cost.empty()) throw ConfigError("sample costs across ranks: not supported yet; step() without `cost` places by measured speed");
-  // The samples in the order the step runs them: the trainer's, or packed device after device (kPacked).
-  const bool pack = options.schedule.placement == PlacementPolicy::kPacked;
-  const std::span<const std::uint32_t> samples = costs.take(batch_samples, cost, pack ? dev.devices.size() : 0);
-  const std::size_t batch = samples.size();
   const auto t_start = Clock::now();
-  if (cluster) begin_rank_step(samples, reduce_to);          // cluster_step.cpp: every rank at the same step
+  if (cluster) begin_rank_step(batch_samples, cost, reduce_to);  // cluster_step.cpp: every rank at the same step
+  // The samples in the order the step runs them: the trainer's, or packed device after device (kPacked; across ranks
+  // over the job's devices, in rank order).
+  const bool pack = options.schedule.placement == PlacementPolicy::kPacked;
+  const std::size_t bins = cluster ? cluster.total_devices() : dev.devices.size();
+  const std::span<const std::uint32_t> samples = costs.take(batch_samples, cost, pack ? bins : 0);
+  const std::size_t batch = samples.size();
   StepPlan plan = plan_step(batch);                          // chunk_table.cpp
   ChunkTable table = cut_and_place(batch, plan);             // chunk_table.cpp
   set_endgame_costs(table, plan);                            // chunk_table.cpp

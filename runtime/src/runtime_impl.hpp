@@ -36,6 +36,7 @@ struct Runtime::Impl {
   StepPlan plan_step(std::size_t batch);
   void plan_given_costs(std::size_t batch, StepPlan& plan);  // the step's sample costs: placement and chunks in cost
   double cost_chunk(std::size_t batch) const;                 // a full chunk's cost, in mean samples of the batch
+  std::vector<double> measured_cost_rates() const;           // each device's cost per second in mean samples; empty until known
   void cut_packed(const StepPlan& plan, ChunkTable& t);
   ChunkTable cut_and_place(std::size_t batch, StepPlan& plan);
   void cut_sized(std::size_t batch, const StepPlan& plan, ChunkTable& t);
@@ -75,7 +76,7 @@ struct Runtime::Impl {
                           Reduced& reduced);
   // cluster_step.cpp: this rank's part of a job across ranks (options.cluster.job)
   void join_cluster(DeviceSpec& spec);
-  void begin_rank_step(std::span<const std::uint32_t> samples, Reduce reduce_to);  // the step's agreement, and the progress word
+  void begin_rank_step(std::span<const std::uint32_t> samples, std::span<const double> cost, Reduce reduce_to);  // the step's agreement, and the progress word
   void plan_ranks(std::size_t batch, StepPlan& plan);                    // the ranks' speeds, the step's tag, the victims
   ChunkPhase run_from_shares(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
                              Clock::time_point step_start);

@@ -42,11 +42,13 @@ struct ChunkSpan {
 struct RankShares {
   std::uint16_t tag = 0;                // 1 to 65535, from the step count: never a fresh share word's 0
   std::size_t me = 0;                   // this rank
-  std::vector<double> speed;            // each rank's samples/s (equal placeholders until every rank is measured)
+  std::vector<double> speed;            // each rank's speed in the plan's cost units per second: samples/s, or with given
+                                        // costs mean-cost samples of this batch per second (equal placeholders until
+                                        // every rank is measured)
   bool measured = false;
-  std::vector<std::size_t> chunk;       // each rank's full chunk, in samples
+  std::vector<double> chunk;            // each rank's full chunk, in the plan's cost units
   std::vector<ChunkRange> share;        // each rank's chunk ids
-  std::vector<std::uint64_t> before;    // the samples of chunks [0, c): what a share word holds, from two reads
+  std::vector<double> before;           // the cost of chunks [0, c): what a share word holds, from two reads
   std::vector<int> victims;             // the other ranks of this node first, then the rest, each list starting after this rank
   bool active() const noexcept { return !share.empty(); }
   detail::ShareWord word_of(std::size_t r) const noexcept {
@@ -127,21 +129,22 @@ struct ChunkPhase {
 };
 
 // Tallies per device that travel with the reduction across ranks: compute seconds, chunks run, chunks stolen,
-// samples, chunk size, and its kind (0 cpu, 1 sim, 2 cuda: its name).
-inline constexpr std::size_t kTallyDeviceFields = 6;
+// samples, chunk size, its kind (0 cpu, 1 sim, 2 cuda: its name), and the given cost it ran.
+inline constexpr std::size_t kTallyDeviceFields = 7;
 
-// The reduction's buffer across ranks: the gradient, then every rank's speed and failure flag, every chunk's run
-// count, every device's tallies and every rank's loss sum; each rank writes its own entries and leaves the others 0,
-// so the sum is a gather. Empty in one process.
+// The reduction's buffer across ranks: the gradient, then every rank's speeds (samples/s, and given cost per second)
+// and failure flag, its loss sum, every chunk's run count and every device's tallies; each rank writes its own
+// entries and leaves the others 0, so the sum is a gather. Empty in one process.
 struct RankTally {
   std::size_t count = 0, ranks = 0, chunks = 0, devices = 0;
   std::vector<float> buf;
   RankTally() = default;
   RankTally(std::size_t c, std::size_t r, std::size_t k, std::size_t d)
-      : count(c), ranks(r), chunks(k), devices(d), buf(c + 3 * r + k + kTallyDeviceFields * d, 0.0f) {}
+      : count(c), ranks(r), chunks(k), devices(d), buf(c + 4 * r + k + kTallyDeviceFields * d, 0.0f) {}
   float* grad() { return buf.data(); }
   float* speed() { return buf.data() + count; }
-  float* failed() { return speed() + ranks; }
+  float* cost_speed() { return speed() + ranks; }  // in the trainer's cost units per second; 0 without given costs
+  float* failed() { return cost_speed() + ranks; }
   float* loss() { return failed() + ranks; }
   float* runs() { return loss() + ranks; }
   float* device(std::size_t d) { return runs() + chunks + kTallyDeviceFields * d; }

@@ -101,7 +101,6 @@ void validate(const RuntimeOptions& o) {
       throw ConfigError("on_device_failure = exclude with a cluster: across ranks a lost device fails the step on every rank (fail)");
     }
     if (o.schedule.placement == PlacementPolicy::kGiven) throw ConfigError("placement = given with a cluster: across ranks shares follow measured speeds");
-    if (o.schedule.placement == PlacementPolicy::kPacked) throw ConfigError("placement = packed with a cluster: across ranks shares follow measured speeds");
   }
 }
 

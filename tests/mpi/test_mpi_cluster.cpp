@@ -1,7 +1,7 @@
 // Runs across MPI ranks (mpirun -np R test_mpi_cluster CASE): exactly-once over many steps with random slowdowns, the
 // gradient against one process's, bit-identical parameters, a chunk that throws on one rank, a remote steal while
-// the victim computes, and the failures that must end the job (a stall, a hung rank, a dead rank). Each rank checks
-// what it sees; the exit status is non-zero on any rank's failure (mpirun passes it on).
+// the victim computes, given sample costs across ranks, and the failures that must end the job (a stall, a hung rank,
+// a dead rank). Each rank checks what it sees; the exit status is non-zero on any rank's failure (mpirun passes it on).
 #include <stealbatch/error.hpp>
 #include <stealbatch/mpi/mpi_cluster.hpp>
 #include <stealbatch/runtime/runtime.hpp>
@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -21,6 +22,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -352,6 +354,138 @@ void remote_steal_while_victim_computes(StealCheck check) {
   }
 }
 
+// A sample's given cost, long-tailed as documents' lengths are (1 to 249), from its id alone: the simulated devices
+// take it as their time too (SimOptions::sample_cost), so a chunk's time follows the cost the runtime is given.
+double cost_of(std::uint32_t s) {
+  const double x = static_cast<double>((s * 2654435761u >> 7) % 64);
+  return 1.0 + x * x / 16.0;
+}
+
+std::vector<double> costs_of(std::span<const std::uint32_t> b) {
+  std::vector<double> c(b.size());
+  for (std::size_t i = 0; i < b.size(); ++i) c[i] = cost_of(b[i]);
+  return c;
+}
+
+// Sample costs across ranks: every sample once over 2000 steps whose devices change speed at random, each chunk cut
+// to the cost budget (a chunk of long samples holds fewer), every device's cost in every rank's report, the gradient
+// of one process, and the packer's ranks within one sample's cost of each other.
+void given_costs() {
+  const int me = g_cluster->rank();
+  constexpr std::size_t kChunk = 8;
+  double worst_over = 0, max_cost = 0;
+  std::size_t fewest = ~std::size_t{0}, most = 0;
+  {
+    RuntimeOptions o = on_cluster("sim:1,1", kChunk, 2e-7);
+    o.sim.sample_cost = cost_of;
+    o.sim.speed_factor = [me](std::size_t d, std::uint64_t step, double) {
+      const std::uint64_t h = (step * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(me) * 31 + d) * 0xbf58476d1ce4e5b9ull;
+      return 0.2 + static_cast<double>((h >> 40) % 1000) / 250.0;  // 0.2 to 4.2
+    };
+    o.stall_timeout = 60;
+    Runtime rt(o);
+    rt.register_parameters(layout(), initial());
+    std::uint64_t wrong = 0, not_by_cost = 0, cost_off = 0, remote = 0;
+    std::vector<double> seen;
+    for (std::uint64_t s = 0; s < 2000; ++s) {
+      const std::size_t n = 64 + (s * 37) % 200;
+      std::vector<std::uint32_t> b = batch_of(n, s);
+      // Every fourth batch grouped, longest first: a chunk cut by count there would hold kChunk of the longest.
+      if (s % 4 == 0) std::sort(b.begin(), b.end(), [](std::uint32_t x, std::uint32_t y) { return cost_of(x) > cost_of(y); });
+      const std::vector<double> cost = costs_of(b);
+      double total = 0, biggest = 0;
+      for (double c : cost) total += c, biggest = std::max(biggest, c);
+      const double budget = static_cast<double>(kChunk) * total / static_cast<double>(n);  // kChunk samples of the mean cost
+      std::vector<std::atomic<int>> count(n);
+      std::mutex m;
+      const StepReport r = rt.compute_gradient(b, [&](ChunkContext& ctx) {
+        const std::size_t first = static_cast<std::size_t>(ctx.samples.data() - b.data());
+        double c = 0;
+        for (std::size_t i = 0; i < ctx.samples.size(); ++i) count[first + i].fetch_add(1, std::memory_order_relaxed), c += cost[first + i];
+        {
+          const std::lock_guard lock(m);
+          worst_over = std::max(worst_over, (c - biggest) / budget);  // a chunk ends at most one sample past its budget
+          if (s % 4 == 0 && first < n / 8) fewest = std::min(fewest, ctx.samples.size());
+          most = std::max(most, ctx.samples.size());
+        }
+        linear_chunk(ctx);
+      }, cost);
+      remote += r.remote_chunks;
+      not_by_cost += !r.placed_by_cost;
+      double reported = 0;
+      for (const DeviceReport& d : r.devices) reported += d.cost;  // every rank's devices, from the reduction
+      cost_off += std::abs(reported - total) > 1e-4 * total;
+      max_cost = std::max(max_cost, biggest);
+      seen.assign(n, 0.0);
+      for (std::size_t i = 0; i < n; ++i) seen[i] = count[i].load();
+      g_cluster->allreduce_sum(seen);
+      for (double c : seen) wrong += c != 1.0;
+    }
+    std::vector<double> total{static_cast<double>(remote), worst_over};
+    g_cluster->allreduce_sum(total);
+    if (me == 0) {
+      std::printf("costs: 2000 steps, %.0f chunks ran on another rank, %llu samples not run exactly once, %llu steps not placed by cost, %llu with "
+                  "a wrong cost sum; a chunk's cost at most %.3f budgets past its last sample; the longest samples' chunks hold %zu, the most %zu\n",
+                  total[0], static_cast<unsigned long long>(wrong), static_cast<unsigned long long>(not_by_cost), static_cast<unsigned long long>(cost_off),
+                  worst_over, fewest, most);
+    }
+    EXPECT(wrong == 0);
+    EXPECT(not_by_cost == 0);
+    EXPECT(cost_off == 0);
+    EXPECT(total[0] > 0);  // the ranks did steal from each other
+    EXPECT(worst_over <= 1.0);
+    EXPECT(most > kChunk);  // by count, no chunk would hold more than kChunk
+  }
+  {  // The gradient with costs and stealing equals one process's.
+    RuntimeOptions o = on_cluster("cpu:1", kChunk);
+    o.host.threads_per_device = 1;
+    Runtime rt(o);
+    rt.register_parameters(layout(), initial());
+    RuntimeOptions solo;
+    solo.devices = "cpu:1";
+    solo.host.threads_per_device = 1;
+    solo.schedule.chunk_size = kChunk;
+    Runtime one(solo);
+    one.register_parameters(layout(), initial());
+    for (std::uint64_t s = 0; s < 5; ++s) {
+      const std::vector<std::uint32_t> b = batch_of(1000 + s * 13, s);
+      rt.compute_gradient(b, linear_chunk, costs_of(b));
+      one.compute_gradient(b, linear_chunk);
+      double worst = 0;
+      for (std::size_t i = 0; i < kDim + 1; ++i) {
+        const double a = rt.gradient()[i], e = one.gradient()[i];
+        const double err = std::abs(a - e) / std::max(1e-6, std::abs(e));
+        worst = std::isfinite(err) ? std::max(worst, err) : std::numeric_limits<double>::infinity();
+      }
+      if (me == 0) std::printf("costs: gradient, step %llu, worst relative error %.3g\n", static_cast<unsigned long long>(s), worst);
+      EXPECT(worst <= 1e-5);
+    }
+  }
+  {  // The packer across ranks (static, one device each): greedy packing leaves no rank more than one sample's cost
+     // above another.
+    RuntimeOptions o = on_cluster("sim:1", kChunk, 1e-7);
+    o.schedule.policy = SchedulePolicy::kStatic;
+    o.schedule.placement = PlacementPolicy::kPacked;
+    Runtime rt(o);
+    rt.register_parameters(layout(), initial());
+    double worst = 0;
+    for (std::uint64_t s = 0; s < 20; ++s) {
+      std::vector<std::uint32_t> b = batch_of(200 + s * 7, s);
+      std::sort(b.begin(), b.end(), [](std::uint32_t x, std::uint32_t y) { return cost_of(x) > cost_of(y); });  // grouped: the worst for an equal split
+      const std::vector<double> cost = costs_of(b);
+      const StepReport r = rt.compute_gradient(b, linear_chunk, cost);
+      double lo = 1e300, hi = 0, biggest = 0;
+      for (const DeviceReport& d : r.devices) lo = std::min(lo, d.cost), hi = std::max(hi, d.cost);
+      for (double c : cost) biggest = std::max(biggest, c);
+      EXPECT(r.devices.size() == static_cast<std::size_t>(g_cluster->size()));
+      EXPECT(r.remote_chunks == 0);
+      worst = std::max(worst, (hi - lo) / biggest);
+    }
+    if (me == 0) std::printf("costs: packed across %d ranks, the ranks' costs at most %.3f of the largest sample's apart\n", g_cluster->size(), worst);
+    EXPECT(worst <= 1.0 + 1e-6);
+  }
+}
+
 // Each rank writes its own trace, on rank 0's timeline: rank 1 makes its runtime 300 ms after rank 0, and its chunk
 // spans still start with rank 0's, since the offset measured at start-up moves them (and is in its file).
 void trace_across_ranks() {
@@ -466,6 +600,12 @@ void ranks_disagree() {
   fails_with("batch size", [&] { rt.step(batch_of(odd ? 128 : 256, 0), linear_chunk); },
              "at a step on 'batch size': rank 0 has 256, rank 1 has 128");
   fails_with("batch ids", [&] { rt.step(batch_of(256, odd ? 1 : 0), linear_chunk); }, "at a step on 'batch (hash of its sample ids)'");
+  fails_with("sample costs", [&] {
+    const std::vector<std::uint32_t> b = batch_of(256, 0);
+    std::vector<double> cost = costs_of(b);
+    if (odd) cost[17] *= 2;
+    rt.step(b, linear_chunk, cost);
+  }, "at a step on 'sample costs (hash of their bytes)'");
   fails_with("learning rate", [&] {
     rt.set_learning_rate(odd ? 0.02f : 0.01f);
     rt.step(batch_of(256, 0), linear_chunk);
@@ -573,7 +713,7 @@ void long_but_alive() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|remote-steal-timed|trace|config|disagree|long-but-alive|stall|hang|die|absent\n", argv[0]);
+    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|remote-steal-timed|trace|config|disagree|long-but-alive|costs|stall|hang|die|absent\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
@@ -582,7 +722,7 @@ int main(int argc, char** argv) {
       {"throw", chunk_throws},       {"remote-steal", [] { remote_steal_while_victim_computes(StealCheck::kForced); }},
       {"remote-steal-timed", [] { remote_steal_while_victim_computes(StealCheck::kTimed); }}, {"stall", stall},
       {"hang", [] { hang_or_die(false); }}, {"die", [] { hang_or_die(true); }}, {"trace", trace_across_ranks}, {"config", config_errors},
-      {"disagree", ranks_disagree}, {"absent", absent}, {"long-but-alive", long_but_alive}};
+      {"disagree", ranks_disagree}, {"absent", absent}, {"long-but-alive", long_but_alive}, {"costs", given_costs}};
   const auto it = cases.find(which);
   if (it == cases.end()) {
     std::fprintf(stderr, "unknown case '%s'\n", which.c_str());

@@ -242,7 +242,8 @@ class Runtime {
   // or any estimate of its compute). With stealing, chunks are then cut to a cost budget (chunk_size samples of the
   // batch's mean cost, so a chunk of long documents holds fewer of them) and shares are placed by cost; the runtime
   // learns each device's cost per second, and its time per call against the cost it held (call_cost()), from the
-  // chunk times. The cost is an estimate: stealing corrects what it gets wrong.
+  // chunk times. The cost is an estimate: stealing corrects what it gets wrong. Across ranks, every rank gives the same
+  // costs (checked: a rank that differs is named), and the ranks' shares are placed by each rank's cost per second.
   //   rt.step(batch, chunks.function(), tokens);   // tokens[i]: the length of sample batch[i]
   StepReport step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, std::span<const double> cost = {});
   // As step(), without the update: the reduced mean gradient is left in gradient().
