@@ -489,6 +489,21 @@ double scheduled_lr(const TrainerFlags& f, std::size_t step, std::size_t total) 
   return std::max(1e-6, static_cast<double>(f.lr) * 0.5 * (1.0 + std::cos(3.141592653589793 * progress)));
 }
 
+std::size_t mean_over_ranks(std::span<double> values) {
+  if (!g_cluster || g_cluster->size() <= 1) return 1;
+  const auto ranks = static_cast<std::size_t>(g_cluster->size()), me = static_cast<std::size_t>(g_cluster->rank());
+  // A gather: each rank's values in its own slots, zeros elsewhere (adding zeros is exact, whatever the sum's order).
+  std::vector<double> all(ranks * values.size(), 0.0);
+  std::copy(values.begin(), values.end(), all.begin() + static_cast<std::ptrdiff_t>(me * values.size()));
+  g_cluster->allreduce_sum(all);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    double sum = 0;
+    for (std::size_t r = 0; r < ranks; ++r) sum += all[r * values.size() + i];
+    values[i] = sum / static_cast<double>(ranks);
+  }
+  return ranks;
+}
+
 std::string describe_configuration(const TrainerFlags& f) {
   char buf[512];
   std::snprintf(buf, sizeof buf, "devices %s, slowdown %s, batch %zu, chunk %s, %s lr %g (%s), %zu epochs, end game %s, chunk sizing %s, merge stolen %s",

@@ -154,6 +154,11 @@ std::vector<RunResult> train_policies(const TrainerFlags& f, const TrainerModel&
 // The learning rate at `step` (from 0) of `total`: --lr, or with --schedule cosine its decay towards 0 (at least 1e-6).
 double scheduled_lr(const TrainerFlags& f, std::size_t step, std::size_t total);
 
+// Under mpirun: each value replaced by its mean over the ranks, bit-identical on every rank (each rank's values are
+// gathered exactly and summed in rank order on each), for what each rank measures but all must agree on (torch_lm's
+// cost fit: the ranks' step agreement checks the costs). Returns the rank count (1 in one process: a no-op).
+std::size_t mean_over_ranks(std::span<double> values);
+
 // "devices cpu:4, slowdown none, batch 256, ...": the configuration for a trainer's header line.
 std::string describe_configuration(const TrainerFlags& f);
 

@@ -289,8 +289,12 @@ int main(int argc, char** argv) {
     CostFit fit;  // costs tokens: b = e = 0, the cost is L
     if (costs == "model") {
       fit = fit_document_cost(*first, lm.max_len, threads, seq_form);
-      std::printf("# document cost: b L + e L^2 (c = b/e = %.0f): one document's forward and backward on %d thread(s) took %.2f ms + %.3f us L + %.5f us L^2\n",
-                  fit.c, threads, fit.a * 1e3, fit.b * 1e6, fit.e * 1e6);
+      // Every rank gives the same costs (the runtime checks it at each step): the ranks' fits, averaged alike on each.
+      std::array<double, 3> abe{fit.a, fit.b, fit.e};
+      const std::size_t ranks = mean_over_ranks(abe);
+      fit.a = abe[0], fit.b = abe[1], fit.e = abe[2], fit.c = fit.b > 0 && fit.e > 0 ? fit.b / fit.e : 0;
+      std::printf("# document cost: b L + e L^2 (c = b/e = %.0f): one document's forward and backward on %d thread(s) took %.2f ms + %.3f us L + %.5f us L^2%s\n",
+                  fit.c, threads, fit.a * 1e3, fit.b * 1e6, fit.e * 1e6, ranks > 1 ? (" (the mean of " + std::to_string(ranks) + " ranks' fits)").c_str() : "");
     }
     const double c = fit.c;
     std::printf("# unigram model on the same split: %.4f bits/byte\n", unigram_bits_per_byte(data));

@@ -2,7 +2,8 @@
 # cpu:2, both orders, without and with device 0 at half speed: static, the packer, steal without costs and steal
 # with costs, alternating epoch by epoch in one process (3 epochs of 512 documents; tokens/s of the median epoch,
 # the ideal's share, each device's utilization); PyTorch DDP (gloo, 2 processes) on the same exported work beside
-# each (TORCH_PYTHON); the adapter against plain libtorch on one device; the default run's bits per byte.
+# each (TORCH_PYTHON); the four policies across 2 MPI ranks (cpu:1 each, grouped, each policy whole in turn); the
+# adapter against plain libtorch on one device; the default run's bits per byte.
 section_torch_lm() {
   local ex="$build/examples"
   [ -x "$ex/torch_lm" ] || skip "no examples/torch_lm in this build (STEALBATCH_TORCH: needs libtorch)"
@@ -15,6 +16,7 @@ section_torch_lm() {
         lm_policies "$order" "$slow"
       done
     done
+    lm_across_ranks
     lm_adapter_against_plain
     printf 'torch_lm defaults (cpu:2, grouped): '
     "$ex/torch_lm" --cache "$cache" 2>/dev/null | grep -E '^# unigram|^validation bits' | tr '\n' ' '
@@ -36,7 +38,26 @@ lm_policies() {
     "$TORCH_PYTHON" perf/torch_lm_ref.py ddp --run "$run" --procs 2 "${sd[@]}" --json "$run.ddp" >/dev/null 2>&1
     ddp="$run.ddp"
   fi
-  python3 - "$json" "$order" "$slow" "$ddp" <<'EOF'
+  lm_row "$json" "$order, slowdown $slow" "$ddp"
+}
+
+# Across 2 MPI ranks on this machine, one device each: the four policies, each run whole in turn (two runtimes may not
+# share the cluster's window at once).
+lm_across_ranks() {
+  if ! command -v mpirun >/dev/null; then
+    echo "across 2 MPI ranks: not run (no mpirun)"
+    return 0
+  fi
+  local json="$out/torch_lm_ranks_grouped.json"
+  "${mpi[@]}" -np 2 "$ex/torch_lm" --cache "$cache" --devices cpu:1 --limit 512 --epochs 3 --order grouped --compare --json "$json" >/dev/null 2>&1 ||
+    { echo "across 2 MPI ranks: torch_lm failed"; return 1; }
+  lm_row "$json" "across 2 MPI ranks (cpu:1 each), grouped" ""
+}
+
+# One --compare run's row: tokens/s of each policy's median epoch, DDP's beside them when given, the ideal's share,
+# each device's utilization and the ratios.
+lm_row() {
+  python3 - "$@" <<'EOF'
 import json, statistics as s, sys
 j = json.load(open(sys.argv[1]))
 runs = {r["policy"]: r for r in j["runs"]}
@@ -44,9 +65,9 @@ def tps(r):  # tokens/s of the median epoch: the epochs hold the same tokens
     tokens = r["units_per_s"] * sum(r["epoch_seconds"])
     return tokens / len(r["epoch_seconds"]) / s.median(r["epoch_seconds"])
 row = {p: tps(r) for p, r in runs.items()}
-line = f"{sys.argv[2]}, slowdown {sys.argv[3]}: tokens/s " + ", ".join(f"{p} {v:.0f}" for p, v in row.items())
-if sys.argv[4]:
-    d = json.load(open(sys.argv[4]))
+line = f"{sys.argv[2]}: tokens/s " + ", ".join(f"{p} {v:.0f}" for p, v in row.items())
+if sys.argv[3]:
+    d = json.load(open(sys.argv[3]))
     row["ddp"] = d["tokens_per_s"]
     line += f", DDP {d['tokens_per_s']:.0f}"
 line += "; ideal's share " + ", ".join(f"{p} {r['ideal_fraction']:.2f}" for p, r in runs.items())
