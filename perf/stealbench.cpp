@@ -15,8 +15,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <numeric>
@@ -52,7 +55,8 @@ std::vector<double> repeat(const std::vector<double>& pattern, std::size_t n) {
 // the second half's, so static busy times are 1, 1, 0.15, 0.15.
 // Step i runs samples [i * batch, (i + 1) * batch): a fresh batch every step, as in training. `total` is the
 // number of samples over all steps.
-Scenario make_scenario(const std::string& name, std::size_t n, std::size_t batch, std::size_t total, double attention_c) {
+Scenario make_scenario(const std::string& name, std::size_t n, std::size_t batch, std::size_t total, double attention_c,
+                       const std::vector<double>& lengths) {
   if (name == "seed-slow") return {name, repeat({1 / 6.6, 1 / 6.6, 1, 1}, n), {}};
   if (name == "hetero") return {name, repeat({1.0, 0.8, 0.5, 0.25}, n), {}};
   if (name == "seed-skew") {
@@ -68,15 +72,17 @@ Scenario make_scenario(const std::string& name, std::size_t n, std::size_t batch
     return {name, std::vector<double>(n, 1.0), [costs](std::uint32_t s) { return (*costs)[s % costs->size()]; }};
   }
   if (name == "doclen" || name == "doclen-grouped") {
-    // Documents of lognormal length L (median 245 tokens, sigma 1, within [8, 2048]), each a transformer's cost
-    // L + L^2 / c relative to its mean: attention's part equals the rest's at L = c (--attention-c; torch_lm fits
-    // c = b / e to its measured times at start-up). The trainer gives L alone, so its cost misses the quadratic part.
-    // Grouped: each batch sorted by length, longest first, as length-grouped samplers order it, so an equal split
-    // gives the first devices the long ones.
+    // Documents of length L drawn from --lengths (a corpus's own lengths: torch_lm's documents), else lognormal
+    // (median 245 tokens, sigma 1, within [8, 2048]); each a transformer's cost L + L^2 / c relative to its mean:
+    // attention's part equals the rest's at L = c (--attention-c; torch_lm fits c = b / e to its measured times at
+    // start-up). The trainer gives L alone, so its cost misses the quadratic part. Grouped: each batch sorted by
+    // length, longest first, as length-grouped samplers order it, so an equal split gives the first devices the long
+    // ones.
     auto len = std::make_shared<std::vector<double>>(total);
     std::mt19937_64 rng(11);
     std::lognormal_distribution<double> ln(std::log(245.0), 1.0);
-    for (double& l : *len) l = std::clamp(std::round(ln(rng)), 8.0, 2048.0);
+    std::uniform_int_distribution<std::size_t> pick(0, lengths.empty() ? 0 : lengths.size() - 1);
+    for (double& l : *len) l = lengths.empty() ? std::clamp(std::round(ln(rng)), 8.0, 2048.0) : lengths[pick(rng)];
     if (name == "doclen-grouped") {
       for (std::size_t at = 0; at < total; at += batch) std::sort(len->begin() + static_cast<std::ptrdiff_t>(at), len->begin() + static_cast<std::ptrdiff_t>(std::min(total, at + batch)), std::greater<>());
     }
@@ -169,7 +175,8 @@ int main(int argc, char** argv) {
   std::string scenarios_arg = "all", policies_arg = "all", json_path;
   std::size_t devices = 4, steps = 20, warmup = 3, chunk = 16, batch = 1024;
   double time_scale = 20.0;
-  double attention_c = 1024;  // doclen: the length where attention's cost equals the rest's  // 16-sample chunks of 1.6 ms at speed 1: timer jitter stays a few percent
+  double attention_c = 1024;  // doclen: the length where attention's cost equals the rest's
+  std::string lengths_path;   // doclen: the documents' lengths, one a line (empty: lognormal)
   double bytes_per_sample = 150e3, link_gbps = 25, allreduce_mb = 100, busbw_gbps = 100, latency_us = 10;
   double noise_pct = 0;                 // every chunk's speed x (1 +- noise_pct%), uniformly
   std::vector<double> step_change;      // {step, factor}: device 0's speed x factor from that step on
@@ -185,6 +192,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "samples per step (scale: per --devices devices, grown with the device count)")->check(CLI::Range(1, 1 << 24))->capture_default_str();
   app.add_option("--attention-c", attention_c, "doclen scenarios: a document's cost is L + L^2/c (torch_lm prints the c it fits)")
       ->check(CLI::Range(1.0, 1e9))->capture_default_str();
+  app.add_option("--lengths", lengths_path, "doclen scenarios: draw the documents' lengths from this file, one positive number a line "
+                 "(perf/sections/stealbench.sh writes torch_lm's); default: lognormal, median 245");
   app.add_option("--time-scale", time_scale, "simulated cost per sample = 5 us x this (larger: less timer noise, slower runs)")
       ->check(CLI::Range(0.01, 1000.0))->capture_default_str();
   app.add_option("--bytes-per-sample", bytes_per_sample, "input bytes a stolen sample moves (150 kB: a 224x224 RGB image)")
@@ -220,6 +229,30 @@ int main(int argc, char** argv) {
   app.add_option("--trace-dir", trace_dir, "write a Chrome trace of each row's steps to DIR/trace_SCENARIO_POLICY_N.json (across ranks: one file a rank, "
                  "trace_SCENARIO_POLICY_N.rankR.json, which perf/merge_traces.py joins)");
   CLI11_PARSE(app, argc, argv);
+  std::vector<double> lengths;
+  if (!lengths_path.empty()) {
+    std::ifstream in(lengths_path);
+    if (!in) {
+      std::fprintf(stderr, "stealbench: lengths = '%s': cannot open it\n", lengths_path.c_str());
+      return 2;
+    }
+    std::string line;
+    for (std::size_t no = 1; std::getline(in, line); ++no) {
+      while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+      if (line.empty()) continue;
+      char* end = nullptr;
+      const double v = std::strtod(line.c_str(), &end);
+      if (end == line.c_str() || *end != '\0' || !std::isfinite(v) || !(v > 0)) {
+        std::fprintf(stderr, "stealbench: lengths = '%s', line %zu: '%s' is not a positive number\n", lengths_path.c_str(), no, line.c_str());
+        return 2;
+      }
+      lengths.push_back(v);
+    }
+    if (lengths.empty()) {
+      std::fprintf(stderr, "stealbench: lengths = '%s': the file holds no lengths\n", lengths_path.c_str());
+      return 2;
+    }
+  }
 
   std::shared_ptr<Cluster> cluster;
   int rank = 0, ranks = 1;
@@ -292,7 +325,7 @@ int main(int argc, char** argv) {
       for (std::size_t n : counts) {
         // scale keeps the samples per device of --devices (weak scaling, as a data-parallel run grows its batch).
         const std::size_t step_batch = sname == "scale" ? std::max<std::size_t>(1, batch * n / devices) : batch;
-        Scenario sc = make_scenario(sname == "scale" ? "hetero" : sname, n, step_batch, step_batch * (warmup + steps), attention_c);
+        Scenario sc = make_scenario(sname == "scale" ? "hetero" : sname, n, step_batch, step_batch * (warmup + steps), attention_c, lengths);
         if (noise_pct > 0 || !step_change.empty()) {
           // Speed schedules on top of the scenario's own: a step change of device 0 and per-chunk noise. The noise
           // generator is per device, so the device threads never share one.

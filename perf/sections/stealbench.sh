@@ -1,7 +1,8 @@
 # stealbench: the runtime on simulated devices, every scenario at 4 devices (every policy, with --overhead), at 16 and
 # 32 (static, lbbsp, steal-adaptive), the scale sweep (hetero at 4 to 64 devices); the document-length scenarios
 # (static, steal without and with the given lengths, the packer) at 4, 16 and 32 devices and with device 0 at half
-# speed, attention's c as torch_lm fits it here; then the tail model of varcost.
+# speed, on torch_lm's own documents' lengths with the attention c that torch_lm fits here (without torch_lm:
+# lognormal lengths and c = 200); then the tail model of varcost.
 section_stealbench() {
   local scenarios=seed-slow,seed-skew,hetero,varcost,slowdown
   "$build/perf/stealbench" --scenario "$scenarios" --overhead --json "$out/sb4.json" 2>/dev/null | tee "$out/sb4.txt"
@@ -11,7 +12,20 @@ section_stealbench() {
   done
   "$build/perf/stealbench" --scenario scale --policy static,lbbsp,central,steal,steal-adaptive --overhead --json "$out/sb_scale.json" 2>/dev/null \
     | tee "$out/sb_scale.txt"
-  local doc=(--scenario doclen,doclen-grouped --policy static,steal-adaptive,steal-cost,packer --attention-c 200)
+  local doc=(--scenario doclen,doclen-grouped --policy static,steal-adaptive,steal-cost,packer)
+  if [ -x "$build/examples/torch_lm" ] && "$build/examples/torch_lm" --cache "$out/pystdlib.corpus" --limit 512 --export "$out/sb_doclen_docs.json" \
+       >/dev/null 2>&1; then
+    python3 -c "
+import json, sys
+j = json.load(open(sys.argv[1]))
+open(sys.argv[2], 'w').write(''.join(f'{len(d)}\n' for d in j['train']))
+print(f\"{j['cost_c']:.0f}\")" "$out/sb_doclen_docs.json" "$out/sb_doclen_lengths.txt" > "$out/sb_doclen_c.txt"
+    doc+=(--lengths "$out/sb_doclen_lengths.txt" --attention-c "$(cat "$out/sb_doclen_c.txt")")
+    echo "# doclen: torch_lm's 512 documents' lengths, attention c = $(cat "$out/sb_doclen_c.txt") as torch_lm fitted it"
+  else
+    doc+=(--attention-c 200)
+    echo "# doclen: no torch_lm in this build: lognormal lengths (median 245), attention c = 200"
+  fi
   for n in 4 16 32; do
     "$build/perf/stealbench" "${doc[@]}" --devices "$n" --json "$out/sb_doclen$n.json" 2>/dev/null | tee "$out/sb_doclen$n.txt"
   done
