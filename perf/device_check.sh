@@ -9,7 +9,8 @@
 # for it, vgpu with unequal parts (static vs steal vs the ideal), the chunk curve, the reduction; 3 the same models
 # in PyTorch (perf/torch_ref.py, same batch and precision, same run); 4 the examples on the GPU; 4b checkpoints
 # across GPU and CPU; 4c the libtorch adapter on the GPU, built here against this machine's PyTorch (the build starts
-# in the background as soon as the libraries are unpacked); 5 stealbench at 16 and 32 simulated devices on this
+# in the background as soon as the libraries are unpacked): the MLP, the CNN and TorchLm on variable-length documents,
+# against eager libtorch, and TorchLm's static against steal on vgpu parts; 5 stealbench at 16 and 32 simulated devices on this
 # machine's cores (no GPU: the build machine has two cores for 32 device threads).
 #
 # What comes back: the device tool returns at most 8 files from $OUT, at most two folders down. $OUT (or
@@ -222,10 +223,11 @@ run ckpt_straight_cpu 60 "$PACK/bin/mlp" "${ck[@]}" --devices cpu:2 --json "$SCR
 run ckpt_straight_gpu 60 "$PACK/bin/mlp" "${ck[@]}" --devices cuda:0 --json "$SCRATCH/json/ckpt_straight_gpu.json"
 
 say "4c. the libtorch adapter on cuda:0, built against this machine's PyTorch (perf/device_torch)"
-# The adapter's gradient on cuda:0 against cpu:1 and its samples/s against libtorch eager.
+# The adapter's gradient on cuda:0 against cpu:1 and its samples/s (TorchLm: tokens/s) against libtorch eager; TorchLm's
+# static against steal on four equal vgpu parts, each batch grouped by length.
 TORCH_LIB=$(dirname "$TORCH_PREFIX" 2>/dev/null)/../lib
 bg_wait torch_build || { note_step torch_gpu_check "not run" 0 "torch_build failed"; false; } &&
-  run torch_gpu_check 120 env LD_LIBRARY_PATH="$TORCH_LIB:$LD_LIBRARY_PATH" "$SCRATCH/device-torch/torch_gpu_check" --json "$SCRATCH/json/torch_gpu_check.json"
+  run torch_gpu_check 180 env LD_LIBRARY_PATH="$TORCH_LIB:$LD_LIBRARY_PATH" "$SCRATCH/device-torch/torch_gpu_check" --json "$SCRATCH/json/torch_gpu_check.json"
 
 say "5. stealbench: 16 and 32 simulated devices on $(nproc) cores (no GPU)"
 for n in 16 32; do  # 256 samples per device, as in the performance document's tables

@@ -209,6 +209,22 @@ def main():
         ratio = number(r.get("ratio")) or 0
         add(f"{m} adapter vs libtorch eager on cuda:0 (chunk {r.get('chunk')})",
             f"{r.get('adapter_samples_per_s', 0):.0f} vs {r.get('eager_samples_per_s', 0):.0f} samples/s = {ratio:.3f}x", ">= 0.9x", ratio >= 0.9)
+    # TorchLm on variable-length documents through the adapter (torch_gpu_check's "lm"): its gradient, its tokens/s
+    # against eager on one GPU, and steal against static on equal vgpu parts with each batch grouped by length.
+    lm = tg.get("lm") if isinstance(tg.get("lm"), dict) else None
+    if not lm:
+        why = (tg.get("errors") or {}).get("torch_lm") or (step_reason("torch_build") if st.get("torch_build", {}).get("status") != "ok" else step_reason("torch_gpu_check"))
+        missing("torch_lm adapter on cuda:0 and vgpu parts", "gradient <= 1e-4, >= 0.9x eager, steal >= static", why)
+    else:
+        e = number(lm.get("gradient_error"))
+        add("torch_lm adapter gradient cuda:0 vs cpu:1", f"{e:.3g} ({lm.get('documents')} documents, packed)" if e is not None else "missing", "<= 1e-4",
+            at_most(e, 1e-4))
+        ratio = number(lm.get("ratio")) or 0
+        add("torch_lm adapter vs libtorch eager on cuda:0",
+            f"{lm.get('adapter_tokens_per_s', 0):.0f} vs {lm.get('eager_tokens_per_s', 0):.0f} tokens/s = {ratio:.3f}x", ">= 0.9x", ratio >= 0.9)
+        x = number(lm.get("steal_over_static")) or 0
+        add(f"torch_lm steal vs static on {lm.get('parts')}, grouped",
+            f"{lm.get('steal_tokens_per_s', 0):.0f} vs {lm.get('static_tokens_per_s', 0):.0f} tokens/s = {x:.2f}x", ">= 1.0x", x >= 1.0)
     # stealbench on this machine's cores (simulated devices): the targets for steal-adaptive (perf/README.md).
     for n in (16, 32):
         recs = sections.get(f"stealbench{n}")

@@ -3,7 +3,13 @@
 //   - the full-batch gradient through the adapter on cuda:0 against cpu:1, same start and batch (fp32: TF32 off);
 //   - the adapter's samples/s on cuda:0 against plain libtorch eager on the same GPU: the same module, start, batch
 //     and sample order, Adam, the data on the GPU; rounds interleaved, the median of the rounds' ratios.
-// Synthetic data (random 28x28 images and labels): the work per sample is the dataset's.
+// Synthetic data (random 28x28 images and labels): the work per sample is the dataset's. Then TorchLm, the byte-level
+// transformer of examples/torch_lm, on synthetic documents of long-tailed lengths (lognormal, median 300 bytes, within
+// [16, 512]), packed, each step given each document's tokens as its cost:
+//   - the gradient of a 64-document batch through the adapter on cuda:0 against cpu:1;
+//   - tokens/s through the adapter on cuda:0 against plain libtorch eager on it (the same batches, Adam);
+//   - tokens/s of static against steal on four equal vgpu parts of GPU 0, each batch grouped by length (longest
+//     first): the equal split gives the first part the long documents.
 //
 //   torch_gpu_check [--json FILE] [--rounds N] [--steps N]
 #include <stealbatch/cuda/backend.hpp>
@@ -32,6 +38,7 @@
 
 using namespace stealbatch;
 using examples::TorchCnnImpl;
+using examples::TorchLmImpl;
 using examples::TorchMlpImpl;
 
 namespace {
@@ -160,12 +167,166 @@ Figures check(const char* name, const std::function<std::shared_ptr<Net>()>& mak
   return f;
 }
 
+// TorchLm's documents: synthetic bytes (printable ASCII) of long-tailed lengths.
+constexpr std::int64_t kLmMaxLen = 512;
+constexpr std::size_t kDocs = 4096, kLmBatch = 64;  // kDocs a multiple of kLmBatch
+const char* const kLmParts = "vgpu:32,32,32,32";
+
+struct Docs {
+  std::vector<std::vector<std::uint8_t>> bytes;
+  std::vector<std::uint32_t> order;  // shuffled once; batch s is order[s * 64, (s + 1) * 64) (mod kDocs)
+  std::span<const std::uint8_t> of(std::uint32_t i) const { return bytes[i]; }
+  std::vector<std::uint32_t> batch(std::size_t s, bool grouped) const {
+    const auto at = static_cast<std::ptrdiff_t>((s * kLmBatch) % kDocs);
+    std::vector<std::uint32_t> b(order.begin() + at, order.begin() + at + static_cast<std::ptrdiff_t>(kLmBatch));
+    if (grouped) std::stable_sort(b.begin(), b.end(), [this](std::uint32_t x, std::uint32_t y) { return bytes[x].size() > bytes[y].size(); });
+    return b;
+  }
+  std::vector<double> tokens(std::span<const std::uint32_t> b) const {
+    std::vector<double> t(b.size());
+    for (std::size_t i = 0; i < b.size(); ++i) t[i] = static_cast<double>(bytes[b[i]].size());
+    return t;
+  }
+};
+
+Docs synthetic_docs() {
+  std::mt19937_64 rng(5);
+  std::lognormal_distribution<double> len(std::log(300.0), 0.9);
+  std::uniform_int_distribution<int> byte(32, 126);
+  Docs d;
+  d.bytes.resize(kDocs);
+  for (auto& doc : d.bytes) {
+    doc.resize(static_cast<std::size_t>(std::clamp(std::round(len(rng)), 16.0, static_cast<double>(kLmMaxLen))));
+    for (auto& b : doc) b = static_cast<std::uint8_t>(byte(rng));
+  }
+  d.order.resize(kDocs);
+  std::iota(d.order.begin(), d.order.end(), 0u);
+  std::shuffle(d.order.begin(), d.order.end(), std::mt19937_64(13));
+  return d;
+}
+
+// A chunk's documents, built on the chunk's device by the input function and read by the loss in the same call.
+libtorch::Sequences& last_sequences() {
+  thread_local libtorch::Sequences s;
+  return s;
+}
+
+using LmChunks = libtorch::ModuleChunks<TorchLmImpl, libtorch::Sequences>;
+using MakeLm = std::function<std::shared_ptr<TorchLmImpl>()>;
+
+std::unique_ptr<LmChunks> lm_chunks(const MakeLm& make, const Docs& d, std::size_t devices) {
+  return std::make_unique<LmChunks>(
+      make, devices,
+      [&d](std::span<const std::uint32_t> s) {
+        return last_sequences() = libtorch::make_sequences(s, [&d](std::uint32_t i) { return d.of(i); }, libtorch::SequenceForm::kPacked,
+                                                           libtorch::SequenceMask::kNone).to(libtorch::chunk_device());
+      },
+      [](const ::torch::Tensor& out, std::span<const std::uint32_t>) { return examples::next_byte_loss(out, libtorch::to_device(last_sequences(), out.device())); });
+}
+
+std::vector<float> lm_gradient(const char* devices, const MakeLm& make, const Docs& d, std::span<const float> weights) {
+  Runtime rt({.devices = devices, .schedule = {.chunk_size = 8}, .host = {.threads_per_device = 1}});
+  auto chunks = lm_chunks(make, d, rt.device_count());
+  rt.register_parameters(chunks->layout(), weights);
+  const std::vector<std::uint32_t> b = d.batch(0, false);
+  rt.compute_gradient(b, chunks->function(), d.tokens(b));
+  return {rt.gradient().begin(), rt.gradient().end()};
+}
+
+// tokens/s of `steps` steps through the adapter on `devices` (after `warm` untimed ones), each step given its tokens.
+double lm_adapter_rate(const char* devices, SchedulePolicy policy, std::size_t chunk, bool grouped, const MakeLm& make, const Docs& d,
+                       std::span<const float> weights, std::size_t warm, std::size_t steps) {
+  Runtime rt({.devices = devices, .schedule = {.chunk_size = chunk, .policy = policy}, .optimizer = {.kind = OptimizerKind::kAdam, .lr = 1e-3f}});
+  auto chunks = lm_chunks(make, d, rt.device_count());
+  rt.register_parameters(chunks->layout(), weights);
+  const auto fn = chunks->function();
+  for (std::size_t s = 0; s < warm; ++s) {
+    const std::vector<std::uint32_t> b = d.batch(s, grouped);
+    rt.step(b, fn, d.tokens(b));
+  }
+  double tokens = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t s = 0; s < steps; ++s) {
+    const std::vector<std::uint32_t> b = d.batch(warm + s, grouped);
+    const std::vector<double> t = d.tokens(b);
+    rt.step(b, fn, t);  // a step returns once its update is done
+    tokens += std::accumulate(t.begin(), t.end(), 0.0);
+  }
+  return tokens / seconds_since(t0);
+}
+
+// The same batches with plain libtorch eager on cuda:0: the batch packed, one forward and backward, torch::optim::Adam.
+double lm_eager_rate(const MakeLm& make, const Docs& d, std::span<const float> weights, std::size_t warm, std::size_t steps) {
+  const ::torch::Device gpu(::torch::kCUDA, 0);
+  auto net = make();
+  {
+    const ::torch::NoGradGuard no_grad;
+    std::size_t at = 0;
+    for (auto& p : net->parameters()) {
+      p.copy_(::torch::from_blob(const_cast<float*>(weights.data() + at), p.sizes(), ::torch::kFloat));
+      at += static_cast<std::size_t>(p.numel());
+    }
+  }
+  net->to(gpu);
+  ::torch::optim::Adam opt(net->parameters(), ::torch::optim::AdamOptions(1e-3));
+  double tokens = 0;
+  auto one = [&](std::size_t s) {
+    const std::vector<std::uint32_t> b = d.batch(s, false);
+    const libtorch::Sequences x =
+        libtorch::make_sequences(b, [&d](std::uint32_t i) { return d.of(i); }, libtorch::SequenceForm::kPacked, libtorch::SequenceMask::kNone).to(gpu);
+    opt.zero_grad();
+    const ::torch::Tensor loss = examples::next_byte_loss(net->forward(x), x) / static_cast<double>(b.size());
+    loss.backward();
+    opt.step();
+    return static_cast<double>(x.token_count());
+  };
+  for (std::size_t s = 0; s < warm; ++s) one(s);
+  ::torch::cuda::synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t s = 0; s < steps; ++s) tokens += one(warm + s);
+  ::torch::cuda::synchronize();
+  return tokens / seconds_since(t0);
+}
+
+struct LmFigures {
+  double gradient_error = -1, ours = 0, eager = 0, ratio = 0, part_static = 0, part_steal = 0, part_speedup = 0;
+};
+
+LmFigures check_lm(const Docs& d, std::size_t rounds, std::size_t steps) {
+  const MakeLm make = [] { return std::make_shared<TorchLmImpl>(examples::TorchLmOptions{.width = 128, .layers = 2, .heads = 4, .max_len = kLmMaxLen}); };
+  LmFigures f;
+  ::torch::manual_seed(1);
+  const std::vector<float> weights = libtorch::values_of(*make());
+  f.gradient_error = examples::max_relative_error(lm_gradient("cuda:0", make, d, weights), lm_gradient("cpu:1", make, d, weights));
+  std::printf("torch_lm: gradient on cuda:0 against cpu:1, %zu documents packed: max relative error %.3g (target 1e-4)\n", kLmBatch, f.gradient_error);
+  std::fflush(stdout);
+  const std::size_t lm_steps = std::max<std::size_t>(10, steps / 4);
+  std::vector<double> ours, eager, ratios, part_static, part_steal, speedups;
+  for (std::size_t r = 0; r < rounds; ++r) {
+    ours.push_back(lm_adapter_rate("cuda:0", SchedulePolicy::kSteal, 0, false, make, d, weights, 5, lm_steps));
+    eager.push_back(lm_eager_rate(make, d, weights, 5, lm_steps));
+    ratios.push_back(ours.back() / eager.back());
+    part_static.push_back(lm_adapter_rate(kLmParts, SchedulePolicy::kStatic, 4, true, make, d, weights, 5, lm_steps));
+    part_steal.push_back(lm_adapter_rate(kLmParts, SchedulePolicy::kSteal, 4, true, make, d, weights, 5, lm_steps));
+    speedups.push_back(part_steal.back() / part_static.back());
+    std::printf("torch_lm: round %zu: adapter %.0f tokens/s, eager %.0f, ratio %.3f; %s grouped: static %.0f, steal %.0f tokens/s, %.2fx\n", r + 1,
+                ours.back(), eager.back(), ratios.back(), kLmParts, part_static.back(), part_steal.back(), speedups.back());
+    std::fflush(stdout);
+  }
+  f.ours = median(ours), f.eager = median(eager), f.ratio = median(ratios);
+  f.part_static = median(part_static), f.part_steal = median(part_steal), f.part_speedup = median(speedups);
+  std::printf("torch_lm: adapter/eager on cuda:0: %.3fx; steal/static on %s, grouped: %.2fx (medians of %zu rounds)\n", f.ratio, kLmParts,
+              f.part_speedup, rounds);
+  return f;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string json;
   std::size_t rounds = 3, steps = 100;
-  CLI::App app{"torch_gpu_check: the libtorch adapter on cuda:0, its gradient against cpu:1 and its samples/s against eager libtorch"};
+  CLI::App app{"torch_gpu_check: the libtorch adapter on cuda:0 (MLP, CNN, TorchLm), its gradient against cpu:1 and its throughput against eager "
+               "libtorch; TorchLm's static against steal on vgpu parts"};
   app.add_option("--json", json, "also write the figures to this file");
   app.add_option("--rounds", rounds, "interleaved rounds of adapter and eager (the median ratio is reported)")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--steps", steps, "timed steps per round and side")->check(CLI::Range(1, 100000))->capture_default_str();
@@ -184,9 +345,9 @@ int main(int argc, char** argv) {
     // other still runs.
     std::vector<Figures> all;
     std::string errors;
-    const auto attempt = [&](const char* name, const std::function<Figures()>& body) {
+    const auto attempt = [&](const char* name, const std::function<void()>& body) {
       try {
-        all.push_back(body());
+        body();
       } catch (const std::exception& e) {
         std::string what = e.what();
         what = what.substr(0, what.find('\n'));  // torch's messages carry a backtrace after the first line
@@ -195,8 +356,14 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "torch_gpu_check: %s: %s\n", name, what.c_str());
       }
     };
-    attempt("torch_mlp", [&] { return check<TorchMlpImpl>("torch_mlp", mlp, d, 1024, rounds, steps); });
-    attempt("torch_cnn", [&] { return check<TorchCnnImpl>("torch_cnn", cnn, d, 256, rounds, steps); });
+    attempt("torch_mlp", [&] { all.push_back(check<TorchMlpImpl>("torch_mlp", mlp, d, 1024, rounds, steps)); });
+    attempt("torch_cnn", [&] { all.push_back(check<TorchCnnImpl>("torch_cnn", cnn, d, 256, rounds, steps)); });
+    LmFigures lm;
+    bool lm_ran = false;
+    attempt("torch_lm", [&] {
+      lm = check_lm(synthetic_docs(), rounds, steps);
+      lm_ran = true;
+    });
     bool ok = errors.empty();
     // A figure in JSON: a NaN or an infinity (a broken gradient) as a string, which no gate reads as a pass.
     const auto figure = [](double x) {
@@ -216,7 +383,18 @@ int main(int argc, char** argv) {
                     i ? ", " : "", f.model.c_str(), f.batch, f.chunk, figure(f.gradient_error).c_str(), f.ours, f.eager, f.ratio);
       out += row;
     }
-    out += "], \"errors\": {" + errors + "}}\n";
+    out += "]";
+    if (lm_ran) {
+      ok = ok && lm.gradient_error >= 0 && lm.gradient_error <= 1e-4;
+      char row[768];
+      std::snprintf(row, sizeof row,
+                    ", \"lm\": {\"model\": \"torch_lm\", \"documents\": %zu, \"gradient_error\": %s, \"adapter_tokens_per_s\": %.1f, "
+                    "\"eager_tokens_per_s\": %.1f, \"ratio\": %.4f, \"parts\": \"%s\", \"static_tokens_per_s\": %.1f, \"steal_tokens_per_s\": %.1f, "
+                    "\"steal_over_static\": %.4f}",
+                    kLmBatch, figure(lm.gradient_error).c_str(), lm.ours, lm.eager, lm.ratio, kLmParts, lm.part_static, lm.part_steal, lm.part_speedup);
+      out += row;
+    }
+    out += ", \"errors\": {" + errors + "}}\n";
     if (!json.empty()) {
       if (std::FILE* fp = std::fopen(json.c_str(), "w")) {
         std::fputs(out.c_str(), fp);
