@@ -105,11 +105,9 @@ double adapter_rate(const std::function<std::shared_ptr<Net>()>& make, const Dat
   return static_cast<double>(steps * batch) / t;
 }
 
-// The same with plain libtorch eager on cuda:0: one forward and backward a batch, the mean loss, torch::optim::Adam.
+// A module for plain libtorch: made, its parameters set to `weights` (values_of()'s order), moved to `gpu`.
 template <class Net>
-double eager_rate(const std::function<std::shared_ptr<Net>()>& make, const Data& d, std::span<const float> weights, std::size_t batch, std::size_t warm,
-                  std::size_t steps) {
-  const ::torch::Device gpu(::torch::kCUDA, 0);
+std::shared_ptr<Net> on_gpu(const std::function<std::shared_ptr<Net>()>& make, std::span<const float> weights, const ::torch::Device& gpu) {
   auto net = make();
   {
     const ::torch::NoGradGuard no_grad;
@@ -120,6 +118,15 @@ double eager_rate(const std::function<std::shared_ptr<Net>()>& make, const Data&
     }
   }
   net->to(gpu);
+  return net;
+}
+
+// The same with plain libtorch eager on cuda:0: one forward and backward a batch, the mean loss, torch::optim::Adam.
+template <class Net>
+double eager_rate(const std::function<std::shared_ptr<Net>()>& make, const Data& d, std::span<const float> weights, std::size_t batch, std::size_t warm,
+                  std::size_t steps) {
+  const ::torch::Device gpu(::torch::kCUDA, 0);
+  auto net = on_gpu(make, weights, gpu);
   ::torch::optim::Adam opt(net->parameters(), ::torch::optim::AdamOptions(1e-3));
   const ::torch::Tensor x = d.x.on(gpu), y = d.y.on(gpu);
   const std::vector<std::uint32_t> ids = order(11);
@@ -258,16 +265,7 @@ double lm_adapter_rate(const char* devices, SchedulePolicy policy, std::size_t c
 // The same batches with plain libtorch eager on cuda:0: the batch packed, one forward and backward, torch::optim::Adam.
 double lm_eager_rate(const MakeLm& make, const Docs& d, std::span<const float> weights, std::size_t warm, std::size_t steps) {
   const ::torch::Device gpu(::torch::kCUDA, 0);
-  auto net = make();
-  {
-    const ::torch::NoGradGuard no_grad;
-    std::size_t at = 0;
-    for (auto& p : net->parameters()) {
-      p.copy_(::torch::from_blob(const_cast<float*>(weights.data() + at), p.sizes(), ::torch::kFloat));
-      at += static_cast<std::size_t>(p.numel());
-    }
-  }
-  net->to(gpu);
+  auto net = on_gpu(make, weights, gpu);
   ::torch::optim::Adam opt(net->parameters(), ::torch::optim::AdamOptions(1e-3));
   double tokens = 0;
   auto one = [&](std::size_t s) {

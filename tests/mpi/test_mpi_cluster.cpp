@@ -82,6 +82,19 @@ std::vector<std::uint32_t> batch_of(std::size_t n, std::uint64_t step) {
   return b;
 }
 
+// A sample's given cost, long-tailed as documents' lengths are (1 to 249), from its id alone: the simulated devices
+// take it as their time too (SimOptions::sample_cost), so a chunk's time follows the cost the runtime is given.
+double cost_of(std::uint32_t s) {
+  const double x = static_cast<double>((s * 2654435761u >> 7) % 64);
+  return 1.0 + x * x / 16.0;
+}
+
+std::vector<double> costs_of(std::span<const std::uint32_t> b) {
+  std::vector<double> c(b.size());
+  for (std::size_t i = 0; i < b.size(); ++i) c[i] = cost_of(b[i]);
+  return c;
+}
+
 std::uint64_t hash_floats(std::span<const float> v) {
   std::uint64_t h = 1469598103934665603ull;
   for (float f : v) {
@@ -102,16 +115,21 @@ RuntimeOptions on_cluster(const std::string& devices, std::size_t chunk, double 
   return o;
 }
 
+// A simulated device's speed factor, new at random each step for each device of each rank: lo to lo + span.
+std::function<double(std::size_t, std::uint64_t, double)> random_speeds(int me, double lo, double span) {
+  return [me, lo, span](std::size_t d, std::uint64_t step, double) {
+    const std::uint64_t h = (step * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(me) * 31 + d) * 0xbf58476d1ce4e5b9ull;
+    return lo + span * static_cast<double>((h >> 40) % 1000) / 1000.0;
+  };
+}
+
 // Every chunk of every step runs exactly once across the ranks: the runtime checks it in each step (it throws on a
 // violation), and this test counts again from the chunk function, per sample, over 10^4 steps whose devices change
 // speed at random.
 void exactly_once() {
   const int me = g_cluster->rank();
   RuntimeOptions o = on_cluster("sim:1,1", 4, 2e-6);
-  o.sim.speed_factor = [me](std::size_t d, std::uint64_t step, double) {
-    const std::uint64_t h = (step * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(me) * 31 + d) * 0xbf58476d1ce4e5b9ull;
-    return 0.1 + static_cast<double>((h >> 40) % 1000) / 200.0;  // 0.1 to 5.1
-  };
+  o.sim.speed_factor = random_speeds(me, 0.1, 5.0);
   o.stall_timeout = 60;
   Runtime rt(o);
   rt.register_parameters(layout(), initial());
@@ -141,12 +159,11 @@ void exactly_once() {
 }
 
 // The full-batch gradient with R ranks equals one process's (each rank computes that one itself).
-void gradient() {
-  RuntimeOptions o;
-  o.devices = "cpu:2";
+// The mean gradient across the ranks (`devices` on each; with `costs`, each batch's sample costs given) against one
+// process's, over five batches.
+void gradient_matches_one_process(const char* devices, bool costs, const char* label) {
+  RuntimeOptions o = on_cluster(devices, 8);
   o.host.threads_per_device = 1;
-  o.cluster.job = g_cluster;
-  o.schedule.chunk_size = 8;
   Runtime rt(o);
   rt.register_parameters(layout(), initial());
   RuntimeOptions solo;
@@ -157,7 +174,7 @@ void gradient() {
   one.register_parameters(layout(), initial());
   for (std::uint64_t s = 0; s < 5; ++s) {
     const std::vector<std::uint32_t> b = batch_of(1000 + s * 13, s);
-    rt.compute_gradient(b, linear_chunk);
+    rt.compute_gradient(b, linear_chunk, costs ? costs_of(b) : std::vector<double>{});
     one.compute_gradient(b, linear_chunk);
     double worst = 0;
     for (std::size_t i = 0; i < kDim + 1; ++i) {
@@ -165,10 +182,12 @@ void gradient() {
       const double err = std::abs(a - e) / std::max(1e-6, std::abs(e));
       worst = std::isfinite(err) ? std::max(worst, err) : std::numeric_limits<double>::infinity();  // a NaN fails
     }
-    if (g_cluster->rank() == 0) std::printf("gradient: step %llu, worst relative error %.3g\n", static_cast<unsigned long long>(s), worst);
+    if (g_cluster->rank() == 0) std::printf("%s: step %llu, worst relative error %.3g\n", label, static_cast<unsigned long long>(s), worst);
     EXPECT(worst <= 1e-5);
   }
 }
+
+void gradient() { gradient_matches_one_process("cpu:2", false, "gradient"); }
 
 // After 50 Adam steps every rank's parameters are bit-identical, and equal to one process's within float rounding.
 void identical_parameters() {
@@ -354,34 +373,18 @@ void remote_steal_while_victim_computes(StealCheck check) {
   }
 }
 
-// A sample's given cost, long-tailed as documents' lengths are (1 to 249), from its id alone: the simulated devices
-// take it as their time too (SimOptions::sample_cost), so a chunk's time follows the cost the runtime is given.
-double cost_of(std::uint32_t s) {
-  const double x = static_cast<double>((s * 2654435761u >> 7) % 64);
-  return 1.0 + x * x / 16.0;
-}
-
-std::vector<double> costs_of(std::span<const std::uint32_t> b) {
-  std::vector<double> c(b.size());
-  for (std::size_t i = 0; i < b.size(); ++i) c[i] = cost_of(b[i]);
-  return c;
-}
-
 // Sample costs across ranks: every sample once over 2000 steps whose devices change speed at random, each chunk cut
 // to the cost budget (a chunk of long samples holds fewer), every device's cost in every rank's report, the gradient
 // of one process, and the packer's ranks within one sample's cost of each other.
 void given_costs() {
   const int me = g_cluster->rank();
   constexpr std::size_t kChunk = 8;
-  double worst_over = 0, max_cost = 0;
+  double worst_over = 0;
   std::size_t fewest = ~std::size_t{0}, most = 0;
   {
     RuntimeOptions o = on_cluster("sim:1,1", kChunk, 2e-7);
     o.sim.sample_cost = cost_of;
-    o.sim.speed_factor = [me](std::size_t d, std::uint64_t step, double) {
-      const std::uint64_t h = (step * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(me) * 31 + d) * 0xbf58476d1ce4e5b9ull;
-      return 0.2 + static_cast<double>((h >> 40) % 1000) / 250.0;  // 0.2 to 4.2
-    };
+    o.sim.speed_factor = random_speeds(me, 0.2, 4.0);
     o.stall_timeout = 60;
     Runtime rt(o);
     rt.register_parameters(layout(), initial());
@@ -415,7 +418,6 @@ void given_costs() {
       double reported = 0;
       for (const DeviceReport& d : r.devices) reported += d.cost;  // every rank's devices, from the reduction
       cost_off += std::abs(reported - total) > 1e-4 * total;
-      max_cost = std::max(max_cost, biggest);
       seen.assign(n, 0.0);
       for (std::size_t i = 0; i < n; ++i) seen[i] = count[i].load();
       g_cluster->allreduce_sum(seen);
@@ -436,31 +438,7 @@ void given_costs() {
     EXPECT(worst_over <= 1.0);
     EXPECT(most > kChunk);  // by count, no chunk would hold more than kChunk
   }
-  {  // The gradient with costs and stealing equals one process's.
-    RuntimeOptions o = on_cluster("cpu:1", kChunk);
-    o.host.threads_per_device = 1;
-    Runtime rt(o);
-    rt.register_parameters(layout(), initial());
-    RuntimeOptions solo;
-    solo.devices = "cpu:1";
-    solo.host.threads_per_device = 1;
-    solo.schedule.chunk_size = kChunk;
-    Runtime one(solo);
-    one.register_parameters(layout(), initial());
-    for (std::uint64_t s = 0; s < 5; ++s) {
-      const std::vector<std::uint32_t> b = batch_of(1000 + s * 13, s);
-      rt.compute_gradient(b, linear_chunk, costs_of(b));
-      one.compute_gradient(b, linear_chunk);
-      double worst = 0;
-      for (std::size_t i = 0; i < kDim + 1; ++i) {
-        const double a = rt.gradient()[i], e = one.gradient()[i];
-        const double err = std::abs(a - e) / std::max(1e-6, std::abs(e));
-        worst = std::isfinite(err) ? std::max(worst, err) : std::numeric_limits<double>::infinity();
-      }
-      if (me == 0) std::printf("costs: gradient, step %llu, worst relative error %.3g\n", static_cast<unsigned long long>(s), worst);
-      EXPECT(worst <= 1e-5);
-    }
-  }
+  gradient_matches_one_process("cpu:1", true, "costs: gradient");  // with costs and stealing
   {  // The packer across ranks (static, one device each): greedy packing leaves no rank more than one sample's cost
      // above another.
     RuntimeOptions o = on_cluster("sim:1", kChunk, 1e-7);
