@@ -177,7 +177,7 @@ void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& 
     finer[d] = p.finer_ends && !speed.chunk_sizer.exploring(d);  // an exploring device's chunks are all of its rung
   }
   cut_shares(share, target, floor, finer, p.position_cost, t, t.ranges);
-  t.full_chunk = *std::max_element(t.own_size.begin(), t.own_size.end());
+  t.full_chunk = static_cast<double>(*std::max_element(t.own_size.begin(), t.own_size.end()));
 }
 
 // Placed by speed with fixed sizes: samples in proportion to speed, and chunks sized to it.
@@ -252,7 +252,7 @@ void Runtime::Impl::cut_rank_shares(std::size_t batch, StepPlan& p, ChunkTable& 
   const auto whole = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(rs.chunk[rs.me])));
   t.own_size.assign(dev.devices.size(), whole);
   t.own_cost.assign(dev.devices.size(), rs.chunk[rs.me]);
-  t.full_chunk = whole;
+  t.full_chunk = rs.chunk[rs.me];
   if (t.size() >= detail::ShareWord::kMaxChunk) {
     throw ConfigError("batch = " + std::to_string(batch) + " makes " + std::to_string(t.size()) + " chunks across ranks; at most " +
                       std::to_string(detail::ShareWord::kMaxChunk - 1) + " (raise chunk_size)");
@@ -264,7 +264,7 @@ ChunkTable Runtime::Impl::cut_and_place(std::size_t batch, StepPlan& p) {
   ChunkTable t;
   t.ranges.resize(n);
   t.share_len.assign(n, 0);
-  t.full_chunk = options.schedule.chunk_size;
+  t.full_chunk = static_cast<double>(options.schedule.chunk_size);
   t.own_size.assign(n, options.schedule.chunk_size);
   t.own_cost.assign(n, static_cast<double>(options.schedule.chunk_size));
   switch (p.cutting) {
@@ -274,7 +274,7 @@ ChunkTable Runtime::Impl::cut_and_place(std::size_t batch, StepPlan& p) {
     case Cutting::kRankShares: cut_rank_shares(batch, p, t); break;
     case Cutting::kPacked: cut_packed(p, t); break;
   }
-  if (p.cost_chunk > 0) t.full_chunk = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(p.cost_chunk)));
+  if (p.cost_chunk > 0) t.full_chunk = p.cost_chunk;
   const std::size_t chunks = t.size();
   // Each chunk's cost in the units of the plan's rate: its samples, or the sum of its positions' costs.
   t.chunk_cost.resize(chunks);
@@ -347,7 +347,7 @@ void Runtime::Impl::set_endgame_costs(ChunkTable& t, StepPlan& p) {
     // from the costs.
     const double slowness = p.by_cost() ? 1.0 : detail::data_slowness(speed.stolen_slowness[d]);
     own[d] = t.own_cost[d] / p.rate[d];
-    stolen[d] = std::max(own[d], static_cast<double>(t.full_chunk) / (p.rate[d] * slowness));  // a stolen chunk is at most a full one
+    stolen[d] = std::max(own[d], t.full_chunk / (p.rate[d] * slowness));  // a stolen chunk is at most a full one
   }
   sched->set_chunk_costs(std::move(own), std::move(stolen));
   // What is left is weighed in full chunks, the unit of the stolen costs: a step ends on the small pieces of the
@@ -355,7 +355,7 @@ void Runtime::Impl::set_endgame_costs(ChunkTable& t, StepPlan& p) {
   // own chunks with little left, and end the step late. (A step from the ranks' share words counts what they hold
   // in full chunks itself, held_by_shares(): its ids are not placed before it, and it has no weights.)
   std::vector<double> weight(cluster ? 0 : t.size());
-  const double full = static_cast<double>(std::max<std::size_t>(1, t.full_chunk));
+  const double full = std::max(t.full_chunk, p.by_cost() ? 1e-9 : 1.0);
   for (std::size_t c = 0; c < weight.size(); ++c) weight[c] = std::max(t.chunk_cost[c], 1e-9) / full;
   sched->set_chunk_weights(std::move(weight));
   // What the shares still hold across ranks, the other ranks' devices take too, at their ranks' measured speeds: so a

@@ -263,7 +263,7 @@ std::uint64_t held_by_shares(Cluster& c, const RankShares& rs) noexcept {
       if (s.tag != rs.tag) s = r == c.rank() ? detail::ShareWord{rs.tag, 0, 0} : rs.word_of(static_cast<std::size_t>(r));
       held += rs.before[s.back] - rs.before[s.front];
     }
-    return static_cast<std::uint64_t>(std::ceil(held / rs.chunk[rs.me] - 1e-9));
+    return static_cast<std::uint64_t>(std::min(std::ceil(held / rs.chunk[rs.me] - 1e-9), 4294967296.0));  // as a failed read, at most
   } catch (...) {
     return std::uint64_t{1} << 32;
   }

@@ -97,7 +97,8 @@ struct ChunkTable {
   std::vector<double> own_cost;          // each device's own chunk, in cost units (samples when flat)
   std::vector<std::size_t> own_size;     // each device's own chunk, in samples
   std::vector<std::uint32_t> share_len;  // each device's share, in samples (sized)
-  std::size_t full_chunk = 0;            // a full chunk, in samples: what a stolen chunk is at most
+  double full_chunk = 0;                 // a full chunk in the plan's cost units (samples when flat): what a stolen
+                                         // chunk is at most
 
   std::vector<std::uint32_t> home;      // where each chunk was placed (kHomeLost once its device was lost)
   std::vector<std::uint32_t> ran_on;    // which device ran it
@@ -143,7 +144,7 @@ struct RankTally {
       : count(c), ranks(r), chunks(k), devices(d), buf(c + 4 * r + k + kTallyDeviceFields * d, 0.0f) {}
   float* grad() { return buf.data(); }
   float* speed() { return buf.data() + count; }
-  float* cost_speed() { return speed() + ranks; }  // in the trainer's cost units per second; 0 without given costs
+  float* cost_speed() { return speed() + ranks; }  // given cost per second, in mean-cost samples; 0 without costs
   float* failed() { return cost_speed() + ranks; }
   float* loss() { return failed() + ranks; }
   float* runs() { return loss() + ranks; }
