@@ -80,22 +80,31 @@ print(line)
 EOF
 }
 
-# The adapter's cost: torch_lm on one device (2 threads) against plain libtorch on 2 threads, 3 interleaved runs.
+# The adapter's cost: torch_lm on one device (2 threads) against plain libtorch on 2 threads, shuffled, 3 epochs,
+# LM_ADAPTER_ROUNDS rounds (default 9; the host swings 10-20% between runs), the order alternating round by round
+# (the adapter first in odd rounds); each side's tokens/s of its median epoch after the first, the median of the
+# rounds' ratios.
 lm_adapter_against_plain() {
-  local ours=() theirs=() i
-  local flags=(--cache "$cache" --limit 512 --epochs 2 --order shuffled)
-  for i in 1 2 3; do
-    "$ex/torch_lm" "${flags[@]}" --devices cpu:1 --policy steal --json "$out/torch_lm_cpu1.json" >/dev/null 2>&1
-    # The median epoch after the first, as plain libtorch's line reports it.
-    ours+=("$(python3 -c "
+  local ours=() theirs=() i a b
+  local flags=(--cache "$cache" --limit 512 --epochs 3 --order shuffled)
+  for ((i = 1; i <= ${LM_ADAPTER_ROUNDS:-9}; i++)); do
+    if ((i % 2)); then a=$(lm_adapter_once); b=$(lm_plain_once); else b=$(lm_plain_once); a=$(lm_adapter_once); fi
+    ours+=("$a") theirs+=("$b")
+  done
+  echo "torch_lm cpu:1 (2 threads), shuffled, 512 documents, 3 epochs, ${#ours[@]} alternating rounds: adapter ${ours[*]} tokens/s, plain libtorch ${theirs[*]} -> $(python3 -c "
+import statistics as s, sys
+n = len(sys.argv) // 2
+a, b = [float(x) for x in sys.argv[1:n + 1]], [float(x) for x in sys.argv[n + 1:]]
+print(f'median ratio {s.median(x / y for x, y in zip(a, b)):.2f}x, ratio of medians {s.median(a) / s.median(b):.2f}x')" "${ours[@]}" "${theirs[@]}")"
+}
+lm_adapter_once() {
+  "$ex/torch_lm" "${flags[@]}" --devices cpu:1 --policy steal --json "$out/torch_lm_cpu1.json" >/dev/null 2>&1
+  python3 -c "
 import json, statistics as s, sys
 r = json.load(open(sys.argv[1]))['runs'][0]
 e = r['epoch_seconds']
-print(f\"{r['units_per_s'] * sum(e) / len(e) / s.median(e[1:] or e):.0f}\")" "$out/torch_lm_cpu1.json")")
-    theirs+=("$("$ex/torch_lm" "${flags[@]}" --plain --plain-threads 2 2>/dev/null | sed -n 's/^plain libtorch, [0-9]* threads: \([0-9]*\) tokens\/s.*/\1/p')")
-  done
-  echo "torch_lm cpu:1 (2 threads), shuffled, 512 documents, 2 epochs: adapter ${ours[*]} tokens/s, plain libtorch ${theirs[*]} -> median ratio $(python3 -c "
-import statistics as s, sys
-a, b = [float(x) for x in sys.argv[1:4]], [float(x) for x in sys.argv[4:]]
-print(f'{s.median(a) / s.median(b):.2f}x')" "${ours[@]}" "${theirs[@]}")"
+print(f\"{r['units_per_s'] * sum(e) / len(e) / s.median(e[1:] or e):.0f}\")" "$out/torch_lm_cpu1.json"
+}
+lm_plain_once() {
+  "$ex/torch_lm" "${flags[@]}" --plain --plain-threads 2 2>/dev/null | sed -n 's/^plain libtorch, [0-9]* threads: \([0-9]*\) tokens\/s.*/\1/p'
 }
