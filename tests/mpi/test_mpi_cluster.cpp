@@ -123,6 +123,16 @@ std::function<double(std::size_t, std::uint64_t, double)> random_speeds(int me, 
   };
 }
 
+// The samples of a step not run exactly once across the ranks: each rank's counts (from its chunk function), summed.
+std::uint64_t not_run_once(const std::vector<std::atomic<int>>& count) {
+  std::vector<double> seen(count.size());
+  for (std::size_t i = 0; i < count.size(); ++i) seen[i] = count[i].load();
+  g_cluster->allreduce_sum(seen);
+  std::uint64_t wrong = 0;
+  for (double c : seen) wrong += c != 1.0;
+  return wrong;
+}
+
 // Every chunk of every step runs exactly once across the ranks: the runtime checks it in each step (it throws on a
 // violation), and this test counts again from the chunk function, per sample, over 10^4 steps whose devices change
 // speed at random.
@@ -135,7 +145,6 @@ void exactly_once() {
   rt.register_parameters(layout(), initial());
   const std::size_t steps = std::getenv("SB_MPI_STEPS") ? std::strtoull(std::getenv("SB_MPI_STEPS"), nullptr, 10) : 10000;
   std::uint64_t remote = 0, wrong = 0;
-  std::vector<double> seen;
   for (std::size_t s = 0; s < steps; ++s) {
     const std::size_t n = 64 + (s * 37) % 200;
     const std::vector<std::uint32_t> b = batch_of(n, s);
@@ -146,10 +155,7 @@ void exactly_once() {
       linear_chunk(ctx);
     });
     remote += r.remote_chunks;
-    seen.assign(n, 0.0);
-    for (std::size_t i = 0; i < n; ++i) seen[i] = count[i].load();
-    g_cluster->allreduce_sum(seen);
-    for (double c : seen) wrong += c != 1.0;
+    wrong += not_run_once(count);
   }
   std::vector<double> total{static_cast<double>(remote)};
   g_cluster->allreduce_sum(total);
@@ -390,7 +396,6 @@ void given_costs() {
     Runtime rt(o);
     rt.register_parameters(layout(), initial());
     std::uint64_t wrong = 0, cost_off = 0, remote = 0;
-    std::vector<double> seen;
     const std::size_t steps = std::getenv("SB_MPI_STEPS") ? std::strtoull(std::getenv("SB_MPI_STEPS"), nullptr, 10) : 2000;
     for (std::uint64_t s = 0; s < steps; ++s) {
       const std::size_t n = 64 + (s * 37) % 200;
@@ -418,10 +423,7 @@ void given_costs() {
       double reported = 0;
       for (const DeviceReport& d : r.devices) reported += d.cost;  // every rank's devices, from the reduction
       cost_off += std::abs(reported - total) > 1e-4 * total;
-      seen.assign(n, 0.0);
-      for (std::size_t i = 0; i < n; ++i) seen[i] = count[i].load();
-      g_cluster->allreduce_sum(seen);
-      for (double c : seen) wrong += c != 1.0;
+      wrong += not_run_once(count);
     }
     std::vector<double> total{static_cast<double>(remote)};
     g_cluster->allreduce_sum(total);
