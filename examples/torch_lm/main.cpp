@@ -79,7 +79,8 @@ std::vector<std::uint32_t> lm_order(const LmData& d, const TrainerFlags& f, bool
 // (which the runtime learns per call); c = b / e is the length where attention's share equals the rest's. Measured
 // with the threads (torch's and the BLAS library's) each device will use.
 struct CostFit {
-  double a = 0, b = 0, e = 0, c = 0;  // c = 0: one of the two terms is not measured
+  double a = 0, b = 0, e = 0;
+  double c() const { return b > 0 && e > 0 ? b / e : 0; }  // 0: one of the two terms is not measured
   double cost(double l) const { return b > 0 || e > 0 ? b * l + e * l * l : l; }
 };
 
@@ -107,7 +108,7 @@ CostFit fit_document_cost(TorchLmImpl& net, std::int64_t max_len, int threads, l
     secs.push_back(best);
   }
   net.zero_grad();
-  CostFit fit{secs[0], 0, 0, 0};
+  CostFit fit{secs[0], 0, 0};
   // (t - a) = b L + e L^2, both >= 0: the 2 x 2 normal equations, or one term alone where the other comes out negative.
   double sll = 0, sl3 = 0, sl4 = 0, sty = 0, sty2 = 0;
   for (std::size_t i = 1; i < sizes.size(); ++i) {
@@ -119,7 +120,6 @@ CostFit fit_document_cost(TorchLmImpl& net, std::int64_t max_len, int threads, l
   fit.e = det != 0 ? (sll * sty2 - sl3 * sty) / det : 0;
   if (fit.b < 0) fit.b = 0, fit.e = std::max(0.0, sty2 / sl4);
   if (fit.e < 0) fit.e = 0, fit.b = std::max(0.0, sty / sll);
-  if (fit.b > 0 && fit.e > 0) fit.c = fit.b / fit.e;
   return fit;
 }
 
@@ -292,11 +292,11 @@ int main(int argc, char** argv) {
       // Every rank gives the same costs (the runtime checks it at each step): the ranks' fits, averaged alike on each.
       std::array<double, 3> abe{fit.a, fit.b, fit.e};
       const std::size_t ranks = mean_over_ranks(abe);
-      fit.a = abe[0], fit.b = abe[1], fit.e = abe[2], fit.c = fit.b > 0 && fit.e > 0 ? fit.b / fit.e : 0;
+      fit.a = abe[0], fit.b = abe[1], fit.e = abe[2];
       std::printf("# document cost: b L + e L^2 (c = b/e = %.0f): one document's forward and backward on %d thread(s) took %.2f ms + %.3f us L + %.5f us L^2%s\n",
-                  fit.c, threads, fit.a * 1e3, fit.b * 1e6, fit.e * 1e6, ranks > 1 ? (" (the mean of " + std::to_string(ranks) + " ranks' fits)").c_str() : "");
+                  fit.c(), threads, fit.a * 1e3, fit.b * 1e6, fit.e * 1e6, ranks > 1 ? (" (the mean of " + std::to_string(ranks) + " ranks' fits)").c_str() : "");
     }
-    const double c = fit.c;
+    const double c = fit.c();
     std::printf("# unigram model on the same split: %.4f bits/byte\n", unigram_bits_per_byte(data));
     if (!export_path.empty()) {
       export_run(export_path, f, lm, data, grouped, form, c);
