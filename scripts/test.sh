@@ -51,7 +51,7 @@ run_tsan_mpi() {
   cmake --build build-tsan-mpi --target test_mpi_cluster --parallel "$jobs" || return 1
   supp=build-tsan-mpi/tsan-all.supp
   cat tests/tsan.supp tests/tsan-mpi.supp >"$supp"
-  for c in exactly-once gradient identical checkpoint throw remote-steal long-but-alive costs; do
+  for c in exactly-once gradient identical checkpoint throw remote-steal long-but-alive costs deterministic; do
     echo "=== tsan-mpi: $c on 2 ranks"
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/$supp" SB_MPI_STEPS=1000 UCX_MEM_MMAP_HOOK_MODE=none \
       timeout 600 mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader --mca osc sm \

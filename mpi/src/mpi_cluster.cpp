@@ -237,23 +237,19 @@ void MpiCluster::wait(void* request, const std::function<void()>& waiting) {
   }
 }
 
-void MpiCluster::allreduce_sum(std::span<float> data, const std::function<void()>& waiting) {
+void MpiCluster::allreduce(void* data, std::size_t count, int type, const std::function<void()>& waiting) {
+  static const MPI_Datatype kTypes[] = {MPI_FLOAT, MPI_DOUBLE, MPI_INT64_T};
   MPI_Request req = MPI_REQUEST_NULL;
   {
     const std::lock_guard g(m->lock);
-    check(MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_FLOAT, MPI_SUM, m->comm, &req), "MPI_Iallreduce");
+    check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), kTypes[type], MPI_SUM, m->comm, &req), "MPI_Iallreduce");
   }
   wait(&req, waiting);
 }
 
-void MpiCluster::allreduce_sum(std::span<double> data, const std::function<void()>& waiting) {
-  MPI_Request req = MPI_REQUEST_NULL;
-  {
-    const std::lock_guard g(m->lock);
-    check(MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_DOUBLE, MPI_SUM, m->comm, &req), "MPI_Iallreduce");
-  }
-  wait(&req, waiting);
-}
+void MpiCluster::allreduce_sum(std::span<float> data, const std::function<void()>& waiting) { allreduce(data.data(), data.size(), 0, waiting); }
+void MpiCluster::allreduce_sum(std::span<double> data, const std::function<void()>& waiting) { allreduce(data.data(), data.size(), 1, waiting); }
+void MpiCluster::allreduce_sum(std::span<std::int64_t> data, const std::function<void()>& waiting) { allreduce(data.data(), data.size(), 2, waiting); }
 
 void MpiCluster::broadcast(std::span<char> data, int root) {
   MPI_Request req = MPI_REQUEST_NULL;

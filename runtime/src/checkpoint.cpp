@@ -6,6 +6,7 @@
 #include <stealbatch/error.hpp>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -88,8 +89,27 @@ struct Staged {
   OptimizerState state;
   float lr = 0;
   std::vector<double> speeds;  // empty: not restored (other devices, or a multi-process run)
+  std::vector<int> shifts;     // deterministic mode's fixed-point shifts; empty: not in the file
   CheckpointMetadata trainer;
 };
+
+// Deterministic mode's shifts (stealbatch.fixed_shifts): one integer a tensor, kNoExponent for one not set yet.
+std::vector<int> stage_shifts(const SafetensorsMetadata& meta, std::size_t tensors, const std::string& source) {
+  const auto it = meta.find("stealbatch.fixed_shifts");
+  if (it == meta.end()) return {};
+  const std::vector<double> v = number_list(it->second);
+  std::vector<int> out;
+  for (double x : v) {
+    const bool unset = x == static_cast<double>(detail::kNoExponent);
+    if (!unset && !(x >= -4096 && x <= 4096 && x == std::floor(x))) break;
+    out.push_back(unset ? detail::kNoExponent : static_cast<int>(x));
+  }
+  if (out.size() != tensors || v.size() != tensors) {
+    fail(CheckpointError::Reason::kFormat, source,
+         "stealbatch.fixed_shifts = '" + it->second + "' is not one shift (an integer) for each of the " + std::to_string(tensors) + " tensors");
+  }
+  return out;
+}
 
 void check_optimizer(const SafetensorsMetadata& meta, const OptimizerOptions& mine, const std::string& source) {
   const std::string& kind = need(meta, "stealbatch.optimizer", source);
@@ -184,6 +204,7 @@ Staged stage(const CheckpointFile& file, const StageTarget& m) {
     s.speeds = number_list(speeds->second);
     if (s.speeds.size() != m.devices->size()) s.speeds.clear();
   }
+  s.shifts = stage_shifts(meta, m.layout.tensor_count(), source);
   for (const auto& [k, v] : meta) {
     if (!std::string_view(k).starts_with(kOwnPrefix)) s.trainer.emplace(k, v);
   }
@@ -237,6 +258,11 @@ void Runtime::save_checkpoint(const std::filesystem::path& path, const Checkpoin
   for (double v : m->speed.estimates()) speeds += (speeds.empty() ? "" : ",") + exact(v);
   meta["stealbatch.speeds"] = speeds;
   if (m->cluster) meta["stealbatch.ranks"] = std::to_string(m->cluster->size());
+  if (m->exact) {  // a resumed run rounds its next step's cells as this one would have
+    std::string shifts;
+    for (int v : m->exact.shifts()) shifts += (shifts.empty() ? "" : ",") + std::to_string(v);
+    meta["stealbatch.fixed_shifts"] = shifts;
+  }
 
   std::vector<CheckpointTensor> tensors;
   const bool adam = o.kind == OptimizerKind::kAdam;
@@ -294,6 +320,9 @@ CheckpointMetadata Runtime::load_checkpoint(const std::filesystem::path& path) {
       if (s.speeds[d] > 0) m->speed.history[d] = {s.speeds[d]};
     }
   }
+  // Deterministic mode: the saved shifts; a file without them (saved without the mode) leaves them to be found, as
+  // at a first step.
+  if (m->exact) m->exact.restore(s.shifts.empty() ? std::vector<int>(m->layout.tensor_count(), detail::kNoExponent) : s.shifts);
   return s.trainer;
 }
 

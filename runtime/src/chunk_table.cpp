@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <string>
 
 namespace stealbatch {
@@ -52,6 +53,7 @@ StepPlan Runtime::Impl::plan_step(std::size_t batch) {
     p.position_cost = speed.cost_profile.costs();
   }
   if (costs.given()) plan_given_costs(batch, p);
+  if (options.schedule.deterministic) p.cutting = Cutting::kCells, p.finer_ends = false;  // placed as planned, cut in cells
   return p;
 }
 
@@ -100,7 +102,7 @@ std::vector<double> Runtime::Impl::measured_cost_rates() const {
 // devices]; 16 until a device's calls are known.
 double Runtime::Impl::cost_chunk(std::size_t batch) const {
   constexpr double kUntilKnown = 16, kEfficiency = 0.9;
-  if (options.schedule.chunk_size > 0) return static_cast<double>(options.schedule.chunk_size);
+  if (options.schedule.chunk_size > 0 || options.schedule.deterministic) return static_cast<double>(cell_size());
   double c = 0;
   for (const detail::CallFit& f : speed.call_fit) c = std::max(c, f.overhead_cost(kEfficiency));
   c = c > 0 ? c / costs.mean : kUntilKnown;
@@ -231,23 +233,28 @@ void Runtime::Impl::cut_fixed(std::size_t batch, const StepPlan& p, ChunkTable& 
 void Runtime::Impl::cut_rank_shares(std::size_t batch, StepPlan& p, ChunkTable& t) {
   RankShares& rs = p.ranks;
   const std::size_t ranks = rs.speed.size();
-  Shares share(ranks);
-  if (costs.packed()) {
-    std::uint32_t at = 0;
-    for (std::size_t r = 0, g = 0; r < ranks; ++r) {
-      std::uint32_t len = 0;
-      for (std::size_t d = 0; d < cluster.rank_devices[r]; ++d) len += costs.packed_len[g++];
-      share[r] = {at, at + len}, at += len;
-    }
+  if (options.schedule.deterministic) {  // the cells, each rank's share whole ones (every rank's chunk is a cell)
+    cut_cell_grid(batch, t);
+    rs.share = split_cells(t, p, rs.speed);
   } else {
-    share = p.by_cost() ? detail::split_by_cost(p.position_cost, rs.speed) : to_shares(place_proportional(batch, rs.speed));
+    Shares share(ranks);
+    if (costs.packed()) {
+      std::uint32_t at = 0;
+      for (std::size_t r = 0, g = 0; r < ranks; ++r) {
+        std::uint32_t len = 0;
+        for (std::size_t d = 0; d < cluster.rank_devices[r]; ++d) len += costs.packed_len[g++];
+        share[r] = {at, at + len}, at += len;
+      }
+    } else {
+      share = p.by_cost() ? detail::split_by_cost(p.position_cost, rs.speed) : to_shares(place_proportional(batch, rs.speed));
+    }
+    std::vector<double> floor(ranks);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      floor[r] = costs.packed() ? rs.chunk[r] : p.by_cost() ? rs.chunk[r] / 4 : std::max(1.0, std::floor(rs.chunk[r] / 4));
+    }
+    rs.share.assign(ranks, {});
+    cut_shares(share, rs.chunk, floor, std::vector<bool>(ranks, true), p.position_cost, t, rs.share);
   }
-  std::vector<double> floor(ranks);
-  for (std::size_t r = 0; r < ranks; ++r) {
-    floor[r] = costs.packed() ? rs.chunk[r] : p.by_cost() ? rs.chunk[r] / 4 : std::max(1.0, std::floor(rs.chunk[r] / 4));
-  }
-  rs.share.assign(ranks, {});
-  cut_shares(share, rs.chunk, floor, std::vector<bool>(ranks, true), p.position_cost, t, rs.share);
   t.ranges.assign(dev.devices.size(), {});  // the devices claim chunks from the share words as they go
   const auto whole = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(rs.chunk[rs.me])));
   t.own_size.assign(dev.devices.size(), whole);
@@ -257,6 +264,51 @@ void Runtime::Impl::cut_rank_shares(std::size_t batch, StepPlan& p, ChunkTable& 
     throw ConfigError("batch = " + std::to_string(batch) + " makes " + std::to_string(t.size()) + " chunks across ranks; at most " +
                       std::to_string(detail::ShareWord::kMaxChunk - 1) + " (raise chunk_size)");
   }
+}
+
+std::size_t Runtime::Impl::cell_size() const noexcept {
+  constexpr std::size_t kDefaultCell = 64;
+  return options.schedule.chunk_size > 0 ? options.schedule.chunk_size : kDefaultCell;
+}
+
+// Deterministic mode: the batch in cells that no device, rank or timing decides: cell_size() samples each, or with
+// given sample costs cells of that many mean-cost samples, in the batch's order (the last may hold less).
+void Runtime::Impl::cut_cell_grid(std::size_t batch, ChunkTable& t) const {
+  const auto cell = static_cast<double>(cell_size());
+  std::vector<std::uint32_t> sizes;
+  detail::cut_share(0, static_cast<std::uint32_t>(batch), cell, cell, costs.given() ? std::span<const double>(costs.norm) : std::span<const double>{},
+                    sizes);
+  std::uint32_t at = 0;
+  for (std::uint32_t size : sizes) t.spans.push_back({at, size}), at += size;
+}
+
+// Whole cells to each owner (a device, or across ranks a rank), contiguous, in proportion to the weights by the
+// cells' cost in the plan's units.
+std::vector<ChunkRange> Runtime::Impl::split_cells(const ChunkTable& t, const StepPlan& p, std::span<const double> weights) const {
+  std::vector<double> cost(t.size());
+  for (std::size_t c = 0; c < t.size(); ++c) {
+    cost[c] = static_cast<double>(t.spans[c].size);
+    if (p.by_cost()) cost[c] = std::accumulate(p.position_cost.begin() + t.spans[c].begin, p.position_cost.begin() + t.spans[c].begin + t.spans[c].size, 0.0);
+  }
+  const auto split = detail::split_by_cost(cost, weights);
+  std::vector<ChunkRange> out(split.size());
+  for (std::size_t d = 0; d < split.size(); ++d) out[d] = {split[d].first, split[d].second};
+  return out;
+}
+
+// Deterministic mode in one process: the cells placed on the devices as the plan says (equally, by the given weights,
+// or by measured speed or cost rate), each device's share whole cells.
+void Runtime::Impl::cut_cells(std::size_t batch, const StepPlan& p, ChunkTable& t) {
+  const std::size_t n = dev.devices.size();
+  cut_cell_grid(batch, t);
+  const std::vector<double> weights = options.schedule.placement == PlacementPolicy::kGiven ? options.schedule.placement_weights
+                                      : p.placement != Placement::kEqualOrGiven           ? p.rate
+                                                                                          : std::vector<double>(n, 1.0);
+  t.ranges = split_cells(t, p, weights);
+  const std::size_t cell = cell_size();
+  t.own_size.assign(n, cell);
+  t.own_cost.assign(n, static_cast<double>(cell));
+  t.full_chunk = static_cast<double>(cell);
 }
 
 ChunkTable Runtime::Impl::cut_and_place(std::size_t batch, StepPlan& p) {
@@ -273,6 +325,7 @@ ChunkTable Runtime::Impl::cut_and_place(std::size_t batch, StepPlan& p) {
     case Cutting::kFixed: cut_fixed(batch, p, t); break;
     case Cutting::kRankShares: cut_rank_shares(batch, p, t); break;
     case Cutting::kPacked: cut_packed(p, t); break;
+    case Cutting::kCells: cut_cells(batch, p, t); break;
   }
   if (p.cost_chunk > 0) t.full_chunk = p.cost_chunk;
   const std::size_t chunks = t.size();

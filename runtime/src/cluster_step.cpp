@@ -177,11 +177,12 @@ void Runtime::Impl::plan_ranks(std::size_t batch, StepPlan& p) {
   rs.measured = known && options.schedule.policy == SchedulePolicy::kSteal;
   if (!rs.measured) rs.speed.assign(ranks, 1.0);
   const std::size_t total_devices = cluster.total_devices();
-  const std::size_t full = options.schedule.chunk_size > 0 ? options.schedule.chunk_size : std::clamp(batch / (kChunksPerDevice * total_devices), kMinAuto, kMaxAuto);
+  const bool cells = options.schedule.deterministic;  // every rank's chunk is a cell (cut_cell_grid())
+  const std::size_t full = cells || options.schedule.chunk_size > 0 ? cell_size() : std::clamp(batch / (kChunksPerDevice * total_devices), kMinAuto, kMaxAuto);
   const double fastest = *std::max_element(rs.speed.begin(), rs.speed.end());
   rs.chunk.resize(ranks);
   for (std::size_t r = 0; r < ranks; ++r) {
-    const double c = static_cast<double>(full) * rs.speed[r] / fastest;
+    const double c = static_cast<double>(full) * (cells ? 1.0 : rs.speed[r] / fastest);
     rs.chunk[r] = by_cost ? c : std::max(1.0, std::round(c));  // whole samples without costs
   }
   if (by_cost) {
@@ -306,7 +307,7 @@ ChunkPhase Runtime::Impl::run_from_shares(std::span<const std::uint32_t> samples
   return phase;
 }
 
-void Runtime::Impl::sum_across_ranks(const ChunkTable& t, const ChunkPhase& phase, const std::vector<DeviceReport>& local, RankTally& tally) {
+bool Runtime::Impl::sum_across_ranks(const ChunkTable& t, const ChunkPhase& phase, const std::vector<DeviceReport>& local, RankTally& tally) {
   const std::size_t ranks = static_cast<std::size_t>(cluster->size());
   const int me = cluster->rank();
   double busy = 0, samples = 0, cost = 0, loss = 0;
@@ -327,6 +328,11 @@ void Runtime::Impl::sum_across_ranks(const ChunkTable& t, const ChunkPhase& phas
   tally.loss()[me] = static_cast<float>(loss);
   for (std::size_t c = 0; c < t.size(); ++c) tally.runs()[c] = static_cast<float>(t.runs[c]);
   cluster->allreduce_sum(tally.buf, [this] { watch_cluster(); });
+  if (exact) {  // deterministic mode: the fixed-point sum and every rank's exponents, every rank alike
+    const std::vector<int> mine = exact.exponents();
+    std::copy(mine.begin(), mine.end(), tally.exponents(static_cast<std::size_t>(me)));
+    cluster->allreduce_sum(std::span<std::int64_t>(tally.exact), [this] { watch_cluster(); });
+  }
   // What every rank concludes from the sum: a failure anywhere fails the step everywhere (with the first failed rank's
   // message); every chunk ran exactly once across the ranks; the ranks' speeds for the next steps.
   for (std::size_t r = 0; r < ranks; ++r) {
@@ -347,6 +353,14 @@ void Runtime::Impl::sum_across_ranks(const ChunkTable& t, const ChunkPhase& phas
     if (tally.speed()[r] > 0) push_window(cluster.rank_speed_history[r], tally.speed()[r], options.schedule.throughput_window);
     if (tally.cost_speed()[r] > 0) push_window(cluster.rank_cost_history[r], tally.cost_speed()[r] * costs.mean, options.schedule.throughput_window);
   }
+  if (!exact) return true;
+  // The verdict on the attempt, from the job's largest exponent of each tensor (the same on every rank).
+  std::vector<int> job(exact.tensors(), detail::kNoExponent);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const std::int64_t* e = tally.exponents(r);
+    for (std::size_t i = 0; i < job.size(); ++i) job[i] = std::max(job[i], static_cast<int>(e[i]));
+  }
+  return exact.settle(job);
 }
 
 void Runtime::Impl::add_rank_devices(StepReport& rep, RankTally& tally, std::vector<DeviceReport> local) {

@@ -31,7 +31,10 @@ class CpuBackend final : public DeviceBackend {
   std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec& spec, const RuntimeOptions& o) override {
     const std::size_t n = spec.count;
     const std::vector<double> slow = slowdowns(o, n);
-    const int threads = o.host.threads_per_device > 0 ? o.host.threads_per_device : std::max(1, static_cast<int>(cores() / static_cast<unsigned>(n)));
+    // Deterministic mode: one thread a device, so that a chunk's kernels block their sums alike on any device count.
+    const int threads = o.schedule.deterministic      ? 1
+                        : o.host.threads_per_device > 0 ? o.host.threads_per_device
+                                                        : std::max(1, static_cast<int>(cores() / static_cast<unsigned>(n)));
     std::vector<std::unique_ptr<Device>> out;
     for (std::size_t i = 0; i < n; ++i) {
       auto d = std::make_unique<CpuDevice>(i, threads, slow[i]);
@@ -59,6 +62,7 @@ class SimBackend final : public DeviceBackend {
       d->set_link(o.sim.bytes_per_sample, o.sim.link_bw, o.sim.link_latency);
       d->set_in_flight(o.gpu.in_flight, o.sim.launch_lead);
       if (o.sim.speed_factor) d->set_speed_factor([f = o.sim.speed_factor, i](std::uint64_t step, double t) { return f(i, step, t); });
+      if (o.schedule.deterministic) d->set_one_thread();
       out.push_back(std::move(d));
     }
     m_sim = o.sim;

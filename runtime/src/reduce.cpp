@@ -30,7 +30,8 @@ StepStats Runtime::Impl::reduce_within(std::size_t batch, Reduce reduce_to, cons
   const bool fused = sliced && !cluster;
   if (cluster) {
     const std::size_t ranks = static_cast<std::size_t>(cluster->size());
-    tally = RankTally(dev.host ? count : 0, ranks, t.size(), cluster.total_devices());
+    tally = RankTally(dev.host && !exact ? count : 0, ranks, t.size(), cluster.total_devices());
+    if (exact) tally.use_exact(count, exact.tensors());
   }
   if (reduce_to == Reduce::kUpdate && lr_pending) shared.optimizer->set_lr(options.optimizer.lr), lr_pending = false;  // set since the last update
   return sched->broadcast([&](std::size_t d) {
@@ -47,8 +48,19 @@ StepStats Runtime::Impl::reduce_within(std::size_t batch, Reduce reduce_to, cons
       // their gradient before their call returns), and no other device touches slice d: sum it, write slice d of the
       // next parameters (and optimizer state) from it, and zero it in every buffer for the next step. No device waits
       // for another, so the reduction and the update are one phase, done once, not once a device. step() switches to
-      // the next parameters once every device has done its slice.
-      InProcessCommunicator::sum_slice(d, bufs, count);
+      // the next parameters once every device has done its slice. Deterministic mode: the slice of the devices'
+      // fixed-point sums instead (their float buffers are zero), across ranks into the tally, else in float into
+      // device 0's buffer, where the update reads it.
+      if (exact) {
+        const auto [b, e] = InProcessCommunicator::slice(d, n, count);
+        if (cluster) {
+          exact.sum_slice(b, e, tally.exact);
+          return;
+        }
+        exact.sum_to_float(b, e, std::span<float>(bufs[0], count));
+      } else {
+        InProcessCommunicator::sum_slice(d, bufs, count);
+      }
     } else if (!cluster) {
       comm->allreduce_sum(d, bufs, count);
     }
@@ -72,9 +84,16 @@ StepStats Runtime::Impl::finish_reduction(std::size_t batch, Reduce reduce_to, R
   if (cluster && dev.host) {
     // The update (or the mean) from the job's sum divided by the global batch, slice by slice on this rank's devices.
     const float scale = 1.0f / static_cast<float>(batch);
-    const std::span<const float> sum(tally.grad(), layout.size());
+    const std::size_t count = layout.size(), n = dev.devices.size();
+    // Deterministic mode: the job's fixed-point sum in float first, each device its slice.
+    if (exact) tally.exact_float.assign(count, 0.0f);
+    const std::span<const float> sum(exact ? tally.exact_float.data() : tally.grad(), count);
     return sched->broadcast([&](std::size_t d) {
       const WatchStamp stamp(*dev.replicas[d], kReductionPhase, epoch);
+      if (exact) {
+        const auto [b, e] = InProcessCommunicator::slice(d, n, count);
+        exact.to_float(b, e, tally.exact, tally.exact_float);
+      }
       update_slice(d, sum, scale, reduce_to);
     });
   }

@@ -89,7 +89,9 @@ ChunkTiming Runtime::Impl::run_guarded(std::size_t w, std::span<const ChunkId> c
       device.sleep_until_or_cancel(Clock::time_point::max());  // never completes on its own
       throw std::runtime_error("injected stall, cancelled by the watchdog");
     }
-    return device.run_chunk(ctx, fn);
+    const ChunkTiming timing = device.run_chunk(ctx, fn);
+    if (exact) exact.add_cell(w, ctx.grad);  // deterministic mode: the cell's gradient into fixed point (one chunk a call)
+    return timing;
   } catch (const DeviceLostError& e) {
     if (options.on_device_failure == OnDeviceFailure::kExclude) throw;  // run_with_recovery() drops the device and re-runs its chunks
     std::throw_with_nested(ChunkError(device.name(), step_no, at, e.what(), false));
@@ -153,7 +155,9 @@ void Runtime::Impl::watch_live_speed(std::size_t w, std::span<const ChunkId> chu
 void Runtime::Impl::begin_chunk_phase(const ChunkTable& t, Clock::time_point step_start) {
   if (grads_dirty) {  // after compute_gradient() or a failed step; a completed step() leaves them zeroed
     sched->broadcast([&](std::size_t d) { dev.devices[d]->zero_grad(); });
+    if (exact) exact.discard();  // ... or an attempt of this step that is run again
   }
+  if (exact) exact.begin_attempt(t.size());
   for (auto& r : dev.replicas) r->reset_step();
   grads_dirty = true;
   std::size_t largest = 0;
@@ -191,7 +195,8 @@ ChunkPhase Runtime::Impl::run_with_recovery(std::span<const std::uint32_t> sampl
     auto choose = [&](std::size_t w, ChunkId first, std::span<const ChunkId> more) { return mergeable(w, first, more, t, largest); };
     auto run_merged = [&](std::size_t w, std::span<const ChunkId> chunks) { run_call(w, chunks, samples, fn, t, plan); };
     const ChunkMerge merge{choose, run_merged};
-    phase.stats = sched->run(t.ranges, run, learn, options.schedule.merge_stolen ? &merge : nullptr);
+    // Deterministic mode: a cell's gradient is summed on its own, so every cell runs in a call of its own.
+    phase.stats = sched->run(t.ranges, run, learn, options.schedule.merge_stolen && !exact ? &merge : nullptr);
   } catch (const DeviceLostError& first) {
     // on_device_failure = exclude: drop the device, then re-run on the survivors what it had run this step (its
     // gradient buffer leaves the reduction) and what nobody ran; again if another device is lost meanwhile.
@@ -230,6 +235,7 @@ void Runtime::Impl::exclude_device(std::size_t position) {
   sched.reset();  // joins the workers: they are parked between steps
   dev.exclude(position);
   speed.drop_device(position);
+  if (exact) exact.drop_device(position);  // its cells are run again on the survivors
   if (auto& w = options.schedule.placement_weights; options.schedule.placement == PlacementPolicy::kGiven) {
     w.erase(w.begin() + static_cast<std::ptrdiff_t>(position));
   }

@@ -24,18 +24,26 @@ StepReport Runtime::Impl::run_step(std::span<const std::uint32_t> batch_samples,
   const std::size_t bins = cluster ? cluster.total_devices() : dev.devices.size();
   const std::span<const std::uint32_t> samples = costs.take(batch_samples, cost, pack ? bins : 0);
   const std::size_t batch = samples.size();
-  StepPlan plan = plan_step(batch);                          // chunk_table.cpp
-  ChunkTable table = cut_and_place(batch, plan);             // chunk_table.cpp
-  set_endgame_costs(table, plan);                            // chunk_table.cpp
-  begin_chunk_phase(table, t_start);                         // run_chunks.cpp
-  ChunkPhase phase = run_chunk_phase(samples, fn, table, plan, t_start);  // run_chunks.cpp, or cluster_step.cpp's share words
-  Reduced reduced;
-  reduced.within = reduce_within(batch, reduce_to, table, reduced.tally);  // reduce.cpp
-  std::vector<DeviceReport> local = device_reports(table, phase);        // step_report.cpp
-  if (cluster) sum_across_ranks(table, phase, local, reduced.tally);      // cluster_step.cpp
-  reduced.applied = finish_reduction(batch, reduce_to, reduced.tally);   // reduce.cpp
-  reduced.end = Clock::now();
-  return build_report(batch, table, plan, phase, std::move(local), reduced);  // step_report.cpp
+  // Deterministic mode: an attempt whose cells left the fixed-point window runs again (exact_sum.hpp). The verdict
+  // reads only the job's exponents, so every rank redoes it alike; in one process it comes before the reduction,
+  // which is fused with the update.
+  for (std::uint32_t redone = 0;; ++redone) {
+    StepPlan plan = plan_step(batch);                          // chunk_table.cpp
+    ChunkTable table = cut_and_place(batch, plan);             // chunk_table.cpp
+    set_endgame_costs(table, plan);                            // chunk_table.cpp
+    begin_chunk_phase(table, t_start);                         // run_chunks.cpp
+    ChunkPhase phase = run_chunk_phase(samples, fn, table, plan, t_start);  // run_chunks.cpp, or cluster_step.cpp's share words
+    if (exact && !cluster && !exact.settle(exact.exponents())) continue;
+    Reduced reduced;
+    reduced.within = reduce_within(batch, reduce_to, table, reduced.tally);  // reduce.cpp
+    std::vector<DeviceReport> local = device_reports(table, phase);        // step_report.cpp
+    if (cluster && !sum_across_ranks(table, phase, local, reduced.tally)) continue;  // cluster_step.cpp
+    reduced.applied = finish_reduction(batch, reduce_to, reduced.tally);   // reduce.cpp
+    reduced.end = Clock::now();
+    StepReport rep = build_report(batch, table, plan, phase, std::move(local), reduced);  // step_report.cpp
+    rep.redone = redone;
+    return rep;
+  }
 }
 
 }  // namespace stealbatch

@@ -66,7 +66,8 @@ static detail::AgreementFields agreement_fields(const RuntimeOptions& o) {
                             {"optimizer weight_decay", num(o.optimizer.weight_decay)},
                             {"stall_timeout", num(o.stall_timeout)},
                             {"heartbeat_timeout", num(o.cluster.heartbeat_timeout)},
-                            {"on_device_failure", std::to_string(static_cast<int>(o.on_device_failure))}};
+                            {"on_device_failure", std::to_string(static_cast<int>(o.on_device_failure))},
+                            {"deterministic", o.schedule.deterministic ? "on" : "off"}};
   for (const auto& field : o.cluster.agree_on) f.push_back(field);
   return f;
 }
@@ -92,6 +93,10 @@ Runtime::Impl::Impl(RuntimeOptions o) : options(std::move(o)), epoch(Clock::now(
   if (made.empty()) throw ConfigError("devices = '" + spec.text + "': no device");
   dev.adopt(spec.kind, std::move(backend), std::move(made));
   const std::size_t n = dev.size();
+  if (options.schedule.deterministic && !dev.host) {
+    throw ConfigError("deterministic = on with devices = '" + spec.text + "': the fixed-point sum runs on CPU and simulated devices; GPU devices "
+                      "do not have it");
+  }
   if (!dev.host && std::any_of(options.host.slowdown.begin(), options.host.slowdown.end(), [](double f) { return f != 1.0; })) {
     throw ConfigError("slowdown = " + std::to_string(options.host.slowdown.size()) + " factors for devices = '" + spec.text +
                       "': only CPU and simulated devices can be slowed down");
@@ -205,6 +210,7 @@ void Runtime::register_parameters(ParameterLayout layout, std::span<const float>
   } else {
     m->sched->broadcast([&](std::size_t d) { m->dev.devices[d]->init_replica(initial, m->options.optimizer); });
   }
+  if (m->options.schedule.deterministic) m->exact.init(m->layout, m->dev.devices.size());
   m->mean_grad.assign(initial.size(), 0.0f);
   m->mean_next.assign(initial.size(), 0.0f);
   m->grads_dirty = false;

@@ -5,6 +5,7 @@
 
 #include "cluster_state.hpp"
 #include "device_set.hpp"
+#include "exact_sum.hpp"
 #include "given_costs.hpp"
 #include "shared_parameters.hpp"
 #include "speed_model.hpp"
@@ -43,6 +44,11 @@ struct Runtime::Impl {
   void cut_by_speed(std::size_t batch, const StepPlan& plan, ChunkTable& t);
   void cut_fixed(std::size_t batch, const StepPlan& plan, ChunkTable& t);
   void cut_rank_shares(std::size_t batch, StepPlan& plan, ChunkTable& t);
+  // Deterministic mode: the cells and their placement.
+  std::size_t cell_size() const noexcept;
+  void cut_cell_grid(std::size_t batch, ChunkTable& t) const;
+  std::vector<ChunkRange> split_cells(const ChunkTable& t, const StepPlan& plan, std::span<const double> weights) const;
+  void cut_cells(std::size_t batch, const StepPlan& plan, ChunkTable& t);
   void set_endgame_costs(ChunkTable& table, StepPlan& plan);
   // run_chunks.cpp
   void begin_chunk_phase(const ChunkTable& t, Clock::time_point step_start);
@@ -81,8 +87,8 @@ struct Runtime::Impl {
   ChunkPhase run_from_shares(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
                              Clock::time_point step_start);
   // The tally across ranks, with the step's watch while waiting; a failure anywhere rethrown everywhere, exactly-once
-  // checked over the job, the ranks' speeds learnt.
-  void sum_across_ranks(const ChunkTable& t, const ChunkPhase& phase, const std::vector<DeviceReport>& local, RankTally& tally);
+  // checked over the job, the ranks' speeds learnt. False: deterministic mode's verdict is to run the step again.
+  bool sum_across_ranks(const ChunkTable& t, const ChunkPhase& phase, const std::vector<DeviceReport>& local, RankTally& tally);
   void add_rank_devices(StepReport& rep, RankTally& tally, std::vector<DeviceReport> local);
   void publish_progress();  // this rank's progress word: the step it is in, and one more beat
   void watch_cluster();     // publishes this rank's progress and where it is; ends the job when another rank has stopped making progress
@@ -103,6 +109,7 @@ struct Runtime::Impl {
   GivenCosts costs;           // the step's sample costs, as the trainer gave them (empty: none)
   SharedParameters shared;    // host devices: the one copy of the parameters and the optimizer
   ClusterState cluster;       // across ranks: this rank's part of the job (false in one process)
+  ExactSum exact;             // deterministic mode: the fixed-point sum (false otherwise)
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<TraceWriter> trace;
   ParameterLayout layout;

@@ -3,6 +3,8 @@
 #include <stealbatch/runtime/detail/timer_slack.hpp>
 #include <stealbatch/runtime/sim_device.hpp>
 
+#include <tbb/task_arena.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -18,6 +20,14 @@ SimDevice::SimDevice(std::size_t index, double speed, double sample_seconds, std
     throw ConfigError("sim.sample_seconds = " + std::to_string(sample_seconds) + "; valid range is [0, 1]");
   }
 }
+
+struct SimDevice::Arena {
+  tbb::task_arena arena{1};
+};
+
+SimDevice::~SimDevice() = default;
+
+void SimDevice::set_one_thread() { m_arena = std::make_unique<Arena>(); }
 
 void SimDevice::bind() { detail::tighten_timer_slack(); }
 
@@ -46,7 +56,11 @@ ChunkTiming SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
     const double f = m_factor(m_step, std::chrono::duration<double>(start - m_step_start).count());
     if (std::isfinite(f) && f > 0) speed *= f;
   }
-  fn(ctx);
+  if (m_arena) {
+    m_arena->arena.execute([&] { fn(ctx); });
+  } else {
+    fn(ctx);
+  }
   double work = static_cast<double>(ctx.samples.size());
   if (m_sample_cost) {
     work = 0;

@@ -62,8 +62,9 @@ enum class Placement { kEqualOrGiven, kBySpeed, kByCost };
 // How shares are cut into chunks: chunk_size everywhere (the last may hold fewer); each device's chunk from its
 // measured curve (chunk_size = 0, detail::ChunkSizer); chunks sized to each device's speed with a share's end cut
 // finer (stealing, 2+ devices); across ranks, each rank's share cut to its speed (cluster_step.cpp); or each device's
-// packed share (PlacementPolicy::kPacked) cut to the cost budget.
-enum class Cutting { kFixed, kSized, kBySpeed, kRankShares, kPacked };
+// packed share (PlacementPolicy::kPacked) cut to the cost budget; or in deterministic mode cells that no device
+// decides, each device's share whole cells (across ranks, kRankShares cuts cells too).
+enum class Cutting { kFixed, kSized, kBySpeed, kRankShares, kPacked, kCells };
 
 // How a step is placed: what is known of the devices and which rules apply (chunk_table.cpp).
 struct StepPlan {
@@ -136,12 +137,22 @@ inline constexpr std::size_t kTallyDeviceFields = 7;
 // The reduction's buffer across ranks: the gradient, then every rank's speeds (samples/s, and given cost per second)
 // and failure flag, its loss sum, every chunk's run count and every device's tallies; each rank writes its own
 // entries and leaves the others 0, so the sum is a gather. Empty in one process.
+//
+// Deterministic mode: the gradient travels in `exact` instead (int64 fixed point, summed exactly, see ExactSum), and
+// after it every rank's largest exponent of each tensor (a gather too); `count` is then 0.
 struct RankTally {
   std::size_t count = 0, ranks = 0, chunks = 0, devices = 0;
   std::vector<float> buf;
+  std::size_t exact_count = 0, tensors = 0;
+  std::vector<std::int64_t> exact;
+  std::vector<float> exact_float;  // the job's sum in float, for the update
   RankTally() = default;
   RankTally(std::size_t c, std::size_t r, std::size_t k, std::size_t d)
       : count(c), ranks(r), chunks(k), devices(d), buf(c + 4 * r + k + kTallyDeviceFields * d, 0.0f) {}
+  // Deterministic mode: the int64 part, `c` parameters and `t` tensors.
+  void use_exact(std::size_t c, std::size_t t) { exact_count = c, tensors = t, exact.assign(c + ranks * t, 0); }
+  std::int64_t* exact_grad() { return exact.data(); }
+  std::int64_t* exponents(std::size_t rank) { return exact.data() + exact_count + rank * tensors; }
   float* grad() { return buf.data(); }
   float* speed() { return buf.data() + count; }
   float* cost_speed() { return speed() + ranks; }  // given cost per second, in mean-cost samples; 0 without costs

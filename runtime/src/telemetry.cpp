@@ -42,6 +42,7 @@ StepReport accumulate(std::span<const StepReport> steps) {
     sum.samples += s.samples, sum.chunks += s.chunks, sum.steals += s.steals, sum.bytes_moved += s.bytes_moved;
     sum.loss += s.loss * static_cast<double>(s.samples);
     sum.ranks = std::max(sum.ranks, s.ranks), sum.remote_chunks += s.remote_chunks, sum.remote_steals += s.remote_steals;
+    sum.redone += s.redone;
     if (sum.devices.size() < s.devices.size()) sum.devices.resize(s.devices.size());
     for (std::size_t d = 0; d < s.devices.size(); ++d) {
       DeviceReport& a = sum.devices[d];
@@ -65,6 +66,11 @@ std::string format_dashboard(const StepReport& r, const std::string& title) {
                 static_cast<unsigned long long>(r.step), r.step_s, static_cast<unsigned long long>(r.samples),
                 static_cast<unsigned long long>(r.chunks), static_cast<unsigned long long>(r.steals));
   out += line;
+  if (r.redone > 0) {
+    std::snprintf(line, sizeof line, "| deterministic: %u step(s) run twice (a first step finds the fixed-point scale; later ones, gradients that grew or shrank 256-fold)\n",
+                  static_cast<unsigned>(r.redone));
+    out += line;
+  }
   if (r.ranks > 1) {
     std::snprintf(line, sizeof line, "| ranks: %zu, %llu chunks ran on another rank (%llu remote steals)\n", r.ranks,
                   static_cast<unsigned long long>(r.remote_chunks), static_cast<unsigned long long>(r.remote_steals));

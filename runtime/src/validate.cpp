@@ -43,6 +43,10 @@ void validate(const ScheduleOptions& o) {
     throw ConfigError("placement_weights has " + std::to_string(o.placement_weights.size()) +
                       " values but placement is not given: they would be ignored; set placement = given, or leave them empty");
   }
+  if (o.deterministic && o.placement == PlacementPolicy::kPacked) {
+    throw ConfigError("placement = packed with deterministic = on: the packer orders the batch's samples by the device count, and deterministic "
+                      "cells are cut in the batch's own order; use placement = auto (stealing corrects what the placement misses)");
+  }
   if (o.placement == PlacementPolicy::kGiven) {
     if (o.placement_weights.empty()) throw ConfigError("placement = given but placement_weights is empty; give one weight >= 0 per device");
     (void)place_proportional(1, o.placement_weights);  // finite, >= 0, not all 0
@@ -94,6 +98,11 @@ void validate(const RuntimeOptions& o) {
   validate(o.cluster);
   if (!std::isfinite(o.stall_timeout) || o.stall_timeout <= 0 || o.stall_timeout > 86400) {
     throw ConfigError("stall_timeout = " + text(o.stall_timeout) + " s; valid range is (0, 86400]");
+  }
+  if (o.schedule.deterministic && o.host.threads_per_device > 1) {
+    throw ConfigError("threads_per_device = " + std::to_string(o.host.threads_per_device) +
+                      " with deterministic = on: each chunk runs on one thread, so that its gradient does not depend on a device's thread count; "
+                      "leave it 0, or use more devices (cpu:N)");
   }
   if (o.cluster.job) {  // what a job across ranks cannot do
     if (o.schedule.policy == SchedulePolicy::kCentral) throw ConfigError("policy = central with a cluster: across ranks the policy is steal or static");

@@ -1,11 +1,13 @@
 // Runs across MPI ranks (mpirun -np R test_mpi_cluster CASE): exactly-once over many steps with random slowdowns, the
 // gradient against one process's, bit-identical parameters, a chunk that throws on one rank, a remote steal while
-// the victim computes, given sample costs across ranks, and the failures that must end the job (a stall, a hung rank,
-// a dead rank). Each rank checks what it sees; the exit status is non-zero on any rank's failure (mpirun passes it on).
+// the victim computes, given sample costs across ranks, deterministic mode's bits against one process's, and the
+// failures that must end the job (a stall, a hung rank, a dead rank). Each rank checks what it sees; the exit status
+// is non-zero on any rank's failure (mpirun passes it on).
 #include <stealbatch/error.hpp>
 #include <stealbatch/mpi/mpi_cluster.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 #include <stealbatch/runtime/testing.hpp>
+#include <stealbatch/sha256.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -26,6 +28,7 @@
 #include <string>
 #include <thread>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 using namespace stealbatch;
@@ -210,6 +213,40 @@ void identical_parameters() {
   g_cluster->allreduce_sum(mine);
   for (double v : mine) EXPECT(v == mine[0]);
   if (g_cluster->rank() == 0) std::printf("identical parameters: hash %016llx on every rank\n", static_cast<unsigned long long>(h));
+}
+
+// Deterministic mode: after 50 Adam steps the parameters are the same bytes on every rank count and every mix of
+// devices as in one process on one device (each rank trains that reference itself first), with every third batch
+// given sample costs (cells of a cost budget) and the simulated devices' speeds new at random each step.
+void deterministic_across_ranks() {
+  const auto train = [](RuntimeOptions o) {
+    o.schedule.deterministic = true;
+    o.schedule.chunk_size = 8;
+    o.optimizer.kind = OptimizerKind::kAdam;
+    o.optimizer.lr = 0.01f;
+    Runtime rt(o);
+    rt.register_parameters(layout(), initial());
+    std::uint32_t redone = 0;
+    for (std::uint64_t s = 0; s < 50; ++s) {
+      const std::vector<std::uint32_t> b = batch_of(300 + s % 7 * 13, s);
+      redone += rt.step(b, linear_chunk, s % 3 == 0 ? costs_of(b) : std::vector<double>{}).redone;
+    }
+    return std::pair(rt.parameters(), redone);
+  };
+  RuntimeOptions one;
+  one.devices = "cpu:1";
+  const auto [ref, ref_redone] = train(one);
+  const int me = g_cluster->rank();
+  RuntimeOptions o = on_cluster(me % 2 == 0 ? "sim:1,0.5" : "sim:2", 8, 5e-6);
+  o.sim.speed_factor = random_speeds(me, 0.3, 1.4);
+  const auto [p, redone] = train(o);
+  EXPECT(std::memcmp(p.data(), ref.data(), p.size() * sizeof(float)) == 0);
+  EXPECT(redone == ref_redone);
+  EXPECT(redone >= 1);
+  if (me == 0) {
+    std::printf("deterministic: parameters sha256 %s on %d ranks and in one process on cpu:1 (%u steps redone)\n",
+                sha256_hex(std::as_bytes(std::span<const float>(p))).c_str(), g_cluster->size(), redone);
+  }
 }
 
 // Every rank agrees with rank 0's bits: true on all ranks, or false on all.
@@ -689,7 +726,7 @@ void long_but_alive() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|remote-steal-timed|trace|config|disagree|long-but-alive|costs|stall|hang|die|absent\n", argv[0]);
+    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|remote-steal-timed|trace|config|disagree|long-but-alive|costs|deterministic|stall|hang|die|absent\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
@@ -698,7 +735,8 @@ int main(int argc, char** argv) {
       {"throw", chunk_throws},       {"remote-steal", [] { remote_steal_while_victim_computes(StealCheck::kForced); }},
       {"remote-steal-timed", [] { remote_steal_while_victim_computes(StealCheck::kTimed); }}, {"stall", stall},
       {"hang", [] { hang_or_die(false); }}, {"die", [] { hang_or_die(true); }}, {"trace", trace_across_ranks}, {"config", config_errors},
-      {"disagree", ranks_disagree}, {"absent", absent}, {"long-but-alive", long_but_alive}, {"costs", given_costs}};
+      {"disagree", ranks_disagree}, {"absent", absent}, {"long-but-alive", long_but_alive}, {"costs", given_costs},
+      {"deterministic", deterministic_across_ranks}};
   const auto it = cases.find(which);
   if (it == cases.end()) {
     std::fprintf(stderr, "unknown case '%s'\n", which.c_str());

@@ -2,6 +2,7 @@
 #include <stealbatch/runtime/cpu_device.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 #include <stealbatch/runtime/sim_device.hpp>
+#include <stealbatch/sha256.hpp>
 #include <stealbatch/scheduler/chunk_deque.hpp>
 #include <stealbatch/scheduler/event_count.hpp>
 #include <stealbatch/scheduler/scheduler.hpp>
@@ -13,6 +14,7 @@
 #include <atomic>
 #include <numeric>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -133,4 +135,21 @@ TEST_CASE("DocExamples.Devices") {
   for (std::size_t dev = 0; dev < 2; ++dev) comm.allreduce_sum(dev, grad_pointers, 2);
   CHECK(a == std::vector<float>{4, 6});
   CHECK(c == std::vector<float>{4, 6});
+}
+
+TEST_CASE("DocExamples.DeterministicSha256") {
+  ParameterLayout layout;
+  layout.add("w", 16);
+  Runtime rt({.devices = "cpu:2", .schedule = {.chunk_size = 4, .deterministic = true}});
+  rt.register_parameters(layout, std::vector<float>(16, 0.5f));
+  std::vector<std::uint32_t> batch(40);
+  std::iota(batch.begin(), batch.end(), 0u);
+  (void)rt.step(batch, [](ChunkContext& ctx) {
+    for (std::uint32_t s : ctx.samples) ctx.grad[s % 16] += 0.25f * static_cast<float>(s);
+  });
+  const std::vector<float> p = rt.parameters();
+  const std::string sha = sha256_hex(std::as_bytes(std::span(p)));  // sha256.hpp's example, with rt's parameters
+  CHECK(sha.size() == 64u);
+  const std::vector<float> again = rt.parameters();
+  CHECK(sha == sha256_hex(std::as_bytes(std::span(again))));
 }

@@ -46,6 +46,7 @@ class MpiCluster final : public Cluster {
   void allreduce_sum(std::span<float> data, const std::function<void()>& waiting) override;
   using Cluster::allreduce_sum;
   void allreduce_sum(std::span<double> data, const std::function<void()>& waiting) override;
+  void allreduce_sum(std::span<std::int64_t> data, const std::function<void()>& waiting) override;
   void broadcast(std::span<char> data, int root) override;
   [[noreturn]] void abort(const std::string& why, int exit_code) noexcept override;
   void barrier();
@@ -56,6 +57,8 @@ class MpiCluster final : public Cluster {
   static void find_nodes(State& s);   // which ranks share this node, and every rank's node name
   static void open_window(State& s);  // the share words, zeroed and locked for the cluster's life
   void wait(void* request, const std::function<void()>& waiting);  // an MPI_Request*, tested under the lock
+  // MPI_Iallreduce's sum in place, then wait(); type: 0 float, 1 double, 2 int64.
+  void allreduce(void* data, std::size_t count, int type, const std::function<void()>& waiting);
   std::unique_ptr<State> m;
 };
 

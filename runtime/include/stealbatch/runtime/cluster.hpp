@@ -38,6 +38,8 @@ class Cluster {
   // the other ranks' heartbeats there); it may call abort().
   virtual void allreduce_sum(std::span<float> data, const std::function<void()>& waiting) = 0;
   virtual void allreduce_sum(std::span<double> data, const std::function<void()>& waiting) = 0;
+  // Exact in any order while no partial sum leaves the int64 range (deterministic mode keeps them under 2^62).
+  virtual void allreduce_sum(std::span<std::int64_t> data, const std::function<void()>& waiting) = 0;
   void allreduce_sum(std::span<double> data) { allreduce_sum(data, {}); }
   virtual void broadcast(std::span<char> data, int root) = 0;
   // Ends the whole job at once, every rank (MPI_Abort), after printing `why` on this rank's standard error; the job's

@@ -105,6 +105,20 @@ struct ScheduleOptions {
   bool cost_by_position = true;
   std::size_t throughput_window = 5;               // steps in the throughput median, [1, 100]
   std::uint64_t seed = 0x5eedba7c;                 // victim order
+  // Bit-identical results whatever the placement, the stealing, the device count and the rank count: the parameters
+  // after N steps are the same bytes on cpu:1 and on sim:1,0.3,2,1, static or stealing, in one process or across 4
+  // ranks, after a device lost and excluded, and resumed from a checkpoint. How:
+  //   - cells: the batch is cut into chunks that do not depend on the devices, chunk_size samples each (0: 64), or
+  //     with sample costs chunk_size samples of the batch's mean cost; shares are whole cells, chunk_sizing does not
+  //     apply, and merged steals run each cell in its own call;
+  //   - each cell's gradient is computed on its own, on one thread (CPU devices' threads_per_device is 1; simulated
+  //     devices run chunks in a one-thread arena), and rounded to 64-bit fixed point, whose sum is exact in any order
+  //     (detail/fixed_point.hpp: the format, its error bound and when a step is redone).
+  // What it asks of the chunk function: a cell's gradient that depends only on the parameters and the cell's samples
+  // (no state carried from chunk to chunk, no randomness but the samples' own). What it does not promise: the same
+  // bits on another CPU (the kernels' instruction set), or a loss, a placement or a speed that do not depend on timing.
+  // CPU and simulated devices; placement = packed is refused (it orders samples by device count).
+  bool deterministic = false;
 };
 
 // CPU and simulated devices (host memory).

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 namespace stealbatch {
 
@@ -19,6 +20,7 @@ namespace stealbatch {
 class SimDevice final : public Device {
  public:
   SimDevice(std::size_t index, double speed, double sample_seconds, std::function<double(std::uint32_t)> sample_cost = {});
+  ~SimDevice() override;
   std::string name() const override;
   void bind() override;
   ChunkTiming run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override;
@@ -39,6 +41,10 @@ class SimDevice final : public Device {
   // and until then the chunk stays where a thief can take it. Set before the runtime runs; k in [1, kMaxInFlight], lead
   // in [0, 1].
   void set_in_flight(std::size_t k, double lead = 0.0);
+  // Runs each chunk function inside a task arena of one thread, as a CPU device of one thread does: kernels that size
+  // their threads to the arena (oneDNN through use_arena_threads()) then run on one (deterministic mode). Set before
+  // the runtime runs.
+  void set_one_thread();
   void finish_chunks() override;
   double queued_seconds() const override;
   std::optional<double> step_device_seconds() const override { return m_step_seconds; }
@@ -58,6 +64,8 @@ class SimDevice final : public Device {
   std::size_t m_head = 0, m_count = 0;
   // The end of the last launched chunk (m_count > 0): when a chunk launched now could start.
   std::chrono::steady_clock::time_point last_end() const { return m_running[(m_head + m_count - 1) % m_running.size()]; }
+  struct Arena;
+  std::unique_ptr<Arena> m_arena;  // set_one_thread()
   double m_step_seconds = 0;  // this step's simulated chunk time so far
   // Written by the runtime's thread before a step and read by this device's worker during it: ordered by the
   // scheduler's step hand-off (its release/acquire of the step sequence).

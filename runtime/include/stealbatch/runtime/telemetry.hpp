@@ -43,6 +43,9 @@ struct StepReport {
   std::vector<std::string> excluded_devices;
   std::uint64_t rerun_chunks = 0;
   bool placed_by_cost = false;  // placed by cost: the step's given sample costs, or learnt batch-position ones (cost_by_position)
+  // Deterministic mode: times the step's chunks were run again because their gradients left the fixed-point window
+  // (the first step always: it finds the scale; later, when a tensor's gradient grew or shrank 256-fold in a step).
+  std::uint32_t redone = 0;
   // Across ranks (RuntimeOptions::cluster): every rank's devices, named "r1/cpu0", are in `devices`; chunks that ran on
   // another rank than the one they were placed on, and the steals that moved them.
   std::size_t ranks = 1;
