@@ -104,8 +104,8 @@ TrainerModel torch_trainer_model(libtorch::ModuleChunks<Net>& first, const std::
   TrainerModel tm;
   tm.layout = &first.layout();
   tm.initial = std::move(initial);
-  tm.chunk_function = [make, &train](std::size_t devices) -> ChunkFunction {
-    const int threads = std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / devices));
+  tm.chunk_function = [make, &train](std::size_t devices, int one) -> ChunkFunction {
+    const int threads = one > 0 ? one : std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / devices));
     // The training set where each chunk runs: the host's tensors, and a copy on each GPU that runs chunks.
     auto x = std::make_shared<libtorch::DeviceData>(train.x), y = std::make_shared<libtorch::DeviceData>(train.y);
     auto chunks = std::make_shared<libtorch::ModuleChunks<Net>>(

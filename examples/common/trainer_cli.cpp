@@ -5,6 +5,7 @@
 
 #include <stealbatch/checkpoint/checkpoint_dir.hpp>
 #include <stealbatch/error.hpp>
+#include <stealbatch/sha256.hpp>
 #include <stealbatch/stats.hpp>
 #ifdef STEALBATCH_HAS_MPI
 #include <stealbatch/mpi/mpi_cluster.hpp>
@@ -199,7 +200,8 @@ class PolicyRun {
 };
 
 PolicyRun::PolicyRun(const TrainerFlags& flags, const PolicyChoice& policy, const TrainerModel& m, const DenseData& data)
-    : f(flags), model(m), train_set(data), costs(policy.costs) {
+    // With --deterministic every policy gets the model's costs: its cells are cut by them, and must be the same cells.
+    : f(flags), model(m), train_set(data), costs(policy.costs || (flags.deterministic && static_cast<bool>(m.sample_cost))) {
   ro.devices = f.devices;
   ro.schedule.chunk_size = chunk_size(f);
   ro.schedule.policy = policy.schedule;
@@ -211,6 +213,7 @@ PolicyRun::PolicyRun(const TrainerFlags& flags, const PolicyChoice& policy, cons
   ro.schedule.endgame = f.endgame == "on" ? EndGame::kOn : EndGame::kOff;
   ro.schedule.chunk_sizing = f.chunk_sizing == "speed" ? ChunkSizing::kBySpeed : ChunkSizing::kFixed;
   ro.schedule.merge_stolen = f.merge_stolen == "on";
+  ro.schedule.deterministic = f.deterministic;
   ro.stall_timeout = f.stall_timeout;
   ro.cluster.heartbeat_timeout = f.heartbeat_timeout;
   const DeviceSpec spec = parse_device_spec(f.devices);
@@ -236,7 +239,7 @@ PolicyRun::PolicyRun(const TrainerFlags& flags, const PolicyChoice& policy, cons
   }
   rt = std::make_unique<Runtime>(ro);
   rt->register_parameters(*model.layout, model.initial);
-  fn = gpu && !model.chunk_function_on_gpus ? model.gpu_chunk : model.chunk_function(rt->device_count());
+  fn = gpu && !model.chunk_function_on_gpus ? model.gpu_chunk : model.chunk_function(rt->device_count(), f.deterministic ? 1 : 0);
 
   steps_per_epoch = (train_set.count + f.batch - 1) / f.batch;
   total_steps = steps_per_epoch * f.epochs;
@@ -337,7 +340,9 @@ RunResult PolicyRun::finish() {
     actual += r.step_s;
   }
   res.ideal_fraction = actual > 0 ? ideal / actual : 0;
-  res.test_accuracy = model.test_accuracy(rt->parameters(0));
+  const std::vector<float> params = rt->parameters(0);
+  res.test_accuracy = model.test_accuracy(params);
+  res.parameters_sha256 = sha256_hex(std::as_bytes(std::span<const float>(params)));
   if (ro.schedule.chunk_size == 0) {
     for (std::size_t d = 0; d < rt->device_count(); ++d) res.chunk_curves.push_back(rt->chunk_curve(d));
   }
@@ -379,6 +384,9 @@ void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<voi
       ->check(CLI::IsMember({"fixed", "speed"}))->capture_default_str();
   app.add_option("--merge-stolen", f.merge_stolen, "on: a device runs the chunks it steals in one call, up to its chunk size (for models with a fixed cost per call); off: one call per chunk")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
+  app.add_flag("--deterministic", f.deterministic,
+               "bit-identical parameters whatever the devices, the policy, the stealing and the rank count: fixed cells of --chunk samples (auto: 64) "
+               "summed in 64-bit fixed point, each on one thread; compare runs by the 'parameters sha256' line (CPU devices)");
   app.add_option("--gpu-wait", f.gpu_wait, "GPU devices: spin (CUDA's default scheduling, as PyTorch waits) or block (blocking-sync events: no CPU, a wake-up per wait)")
       ->check(CLI::IsMember({"spin", "block"}))->capture_default_str();
   app.add_flag("--compare", f.compare, "run each of --compare-policies on the same work, each warmed up by one untimed step, alternating epoch by epoch; print every dashboard and each one's speedup over the first, of the median epochs");
@@ -537,6 +545,10 @@ void report(const TrainerFlags& f, const std::vector<RunResult>& runs) {
     }
   }
   std::printf("%s %.4f\n", runs.back().metric.c_str(), runs.back().test_accuracy);
+  for (const RunResult& r : runs) {
+    std::printf("parameters sha256 %s%s%s\n", r.parameters_sha256.c_str(), runs.size() > 1 ? (" (" + r.policy + ")").c_str() : "",
+                f.deterministic ? ", deterministic: the same bits on any devices, policy and rank count" : "");
+  }
   if (const auto& saves = runs.back().save_seconds; !saves.empty()) {
     std::printf("checkpoints: %zu saved to %s, median %.1f ms each (fsync included, not in the epoch times)\n", saves.size(), f.save.c_str(),
                 median(saves) * 1e3);
@@ -555,7 +567,8 @@ void report(const TrainerFlags& f, const std::vector<RunResult>& runs) {
       j["runs"].push_back({{"policy", r.policy}, {"epoch_seconds", r.epoch_seconds}, {"epoch_loss", r.epoch_loss}, {"samples_per_s", r.samples_per_s}, {"steals", r.steals},
                            {"units", r.units}, {"units_per_s", r.units_per_s}, {"ideal_fraction", r.ideal_fraction}, {"metric", r.metric},
                            {"utilization", util}, {"chunk_samples", sizes}, {"chunk_curves", r.chunk_curves}, {"test_accuracy", r.test_accuracy},
-                           {"checkpoint_save_seconds", r.save_seconds}, {"checkpoint_load_seconds", r.load_seconds}});
+                           {"checkpoint_save_seconds", r.save_seconds}, {"checkpoint_load_seconds", r.load_seconds},
+                           {"parameters_sha256", r.parameters_sha256}});
     }
     if (f.compare) j["speedup_steal_vs_static"] = speedup;  // of the median epochs: the last policy over the first
     std::ofstream out(f.json);

@@ -50,6 +50,7 @@ struct TrainerFlags {
   std::size_t stop_after = 0;    // epochs this process runs before it ends (0 = to --epochs)
   double stall_timeout = 600;    // RuntimeOptions::stall_timeout
   double heartbeat_timeout = 10; // RuntimeOptions::cluster.heartbeat_timeout (across ranks)
+  bool deterministic = false;    // RuntimeOptions::schedule.deterministic: bit-identical parameters
 };
 
 // Adds the shared flags to app, with f's values as the defaults; model_options adds the model's own flags
@@ -81,8 +82,9 @@ struct TrainingData {
 struct TrainerModel {
   const ParameterLayout* layout = nullptr;
   std::vector<float> initial;
-  // The chunk function for a runtime of `devices` devices (each gets its own workspace).
-  std::function<ChunkFunction(std::size_t devices)> chunk_function;
+  // The chunk function for a runtime of `devices` devices (each gets its own workspace), its kernels on `threads`
+  // threads each (0: the model's choice; 1 in deterministic mode).
+  std::function<ChunkFunction(std::size_t devices, int threads)> chunk_function;
   std::function<double(std::span<const float>)> test_accuracy;
   // The chunk function on GPU devices (cuda:, vgpu:); empty in a build without CUDA.
   ChunkFunction gpu_chunk{};
@@ -104,7 +106,8 @@ TrainerModel trainer_model(const Model& model, const TrainingData& data, std::ui
   TrainerModel t;
   t.layout = &model.layout();
   t.initial = model.initial_parameters(seed);
-  t.chunk_function = [&model, &data](std::size_t devices) -> ChunkFunction {
+  // Its kernels take their threads from the device's arena (use_arena_threads()), one in deterministic mode.
+  t.chunk_function = [&model, &data](std::size_t devices, int) -> ChunkFunction {
     auto ws = std::make_shared<std::vector<typename Model::Workspace>>(devices);
     return [&model, &data, ws](ChunkContext& ctx) {
       ctx.add_loss(model.accumulate_gradient(ctx.params, ctx.grad, data.train, ctx.samples, (*ws)[ctx.device]));
@@ -131,6 +134,7 @@ struct RunResult {
   double test_accuracy = 0;
   StepReport total;
   std::vector<std::vector<std::pair<std::size_t, double>>> chunk_curves;  // per device, with --chunk auto
+  std::string parameters_sha256;     // of the final parameters' bytes: runs compare bit for bit (--deterministic)
   std::vector<double> save_seconds;  // each checkpoint's save (fsync included), not counted in epoch_seconds
   double load_seconds = 0;           // the --resume load
 };

@@ -5,17 +5,21 @@
 // samples (a sum, not a mean) to ctx.grad. The runtime does the rest: it cuts each batch into chunks, lets idle
 // devices steal them, sums the devices' gradients, divides by the batch size, and applies the optimizer.
 #include <stealbatch/runtime/runtime.hpp>
+#include <stealbatch/sha256.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 int main(int argc, char** argv) {
   using namespace stealbatch;
+  // custom_trainer [DEVICES] [--deterministic]: the same parameter bytes on any devices with the second.
   const std::string devices = argc > 1 ? argv[1] : "cpu:2";
+  const bool deterministic = argc > 2 && std::string(argv[2]) == "--deterministic";
   constexpr std::size_t kFeatures = 16, kSamples = 4096, kBatch = 256;
 
   // The data: y = true_w . x + 0.5, plus a little noise.
@@ -53,7 +57,7 @@ int main(int argc, char** argv) {
   };
 
   try {
-    Runtime rt({.devices = devices, .schedule = {.chunk_size = 16}, .optimizer = {.kind = OptimizerKind::kSgd, .lr = 0.1f}});
+    Runtime rt({.devices = devices, .schedule = {.chunk_size = 16, .deterministic = deterministic}, .optimizer = {.kind = OptimizerKind::kSgd, .lr = 0.1f}});
     rt.register_parameters(layout, initial);
     std::vector<std::uint32_t> order(kSamples);
     std::iota(order.begin(), order.end(), 0u);
@@ -78,6 +82,7 @@ int main(int argc, char** argv) {
     for (std::size_t j = 0; j < kFeatures; ++j) err = std::max(err, static_cast<double>(std::abs(w[j] - true_w[j])));
     const float b = layout.view(params, b_id)[0];
     std::printf("max |w - true w| = %.4f, b = %.4f (true 0.5), on %zu devices\n", err, b, rt.device_count());
+    std::printf("parameters sha256 %s\n", sha256_hex(std::as_bytes(params)).c_str());
     return err < 0.05 && std::abs(b - 0.5f) < 0.05f ? 0 : 1;
   } catch (const Error& e) {
     std::fprintf(stderr, "custom_trainer: %s\n", e.what());

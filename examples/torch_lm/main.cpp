@@ -252,6 +252,13 @@ int main(int argc, char** argv) {
   app.get_option("--batch")->description("documents per step (mini-batch)");
   app.get_option("--chunk")->description("chunk budget in documents of the batch's mean cost, 1 to 1048576; auto: sized from each device's measured time per call");
   if (const int rc = parse_command_line("torch_lm", app, f, argc, argv); rc >= 0) return rc;
+  // Deterministic mode cuts its cells by the costs, so they must not depend on timing: the token counts.
+  if (f.deterministic && app.count("--costs") == 0) costs = "tokens";
+  if (f.deterministic && costs == "model") {
+    std::fprintf(stderr, "torch_lm: --costs model with --deterministic: the model's costs are fitted to measured times, which differ from run to run, "
+                         "and deterministic cells are cut by the costs; use --costs tokens (the default with --deterministic)\n");
+    return 2;
+  }
 
   return run_reporting_errors("torch_lm", [&] {
     if (lm.width % lm.heads != 0) throw ConfigError("heads = " + std::to_string(lm.heads) + ": not a divisor of --width " + std::to_string(lm.width));
@@ -318,14 +325,14 @@ int main(int argc, char** argv) {
     TrainerModel tm;
     tm.layout = &layout;
     tm.initial = initial;
-    tm.chunk_function = [make, of, seq_form, threads](std::size_t devices) -> ChunkFunction {
+    tm.chunk_function = [make, of, seq_form, threads](std::size_t devices, int one) -> ChunkFunction {
       auto chunks = std::make_shared<libtorch::ModuleChunks<TorchLmImpl, libtorch::Sequences>>(
           make, devices,
           [of, seq_form](std::span<const std::uint32_t> s) {
             return Inputs::last() = libtorch::make_sequences(s, of, seq_form, libtorch::SequenceMask::kNone);
           },
           [](const ::torch::Tensor& out, std::span<const std::uint32_t>) { return next_byte_loss(out, libtorch::to_device(Inputs::last(), out.device())); },
-          threads);
+          one > 0 ? one : threads);
       ChunkFunction fn = chunks->function();
       return [chunks, fn](ChunkContext& ctx) { fn(ctx); };
     };

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # torch_lm, short: a tiny model for a few steps on the Python standard library's documents, every policy of its
 # --compare (static, packer, steal without and with costs) on cpu:2, grouped and then with a slowdown; its report
-# (tokens/s, the ideal's share, bits per byte against the unigram bar); the export for the PyTorch peer; and its
-# answers to bad flags and data (the README's exit codes).
+# (tokens/s, the ideal's share, bits per byte against the unigram bar); --deterministic's one hash; the export for
+# the PyTorch peer; and its answers to bad flags and data (the README's exit codes).
 #   torch_lm_short.sh TORCH_LM
 set -euo pipefail
 lm=$1
@@ -40,6 +40,14 @@ grep -q "^# unigram model on the same split: [0-9.]* bits/byte" "$work/log" || f
 "$lm" "${tiny[@]}" --devices cpu:2 --slowdown 2,1 --form padded --costs tokens --policy steal >"$work/log" 2>&1 || fail "exit $? on the padded run"
 grep -q "^+-- policy steal:" "$work/log" || fail "no dashboard (padded)"
 
+# --deterministic: variable-length documents cut into cells by their token counts, the same parameters on one device
+# static and on two stealing with a slowdown.
+det_hash() { "$lm" "${tiny[@]}" --deterministic "$@" 2>&1 | tee "$work/log" | sed -n 's/^parameters sha256 \([0-9a-f]\{64\}\).*/\1/p'; }
+one=$(det_hash --devices cpu:1 --policy static --order grouped) || fail "exit $? on --deterministic, cpu:1"
+two=$(det_hash --devices cpu:2 --policy steal --slowdown 2,1 --order grouped) || fail "exit $? on --deterministic, cpu:2"
+[ -n "$one" ] && [ "$one" = "$two" ] || fail "--deterministic: cpu:1 static '$one', cpu:2 steal '$two'"
+echo "deterministic: one hash $one"
+
 # The export for perf/torch_lm_ref.py: the settings, the documents and each epoch's order over them.
 "$lm" "${tiny[@]}" --export "$work/run.json" >"$work/log" 2>&1 || fail "exit $? on --export"
 python3 - "$work/run.json" <<'EOF' || fail "the export"
@@ -66,4 +74,5 @@ expect 2 "not a divisor of --width" "${small[@]}" --heads 3
 expect 2 "--order" "${tiny[@]}" --order sorted
 mkdir -p "$work/empty"
 expect 3 "bad data" "${tiny[@]}" --data "$work/empty"
+expect 2 "costs model with --deterministic" "${tiny[@]}" --deterministic --costs model
 echo "torch_lm short: ok"
