@@ -59,7 +59,6 @@ bool ExactSum::settle(std::span<const int> job_exponents) {
     stands = stands && m_used[t] != detail::kNoExponent && detail::fixed_shift_fits(e, m_used[t], m_bits);
     m_shift[t] = detail::fixed_shift_for(e, m_bits);
   }
-  if (!stands) ++m_redone;
   return stands;
 }
 

@@ -48,8 +48,6 @@ class ExactSum {
   // The shifts for the next attempt, for checkpoints (kNoExponent: not set yet), and their restoration.
   const std::vector<int>& shifts() const noexcept { return m_shift; }
   void restore(std::span<const int> shifts);
-  // Attempts redone since the runtime began (a figure for reports).
-  std::uint64_t redone() const noexcept { return m_redone; }
 
  private:
   bool m_on = false;
@@ -61,7 +59,6 @@ class ExactSum {
   std::vector<std::vector<std::int64_t>> m_acc;  // per device
   std::vector<std::int64_t> m_sum;               // sum_to_float()'s: each device writes its slice
   std::vector<std::vector<int>> m_exp;           // per device, per tensor: the largest exponent this attempt
-  std::uint64_t m_redone = 0;
 };
 
 }  // namespace stealbatch
