@@ -385,7 +385,7 @@ void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<voi
   app.add_option("--merge-stolen", f.merge_stolen, "on: a device runs the chunks it steals in one call, up to its chunk size (for models with a fixed cost per call); off: one call per chunk")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_flag("--deterministic", f.deterministic,
-               "bit-identical parameters whatever the devices, the policy, the stealing and the rank count: fixed cells of --chunk samples (auto: 64) "
+               "bit-identical parameters whatever the devices, the policy, the stealing and the rank count: fixed cells of --chunk samples (auto: the batch / 16, at most 64) "
                "summed in 64-bit fixed point, each on one thread; compare runs by the 'parameters sha256' line (CPU devices)");
   app.add_option("--gpu-wait", f.gpu_wait, "GPU devices: spin (CUDA's default scheduling, as PyTorch waits) or block (blocking-sync events: no CPU, a wake-up per wait)")
       ->check(CLI::IsMember({"spin", "block"}))->capture_default_str();

@@ -102,7 +102,7 @@ std::vector<double> Runtime::Impl::measured_cost_rates() const {
 // devices]; 16 until a device's calls are known.
 double Runtime::Impl::cost_chunk(std::size_t batch) const {
   constexpr double kUntilKnown = 16, kEfficiency = 0.9;
-  if (options.schedule.chunk_size > 0 || options.schedule.deterministic) return static_cast<double>(cell_size());
+  if (options.schedule.chunk_size > 0 || options.schedule.deterministic) return static_cast<double>(cell_size(batch));
   double c = 0;
   for (const detail::CallFit& f : speed.call_fit) c = std::max(c, f.overhead_cost(kEfficiency));
   c = c > 0 ? c / costs.mean : kUntilKnown;
@@ -266,15 +266,18 @@ void Runtime::Impl::cut_rank_shares(std::size_t batch, StepPlan& p, ChunkTable& 
   }
 }
 
-std::size_t Runtime::Impl::cell_size() const noexcept {
-  constexpr std::size_t kDefaultCell = 64;
-  return options.schedule.chunk_size > 0 ? options.schedule.chunk_size : kDefaultCell;
+// A cell: chunk_size samples; with 0, a sixteenth of the batch (cells enough to balance a step across devices, since
+// no cell is split), at most 64 samples (the per-cell conversion then costs little beside the cell's compute). A
+// function of the batch alone: every device count and every rank cuts the same grid.
+std::size_t Runtime::Impl::cell_size(std::size_t batch) const noexcept {
+  constexpr std::size_t kCellsPerBatch = 16, kLargestCell = 64;
+  return options.schedule.chunk_size > 0 ? options.schedule.chunk_size : std::clamp<std::size_t>(batch / kCellsPerBatch, 1, kLargestCell);
 }
 
 // Deterministic mode: the batch in cells that no device, rank or timing decides: cell_size() samples each, or with
 // given sample costs cells of that many mean-cost samples, in the batch's order (the last may hold less).
 void Runtime::Impl::cut_cell_grid(std::size_t batch, ChunkTable& t) const {
-  const auto cell = static_cast<double>(cell_size());
+  const auto cell = static_cast<double>(cell_size(batch));
   std::vector<std::uint32_t> sizes;
   detail::cut_share(0, static_cast<std::uint32_t>(batch), cell, cell, costs.given() ? std::span<const double>(costs.norm) : std::span<const double>{},
                     sizes);
@@ -305,7 +308,7 @@ void Runtime::Impl::cut_cells(std::size_t batch, const StepPlan& p, ChunkTable& 
                                       : p.placement != Placement::kEqualOrGiven           ? p.rate
                                                                                           : std::vector<double>(n, 1.0);
   t.ranges = split_cells(t, p, weights);
-  const std::size_t cell = cell_size();
+  const std::size_t cell = cell_size(batch);
   t.own_size.assign(n, cell);
   t.own_cost.assign(n, static_cast<double>(cell));
   t.full_chunk = static_cast<double>(cell);

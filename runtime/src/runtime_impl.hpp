@@ -45,7 +45,7 @@ struct Runtime::Impl {
   void cut_fixed(std::size_t batch, const StepPlan& plan, ChunkTable& t);
   void cut_rank_shares(std::size_t batch, StepPlan& plan, ChunkTable& t);
   // Deterministic mode: the cells and their placement.
-  std::size_t cell_size() const noexcept;
+  std::size_t cell_size(std::size_t batch) const noexcept;
   void cut_cell_grid(std::size_t batch, ChunkTable& t) const;
   std::vector<ChunkRange> split_cells(const ChunkTable& t, const StepPlan& plan, std::span<const double> weights) const;
   void cut_cells(std::size_t batch, const StepPlan& plan, ChunkTable& t);

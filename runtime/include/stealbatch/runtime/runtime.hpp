@@ -108,9 +108,9 @@ struct ScheduleOptions {
   // Bit-identical results whatever the placement, the stealing, the device count and the rank count: the parameters
   // after N steps are the same bytes on cpu:1 and on sim:1,0.3,2,1, static or stealing, in one process or across 4
   // ranks, after a device lost and excluded, and resumed from a checkpoint. How:
-  //   - cells: the batch is cut into chunks that do not depend on the devices, chunk_size samples each (0: 64), or
-  //     with sample costs chunk_size samples of the batch's mean cost; shares are whole cells, chunk_sizing does not
-  //     apply, and merged steals run each cell in its own call;
+  //   - cells: the batch is cut into chunks that do not depend on the devices, chunk_size samples each (0: the batch / 16, at
+  //     most 64), or with sample costs that many samples of the batch's mean cost; shares are whole cells,
+  //     chunk_sizing does not apply, and merged steals run each cell in its own call;
   //   - each cell's gradient is computed on its own, on one thread (CPU devices' threads_per_device is 1; simulated
   //     devices run chunks in a one-thread arena), and rounded to 64-bit fixed point, whose sum is exact in any order
   //     (detail/fixed_point.hpp: the format, its error bound and when a step is redone).
