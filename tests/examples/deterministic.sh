@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # --deterministic end to end: each example's 'parameters sha256' after the same training is one hash on cpu:1 static,
-# on cpu:3 stealing with slowdowns, with merged steals off, and (MPIRUN set) on 2 ranks; --compare's policies end
-# equal to each other. Synthetic Fashion-MNIST-shaped data, a few steps each.
+# on cpu:3 stealing with slowdowns, with merged steals off, and (MPIRUN set) on 2 ranks, with fixed cells and with
+# the default ones; --compare's policies end equal to each other. Synthetic Fashion-MNIST-shaped data, a few steps.
 # Usage: deterministic.sh MLP CNN [TORCH_MLP]      (MPIRUN=... adds the 2-rank runs)
 set -uo pipefail
 mlp=$1 cnn=$2 torch_mlp=${3:-}
@@ -66,4 +66,9 @@ for prog in "$mlp" "$cnn" $torch_mlp; do
     echo "FAIL: $name --compare printed ${#both[@]} policy hashes, not 2"; sed 's/^/  | /' <<<"$out" | tail -6; fails=$((fails + 1))
   fi
 done
+# The default cells (--chunk auto: the batch / 16), in one process and across ranks: one grid whatever the devices.
+run=(--data "$work" --epochs 1 --batch 96 --deterministic)
+hashes=("$(sha "$mlp" "${run[@]}" --devices cpu:1 --policy static)" "$(sha "$mlp" "${run[@]}" --devices cpu:4 --slowdown 1,3,1,2)")
+[ ${#mpirun[@]} -eq 0 ] || hashes+=("$(sha "${mpirun[@]}" -np 2 "$mlp" "${run[@]}" --devices cpu:2 --slowdown 1,1,2,1)")
+check "mlp --deterministic --chunk auto on cpu:1, cpu:4 with slowdowns$([ ${#hashes[@]} -gt 2 ] && echo ', 2 ranks')" "${hashes[@]}"
 [ "$fails" -eq 0 ] && echo "deterministic: PASS" || { echo "deterministic: $fails FAILED"; exit 1; }
