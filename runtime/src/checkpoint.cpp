@@ -224,6 +224,21 @@ bool all_ranks_ok(Cluster* cluster, bool ok, std::uint32_t crc = 0) {
   return v[0] == 0 && v[2] * n == v[1] * v[1] && v[4] * n == v[3] * v[3];
 }
 
+// The tensors a checkpoint holds: each parameter under its layout name, then the optimizer's state (m, and v for Adam).
+std::vector<CheckpointTensor> checkpoint_tensors(const ParameterLayout& layout, std::span<const float> params, const OptimizerState& state, bool adam) {
+  std::vector<CheckpointTensor> tensors;
+  for (const TensorView& t : layout.tensors()) {
+    const std::vector<std::uint64_t> shape(t.shape.begin(), t.shape.end());
+    tensors.push_back({t.name, shape, params.subspan(t.offset, t.size)});
+  }
+  for (const TensorView& t : layout.tensors()) {
+    const std::vector<std::uint64_t> shape(t.shape.begin(), t.shape.end());
+    tensors.push_back({std::string(kOptimizerPrefix) + t.name + ".m", shape, std::span<const float>(state.first).subspan(t.offset, t.size)});
+    if (adam) tensors.push_back({std::string(kOptimizerPrefix) + t.name + ".v", shape, std::span<const float>(state.second).subspan(t.offset, t.size)});
+  }
+  return tensors;
+}
+
 }  // namespace
 
 void Runtime::save_checkpoint(const std::filesystem::path& path, const CheckpointMetadata& metadata) const {
@@ -264,17 +279,7 @@ void Runtime::save_checkpoint(const std::filesystem::path& path, const Checkpoin
     meta["stealbatch.fixed_shifts"] = shifts;
   }
 
-  std::vector<CheckpointTensor> tensors;
-  const bool adam = o.kind == OptimizerKind::kAdam;
-  for (const TensorView& t : m->layout.tensors()) {
-    const std::vector<std::uint64_t> shape(t.shape.begin(), t.shape.end());
-    tensors.push_back({t.name, shape, std::span<const float>(params).subspan(t.offset, t.size)});
-  }
-  for (const TensorView& t : m->layout.tensors()) {
-    const std::vector<std::uint64_t> shape(t.shape.begin(), t.shape.end());
-    tensors.push_back({std::string(kOptimizerPrefix) + t.name + ".m", shape, std::span<const float>(state.first).subspan(t.offset, t.size)});
-    if (adam) tensors.push_back({std::string(kOptimizerPrefix) + t.name + ".v", shape, std::span<const float>(state.second).subspan(t.offset, t.size)});
-  }
+  const std::vector<CheckpointTensor> tensors = checkpoint_tensors(m->layout, params, state, o.kind == OptimizerKind::kAdam);
   // Across ranks, rank 0 writes (every rank holds the same values) and the others learn whether it could.
   std::exception_ptr error;
   if (!m->cluster || m->cluster->rank() == 0) {
