@@ -4,6 +4,7 @@
 
 #include "trainer_cli.hpp"
 
+#include <stealbatch/cores.hpp>
 #include <stealbatch/stats.hpp>
 #include <stealbatch/torch.hpp>
 
@@ -105,7 +106,7 @@ TrainerModel torch_trainer_model(libtorch::ModuleChunks<Net>& first, const std::
   tm.layout = &first.layout();
   tm.initial = std::move(initial);
   tm.chunk_function = [make, &train](std::size_t devices, int one) -> ChunkFunction {
-    const int threads = one > 0 ? one : std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / devices));
+    const int threads = one > 0 ? one : std::max(1, static_cast<int>(stealbatch::usable_cores() / devices));
     // The training set where each chunk runs: the host's tensors, and a copy on each GPU that runs chunks.
     auto x = std::make_shared<libtorch::DeviceData>(train.x), y = std::make_shared<libtorch::DeviceData>(train.y);
     auto chunks = std::make_shared<libtorch::ModuleChunks<Net>>(

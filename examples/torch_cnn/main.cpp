@@ -2,6 +2,7 @@
 // the same flags; --plain trains the same module with plain libtorch instead (no stealbatch), for comparison.
 #include "torch_trainer.hpp"
 
+#include <stealbatch/cores.hpp>
 #include <stealbatch/models/cnn_model.hpp>
 #include <stealbatch/models/torch_modules.hpp>
 
@@ -17,7 +18,7 @@ using namespace stealbatch::examples;
 int main(int argc, char** argv) {
   TrainerFlags f{.epochs = 4, .batch = 64, .lr = 0.002f, .optimizer = "adam"};  // cnn's defaults
   bool plain = false;
-  int plain_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int plain_threads = static_cast<int>(stealbatch::usable_cores());
   CLI::App app{"torch_cnn: train the CNN as a torch::nn::Module on stealbatch (the libtorch adapter)"};
   add_trainer_options(app, f, [&](CLI::App& a) {
     a.add_flag("--plain", plain, "train with plain libtorch instead (no stealbatch), for comparison");

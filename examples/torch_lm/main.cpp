@@ -9,6 +9,7 @@
 // documents, orders and settings for perf/torch_lm_ref.py (PyTorch DDP on the same work).
 #include "torch_trainer.hpp"
 
+#include <stealbatch/cores.hpp>
 #include <stealbatch/data/text_corpus.hpp>
 #include <stealbatch/error.hpp>
 #include <stealbatch/models/torch_modules.hpp>
@@ -227,7 +228,7 @@ int main(int argc, char** argv) {
   std::string order = "grouped", form = "packed", costs = "model", cache;
   std::size_t validation_docs = 256;
   bool plain = false;
-  int plain_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int plain_threads = static_cast<int>(stealbatch::usable_cores());
   std::string export_path;
   CLI::App app{"torch_lm: train a byte-level causal transformer on the Python standard library's sources on stealbatch (the libtorch adapter)"};
   add_trainer_options(app, f, [&](CLI::App& a) {
@@ -286,7 +287,7 @@ int main(int argc, char** argv) {
     for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
       if (const char* v = std::getenv(var); v != nullptr && std::atoi(v) > 0) local_ranks = static_cast<std::size_t>(std::atoi(v));
     }
-    const int threads = std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / std::max<std::size_t>(1, device_count * local_ranks)));
+    const int threads = std::max(1, static_cast<int>(stealbatch::usable_cores() / std::max<std::size_t>(1, device_count * local_ranks)));
     ::torch::manual_seed(f.seed);
     const std::function<std::shared_ptr<TorchLmImpl>()> make = [lm] { return std::make_shared<TorchLmImpl>(lm); };
     auto first = make();

@@ -2,6 +2,7 @@
 // the same flags; --plain trains the same module with plain libtorch instead (no stealbatch), for comparison.
 #include "torch_trainer.hpp"
 
+#include <stealbatch/cores.hpp>
 #include <stealbatch/error.hpp>
 #include <stealbatch/models/mlp_model.hpp>
 #include <stealbatch/models/torch_modules.hpp>
@@ -21,7 +22,7 @@ int main(int argc, char** argv) {
   TrainerFlags f{.batch = 1024, .lr = 0.003f, .optimizer = "adam"};
   std::string hidden = "256,128";
   bool plain = false;
-  int plain_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int plain_threads = static_cast<int>(stealbatch::usable_cores());
   CLI::App app{"torch_mlp: train the MLP as a torch::nn::Module on stealbatch (the libtorch adapter)"};
   add_trainer_options(app, f, [&](CLI::App& a) {
     a.add_option("--hidden", hidden, "hidden layer sizes")->capture_default_str();

@@ -16,6 +16,7 @@
 // counts and device tallies, so every rank checks exactly-once over the whole job and learns the same speeds.
 #include "runtime_impl.hpp"
 
+#include <stealbatch/cores.hpp>
 #include <stealbatch/runtime/detail/agreement.hpp>
 #include <stealbatch/runtime/detail/speed_shares.hpp>
 #include <stealbatch/stats.hpp>
@@ -84,7 +85,7 @@ void Runtime::Impl::join_cluster(DeviceSpec& spec) {
     // The node's cores shared among the devices of every rank on it.
     std::size_t on_node = 0;
     for (int r = 0; r < ranks; ++r) on_node += cluster->same_node(r) ? cluster.rank_devices[static_cast<std::size_t>(r)] : 0;
-    options.host.threads_per_device = std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / std::max<std::size_t>(1, on_node)));
+    options.host.threads_per_device = std::max(1, static_cast<int>(usable_cores() / std::max<std::size_t>(1, on_node)));
   }
   cluster.rank_speed_history.assign(static_cast<std::size_t>(ranks), {});
   cluster.rank_cost_history.assign(static_cast<std::size_t>(ranks), {});

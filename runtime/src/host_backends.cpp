@@ -1,4 +1,5 @@
 // The built-in device backends (CPU and simulated devices, which share the host's memory) and the backend registry.
+#include <stealbatch/cores.hpp>
 #include <stealbatch/runtime/cpu_device.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 #include <stealbatch/runtime/sim_device.hpp>
@@ -13,7 +14,7 @@ namespace stealbatch {
 
 namespace {
 
-unsigned cores() { return std::max(1u, std::thread::hardware_concurrency()); }
+unsigned cores() { return usable_cores(); }
 
 // slowdown has one factor per device (validate() checked each one's range), or is empty: all 1.
 std::vector<double> slowdowns(const RuntimeOptions& o, std::size_t n) {

@@ -1,6 +1,7 @@
 // The Runtime: its devices, scheduler and communicator, and step() and compute_gradient() from top to bottom.
 #include "runtime_impl.hpp"
 
+#include <stealbatch/cores.hpp>
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/detail/agreement.hpp>
 
@@ -28,7 +29,7 @@ namespace {
 std::string default_devices() {
   const auto gpus = device_backend(DeviceKind::kCuda);
   if (gpus && gpus->available() > 0) return "cuda:all";
-  return "cpu:" + std::to_string(std::min(std::max(1u, std::thread::hardware_concurrency()), 4u));
+  return "cpu:" + std::to_string(std::min(usable_cores(), 4u));
 }
 
 std::shared_ptr<DeviceBackend> backend_for(const DeviceSpec& spec) {

@@ -1,6 +1,7 @@
 // How a worker with nothing to run waits: a bounded spin, then yields, then a park that uses no CPU.
 #pragma once
 
+#include <stealbatch/cores.hpp>
 #include <stealbatch/scheduler/detail/atomics.hpp>
 
 #include <atomic>
@@ -24,7 +25,7 @@ struct IdleOptions {
   std::uint32_t max_spinners = default_max_spinners();
 
   static std::uint32_t default_max_spinners() noexcept {
-    const unsigned cores = std::thread::hardware_concurrency();
+    const unsigned cores = usable_cores();
     return cores >= 2 ? cores / 2 : 1;
   }
 };
