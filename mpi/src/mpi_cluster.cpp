@@ -44,15 +44,44 @@ struct MpiCluster::State {
   // components have had thread-safety defects, and these calls are short (a window atomic, a test of a collective).
   std::mutex lock;
   // The progress agent: where the one-sided component progresses a passive target only when the target enters MPI
-  // (osc ucx, between nodes), a thread enters MPI every kProgressPeriod so that a thief's atomic completes while this
+  // (osc ucx, between nodes), a thread enters MPI every period (20 µs) so that a thief's atomic completes while this
   // rank's devices compute. Not needed within a node (osc sm).
   std::thread progress;
   std::atomic<bool> stop{false};
+  // The one-sided access under the lock now: (target rank + 1) << 48 | its start in steady-clock milliseconds, or 0.
+  // One word, so a reader on another thread sees a target with its own start. Written only under the lock.
+  std::atomic<std::uint64_t> in_flight{0};
 };
 
 namespace {
 
-constexpr auto kProgressPeriod = std::chrono::microseconds(20);
+std::uint64_t steady_ms() noexcept {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+
+// Marks one one-sided access to `rank` as in flight for its scope (the lock held).
+class InFlight {
+ public:
+  InFlight(std::atomic<std::uint64_t>& word, int rank) noexcept : m_word(word) {
+    m_word.store((static_cast<std::uint64_t>(rank) + 1) << 48 | (steady_ms() & ((std::uint64_t{1} << 48) - 1)), std::memory_order_relaxed);
+  }
+  ~InFlight() { m_word.store(0, std::memory_order_relaxed); }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+
+ private:
+  std::atomic<std::uint64_t>& m_word;
+};
+
+// The agent's period: STEALBATCH_MPI_PROGRESS_US, else 20 µs.
+std::chrono::microseconds progress_period() {
+  if (const char* v = std::getenv("STEALBATCH_MPI_PROGRESS_US")) {
+    const long us = std::atol(v);
+    if (us >= 1 && us <= 1000000) return std::chrono::microseconds(us);
+    throw ConfigError(std::string("STEALBATCH_MPI_PROGRESS_US = '") + v + "': give the progress agent's period in microseconds, 1 to 1000000");
+  }
+  return std::chrono::microseconds(20);
+}
 
 bool wants_progress_agent(const std::vector<char>& same_node) {
   if (const char* v = std::getenv("STEALBATCH_MPI_PROGRESS")) return std::strcmp(v, "0") != 0;
@@ -146,14 +175,15 @@ std::shared_ptr<MpiCluster> MpiCluster::world() {
   check(MPI_Barrier(s->comm), "MPI_Barrier");
   if (wants_progress_agent(s->same_node)) {
     State* st = s.get();
-    st->progress = std::thread([st] {
+    const auto period = progress_period();
+    st->progress = std::thread([st, period] {
       while (!st->stop.load(std::memory_order_relaxed)) {
         {
           const std::lock_guard g(st->lock);
           int flag = 0;
           MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, st->comm, &flag, MPI_STATUS_IGNORE);  // enters the progress engine
         }
-        std::this_thread::sleep_for(kProgressPeriod);
+        std::this_thread::sleep_for(period);
       }
     });
   }
@@ -189,6 +219,7 @@ std::string MpiCluster::node_name(int rank) const { return rank >= 0 && rank < m
 
 std::uint64_t MpiCluster::read(int rank, Word word) {
   const std::lock_guard g(m->lock);
+  const InFlight mark(m->in_flight, rank);
   std::uint64_t out = 0, none = 0;
   check(MPI_Fetch_and_op(&none, &out, MPI_UINT64_T, rank, static_cast<MPI_Aint>(word), MPI_NO_OP, m->win), "MPI_Fetch_and_op");
   check(MPI_Win_flush(rank, m->win), "MPI_Win_flush");
@@ -197,6 +228,7 @@ std::uint64_t MpiCluster::read(int rank, Word word) {
 
 std::uint64_t MpiCluster::compare_and_swap(int rank, Word word, std::uint64_t expected, std::uint64_t desired) {
   const std::lock_guard g(m->lock);
+  const InFlight mark(m->in_flight, rank);
   std::uint64_t old = 0;
   check(MPI_Compare_and_swap(&desired, &expected, &old, MPI_UINT64_T, rank, static_cast<MPI_Aint>(word), m->win), "MPI_Compare_and_swap");
   check(MPI_Win_flush(rank, m->win), "MPI_Win_flush");
@@ -205,9 +237,17 @@ std::uint64_t MpiCluster::compare_and_swap(int rank, Word word, std::uint64_t ex
 
 void MpiCluster::write(int rank, Word word, std::uint64_t value) {
   const std::lock_guard g(m->lock);
+  const InFlight mark(m->in_flight, rank);
   std::uint64_t old = 0;
   check(MPI_Fetch_and_op(&value, &old, MPI_UINT64_T, rank, static_cast<MPI_Aint>(word), MPI_REPLACE, m->win), "MPI_Fetch_and_op");
   check(MPI_Win_flush(rank, m->win), "MPI_Win_flush");
+}
+
+Cluster::Access MpiCluster::access_in_flight() const noexcept {
+  const std::uint64_t w = m->in_flight.load(std::memory_order_relaxed);
+  if (w == 0) return {};
+  const std::uint64_t start = w & ((std::uint64_t{1} << 48) - 1), now = steady_ms() & ((std::uint64_t{1} << 48) - 1);
+  return {static_cast<int>(w >> 48) - 1, now >= start ? static_cast<double>(now - start) / 1e3 : 0.0};
 }
 
 // Waits for a nonblocking collective without holding the lock in between tests, so that the other threads of this

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -27,11 +28,16 @@ std::string last_seen(std::uint64_t progress, std::uint64_t where) {
 }
 
 Heartbeat::Heartbeat(std::shared_ptr<Cluster> cluster, double timeout_s)
-    : m_cluster(std::move(cluster)), m_timeout_s(timeout_s), m_thread([this](std::stop_token stop) { run(std::move(stop)); }) {}
+    : m_cluster(std::move(cluster)),
+      m_timeout_s(timeout_s),
+      m_thread([this](std::stop_token stop) { run(std::move(stop)); }),
+      m_sentinel([this](std::stop_token stop) { sentinel(std::move(stop)); }) {}
 
 Heartbeat::~Heartbeat() {
+  m_sentinel.request_stop();
   m_thread.request_stop();
   m_wake.notify_all();
+  m_sentinel.join();
   m_thread.join();
   try {
     m_cluster->write(m_cluster->rank(), Cluster::kAlive, kLeft);
@@ -70,6 +76,43 @@ void Heartbeat::run(std::stop_token stop) {
   } catch (const std::exception& e) {
     // A one-sided access failed: MPI itself reports and ends the job on such errors; say where it came from.
     std::fprintf(stderr, "stealbatch: rank %d: the heartbeat stopped: %s\n", me, e.what());
+  }
+}
+
+void Heartbeat::sentinel(std::stop_token stop) {
+  const auto period = std::chrono::duration<double>(period_s(m_timeout_s));
+  while (!stop.stop_requested()) {
+    {
+      std::unique_lock g(m_lock);
+      m_wake.wait_for(g, stop, period, [] { return false; });
+    }
+    if (stop.stop_requested()) return;
+    const Cluster::Access a = m_cluster->access_in_flight();
+    // A rank stuck on a lost one makes no progress for its own node's ranks either: where the transport needs the
+    // target's cooperation, their accesses to it wait too. Those targets get twice the time, so that the rank
+    // that waits on the lost one speaks first and names it.
+    const int me = m_cluster->rank();
+    const bool near = a.rank == me || m_cluster->same_node(a.rank);
+    if (a.rank < 0 || a.seconds <= (near ? 2 : 1) * m_timeout_s) continue;
+    char msg[640];
+    if (a.rank == me) {
+      std::snprintf(msg, sizeof msg,
+                    "stealbatch: %s: an access to its own window has waited %.0f ms (heartbeat_timeout = %g s; MPI is not progressing: a rank it "
+                    "waits on is frozen or unreachable): ending the job",
+                    rank_and_node(*m_cluster, me).c_str(), a.seconds * 1e3, m_timeout_s);
+    } else {
+      std::snprintf(msg, sizeof msg,
+                    "stealbatch: %s stopped answering: a one-sided access to its window from %s has waited %.0f ms (heartbeat_timeout = %g s; "
+                    "its process is frozen or gone, or its node is unreachable): ending the job",
+                    rank_and_node(*m_cluster, a.rank).c_str(), rank_and_node(*m_cluster, me).c_str(), a.seconds * 1e3, m_timeout_s);
+    }
+    // MPI_Abort may wait on what the stuck access holds: the process ends on its own 5 s later whatever happens.
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(5));
+      std::fprintf(stderr, "stealbatch: MPI_Abort did not end this process within 5 s: exiting\n");
+      std::_Exit(1);
+    }).detach();
+    m_cluster->abort(msg, 1);
   }
 }
 

@@ -43,6 +43,7 @@ class MpiCluster final : public Cluster {
   std::uint64_t read(int rank, Word word) override;
   std::uint64_t compare_and_swap(int rank, Word word, std::uint64_t expected, std::uint64_t desired) override;
   void write(int rank, Word word, std::uint64_t value) override;
+  Access access_in_flight() const noexcept override;
   void allreduce_sum(std::span<float> data, const std::function<void()>& waiting) override;
   using Cluster::allreduce_sum;
   void allreduce_sum(std::span<double> data, const std::function<void()>& waiting) override;

@@ -32,6 +32,15 @@ class Cluster {
   // Writes `desired` if the word holds `expected`; returns what it held.
   virtual std::uint64_t compare_and_swap(int rank, Word word, std::uint64_t expected, std::uint64_t desired) = 0;
   virtual void write(int rank, Word word, std::uint64_t value) = 0;
+  // The one-sided access this rank is inside now, if any: its target and how long it has waited. Between nodes an
+  // access can need the target's cooperation (a transport without remote atomics in hardware, such as TCP), and to a
+  // frozen process or across a cut link it never completes: the heartbeat's sentinel ends the job on such a wait
+  // (detail::Heartbeat). Callable from any thread, without blocking. {-1, 0} when none, or where not tracked.
+  struct Access {
+    int rank = -1;
+    double seconds = 0;
+  };
+  virtual Access access_in_flight() const noexcept { return {}; }
 
   // Collectives: every rank calls them from one thread, in the same order. The sum is in place and the same on
   // every rank. `waiting` runs every 10 ms or so while this rank waits for the others (the runtime watches

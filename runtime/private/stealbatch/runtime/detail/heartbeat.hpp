@@ -7,6 +7,14 @@
 // not changed for `timeout` seconds ends the job (Cluster::abort, exit status 1), naming the rank, its node, and
 // the step and chunk it was last seen in (its kProgress and kWhere words, which its step's watch writes).
 //
+// Between nodes a read of another rank's word may itself never complete: where the transport needs the target's
+// cooperation (osc ucx over TCP), a frozen target or a cut link leaves the read waiting, and with it the watch. A
+// second thread, the sentinel, makes no MPI call: every period it asks the cluster which one-sided access is in
+// flight (Cluster::access_in_flight); one that has waited longer than `timeout` ends the job the same way, naming
+// its target (one on this rank's own node, or this rank itself, after twice that: a rank stuck on a lost one stalls
+// its node's accesses to it too, and it should be the one that speaks). Should MPI_Abort itself not return, the process exits 5 s later (std::_Exit), and the launcher ends
+// the job on that.
+//
 // A runtime that goes writes kLeft, so a rank that finishes first, or whose runtime is destroyed by an exception
 // on its way out, is not taken for a frozen one. The words are only written by their rank and read by the others,
 // each access a complete one-sided atomic (Cluster::read/write): the protocol needs no ordering beyond that.
@@ -40,12 +48,14 @@ class Heartbeat {
 
  private:
   void run(std::stop_token stop);
+  void sentinel(std::stop_token stop);
 
   std::shared_ptr<Cluster> m_cluster;
   double m_timeout_s;
   std::mutex m_lock;
   std::condition_variable_any m_wake;
-  std::jthread m_thread;  // last: it starts once everything above exists
+  std::jthread m_thread;    // it starts once everything above exists
+  std::jthread m_sentinel;  // last: stopped and joined first
 };
 
 // How long a word that another rank keeps changing has stood still, read again and again: the first read and any
