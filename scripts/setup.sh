@@ -11,6 +11,7 @@ packages=(
   libtorch-dev libopenblas0-pthread
   dataset-fashion-mnist
   clang libclang-rt-14-dev xz-utils
+  iproute2 iputils-ping iptables nftables libnetfilter-queue-dev util-linux
 )
 
 missing=()
