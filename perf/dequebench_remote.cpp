@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 namespace stealbatch::perf {
@@ -68,7 +69,8 @@ int run_remote_steal(std::uint32_t n) {
   if (me == 0) out[2] = percentile(local, 0.5), out[3] = percentile(local, 0.99);
   c->allreduce_sum(out);
   if (me == 0) {
-    std::printf("# dequebench --remote: 2 ranks on one node, %u one-chunk steals each (read + compare-and-swap, flushed)\n", n);
+    const std::string where = c->same_node(1) ? "on one node (" + c->node_name(0) + ")" : "on two nodes (" + c->node_name(0) + ", " + c->node_name(1) + ")";
+    std::printf("# dequebench --remote: 2 ranks %s, %u one-chunk steals each (read + compare-and-swap, flushed)\n", where.c_str(), n);
     std::printf("%-36s %10s %10s\n", "#steal", "p50(us)", "p99(us)");
     std::printf("%-36s %10.2f %10.2f\n", "remote (victim computing, no MPI)", out[0], out[1]);
     std::printf("%-36s %10.2f %10.2f\n", "own word through the window", out[2], out[3]);

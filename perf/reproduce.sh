@@ -25,6 +25,7 @@ sections=(
   "soak           180 s of random faults: every chunk exactly once, exact gradients, timeouts"
   "checkpoint     save and load times, resume against straight, the kill test; PyTorch reading one (TORCH_PYTHON)"
   "mpi            across MPI ranks: DDP, one remote steal, stealbench at 2 to 16 ranks, a soak (an MPI build)"
+  "cluster        across emulated nodes (namespaces): remote steals, the reduction at 10 and 1 Gbit/s, stealbench, DDP (root)"
   "charts         the stealbench sweeps behind perf/charts/, 4 SVGs (matplotlib)"
 )
 

@@ -13,6 +13,9 @@ in the build or the tests needs it.
                                               global batch split equally; rank r idles (factor_r - 1) x the CPU
                                               time of its forward and backward pass after each step, as a
                                               slowed device does after each chunk in the examples
+  torch_ref.py ddp --procs 2 --rank R --master ADDR:PORT ...
+                                              one rank of that run only, in this process (one per node of the
+                                              emulated cluster: scripts/cluster.sh exec NODE ...); rank 0 prints
 
 cpu and ddp print one line per epoch and write --json with the epoch times, samples/s (all epochs but the first)
 and the test accuracy.
@@ -152,8 +155,8 @@ def run_cpu(a):
     return out
 
 
-def ddp_worker(rank, a, factors, port, queue):
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+def ddp_worker(rank, a, factors, port, queue, addr="127.0.0.1"):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=a.procs)
     x, y = load(a.data, "train")
@@ -162,8 +165,10 @@ def ddp_worker(rank, a, factors, port, queue):
     xt, yt = load(a.data, "test")
     model = torch.nn.parallel.DistributedDataParallel(make_model(a))
     r = train(a, model, x, y, xt, yt, rank, a.procs, factors[rank], log=print if rank == 0 else (lambda *_: None))
-    queue.put((rank, r))
+    if queue is not None:
+        queue.put((rank, r))
     torch.distributed.destroy_process_group()
+    return r
 
 
 def spawn_ddp(worker, a):
@@ -186,7 +191,16 @@ def spawn_ddp(worker, a):
 
 
 def run_ddp(a):
-    r0, factors = spawn_ddp(ddp_worker, a)
+    if a.rank >= 0:
+        factors = [float(f) for f in a.slowdown.split(",")] if a.slowdown else [1.0] * a.procs
+        if len(factors) != a.procs or not 0 <= a.rank < a.procs or ":" not in a.master:
+            sys.exit(f"{os.path.basename(sys.argv[0])}: --rank needs 0 <= rank < --procs, --master ADDR:PORT and one --slowdown factor per process")
+        addr, port = a.master.rsplit(":", 1)
+        r0 = ddp_worker(a.rank, a, factors, int(port), None, addr)
+        if a.rank != 0:
+            return {"rank": a.rank}
+    else:
+        r0, factors = spawn_ddp(ddp_worker, a)
     out = {**header(a, {"procs": a.procs, "slowdown": factors}), **r0}
     print(f"[torch ddp {a.model}] {a.procs} processes, slowdown {a.slowdown or 'none'}: {r0['samples_per_s']:.0f} samples/s "
           f"(median epoch after the first), test accuracy {r0['test_accuracy']:.4f}")
@@ -251,6 +265,8 @@ def main():
     ap.add_argument("--procs", type=int, default=4, help="ddp mode: processes (one thread each)")
     ap.add_argument("--slowdown", default="", help="ddp mode: per-process slowdown factors, e.g. 6.6,6.6,1,1")
     ap.add_argument("--steps", type=int, default=100, help="gpu mode: timed steps")
+    ap.add_argument("--rank", type=int, default=-1, help="ddp mode: run this rank only, in this process (with --master)")
+    ap.add_argument("--master", default="", help="ddp mode with --rank: rank 0's ADDR:PORT")
     a = ap.parse_args()
     d = DEFAULTS[a.model]
     a.batch = a.batch or (256 if a.mode == "gpu" else d["batch"])
