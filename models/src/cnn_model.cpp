@@ -61,14 +61,16 @@ struct Conv {
   dnnl::reorder to_fwd, to_bwd, from_diff;  // empty where the layouts are the same
   Layout src_l, dst_l;
   bool data_grad = false;
+  bool reference_weight_grad = false;  // oneDNN has no optimized weight gradient for these layouts: its reference code
 
-  Conv(const dnnl::engine& eng, std::size_t m, std::size_t ic, std::size_t oc, std::size_t side, const memory::desc& src_md, bool with_data_grad)
+  Conv(const dnnl::engine& eng, std::size_t m, std::size_t ic, std::size_t oc, std::size_t side, const memory::desc& src_md, bool with_data_grad,
+       Tag dst_tag = Tag::any)
       : data_grad(with_data_grad) {
     const auto dim = [](std::size_t v) { return static_cast<memory::dim>(v); };
     const memory::dims w{dim(oc), dim(ic), 5, 5}, strides{1, 1}, pad{2, 2};
     plain_weights = memory::desc(w, kF32, Tag::oihw);
     bias = memory::desc({dim(oc)}, kF32, Tag::x);
-    const memory::desc any_w(w, kF32, Tag::any), any_dst({dim(m), dim(oc), dim(side), dim(side)}, kF32, Tag::any);
+    const memory::desc any_w(w, kF32, Tag::any), any_dst({dim(m), dim(oc), dim(side), dim(side)}, kF32, dst_tag);
     dnnl::post_ops relu;
     relu.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
     dnnl::primitive_attr attr;
@@ -81,6 +83,7 @@ struct Conv {
         {dnnl::algorithm::convolution_direct, src, any_w, bias, dst, strides, pad, pad}, eng, fpd);
     diff_weights = wpd.diff_weights_desc();
     bwd_weights = dnnl::convolution_backward_weights(wpd);
+    reference_weight_grad = std::string(wpd.impl_info_str()).rfind("ref", 0) == 0;
     if (diff_weights != plain_weights) from_diff = dnnl::reorder(dnnl::reorder::primitive_desc(eng, diff_weights, eng, plain_weights));
     if (weights != plain_weights) to_fwd = dnnl::reorder(dnnl::reorder::primitive_desc(eng, plain_weights, eng, weights));
     if (with_data_grad) {
@@ -168,6 +171,14 @@ struct CnnModel::Workspace::Kernels {
     const auto dim = [](std::size_t v) { return static_cast<memory::dim>(v); };
     constexpr std::size_t side = CnnModel::kSide, half = side / 2;
     Conv c1(eng, m, 1, CnnModel::kConv1, side, memory::desc({dim(m), 1, dim(side), dim(side)}, kF32, Tag::nchw), false);
+    if (c1.reference_weight_grad) {
+      // Where the CPU has no AVX-512 (AVX2 only), oneDNN 2.6 runs the first layer's weight gradient (one input
+      // channel, blocked output) in its reference code, 50 to 100 times slower; with the maps channels-last it has
+      // a JIT kernel for the forward pass and the weight gradient alike. With one channel, nchw and nhwc are the
+      // same bytes, so the input is not copied.
+      Conv nhwc(eng, m, 1, CnnModel::kConv1, side, memory::desc({dim(m), 1, dim(side), dim(side)}, kF32, Tag::nhwc), false, Tag::nhwc);
+      if (!nhwc.reference_weight_grad) c1 = std::move(nhwc);
+    }
     Conv c2(eng, m, CnnModel::kConv1, CnnModel::kConv2, half,
             memory::desc({dim(m), dim(CnnModel::kConv1), dim(half), dim(half)}, kF32, Tag::any), true);
     return *plans.emplace(m, std::make_unique<Plan>(Plan{std::move(c1), std::move(c2)})).first->second;
