@@ -6,7 +6,7 @@
 # packages iproute2, iptables, nftables and libnetfilter-queue-dev (scripts/setup.sh installs them).
 #
 #   scripts/cluster.sh up K [--delay-us D] [--rate RATE]   K = 2..8 nodes sbn0..sbnK-1; RATE as tc says it (1gbit)
-#   scripts/cluster.sh run [--ranks-per-node P] [--timeout S] [--osc C] -- PROGRAM ARGS...
+#   scripts/cluster.sh run [--ranks-per-node P | --hosts sbn0:P,sbn2:P] [--timeout S] [--osc C] -- PROGRAM ARGS...
 #                                                           mpirun from sbn0 across every node, over TCP on the links,
 #                                                           one-sided steals through osc ucx over TCP with the progress
 #                                                           agent; ends after S seconds (default 600) whatever happens
@@ -162,10 +162,11 @@ up() {
 }
 
 run() {
-  local ppn=1 limit=600 osc=ucx
+  local ppn=1 limit=600 osc=ucx hostlist=""
   while [ $# -gt 0 ]; do
     case $1 in
       --ranks-per-node) ppn=$2; shift 2 ;;
+      --hosts) hostlist=$2; shift 2 ;;
       --timeout) limit=$2; shift 2 ;;
       --osc) osc=$2; shift 2 ;;
       --) shift; break ;;
@@ -174,8 +175,7 @@ run() {
   done
   [ $# -gt 0 ] || die "run: no program (scripts/cluster.sh run [options] -- PROGRAM ARGS...)"
   [ -f "$state/nodes" ] || die "run: no cluster is up (scripts/cluster.sh up K first)"
-  local hostlist
-  hostlist=$(nodes | sed "s/\$/:$ppn/" | paste -sd,)
+  [ -n "$hostlist" ] || hostlist=$(nodes | sed "s/\$/:$ppn/" | paste -sd,)
   # Within a node the ranks share memory (vader); between nodes, TCP on eth0 for messages and for Open MPI's own
   # wiring, UCX over TCP for the one-sided window (osc sm needs one node). UCX is kept off shared memory: the nodes
   # share /dev/shm, and a window through it would not cross the link.

@@ -294,6 +294,12 @@ void PolicyRun::run_epoch(std::size_t epoch) {
     ++step_no;
     const auto ids = std::span<const std::uint32_t>(order).subspan(start, b);
     const StepReport r = step(ids, true);
+    if (step_no == from.step + 1 && from.step > 0 && !quiet_rank()) {
+      // When a resumed run is training again, on the wall clock (an elastic launcher times a node's loss to this).
+      const double unix_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+      std::printf("# first step after resuming: step %zu done at unix time %.3f\n", step_no, unix_s);
+      std::fflush(stdout);
+    }
     for (std::uint32_t s : ids) units += model.sample_units ? model.sample_units(s) : 1.0;
     warn_if_diverging(r.loss, step_no, first_loss);
     loss_sum += r.loss * static_cast<double>(r.samples);
