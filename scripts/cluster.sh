@@ -12,7 +12,9 @@
 #                                                           agent; ends after S seconds (default 600) whatever happens
 #   scripts/cluster.sh exec NODE COMMAND...                 a command inside a node (its host name set)
 #   scripts/cluster.sh cut NODE | heal NODE                 drop every packet to and from NODE (100% loss), or stop
-#   scripts/cluster.sh rate NODE RATE                       change NODE's link rate (a node that becomes slow)
+#   scripts/cluster.sh rate NODE RATE                       change NODE's link rate (a node whose link slows)
+#   scripts/cluster.sh cpu NODE FRACTION                    cap NODE's processes at FRACTION of its cores (a CPU
+#                                                           cgroup quota: a node that computes slower); 1 lifts it
 #   scripts/cluster.sh signal NODE SIG [NAME]               send SIG to every process of NODE (KILL, STOP, CONT), or
 #                                                           to those named NAME only (its ranks, not Open MPI's daemon)
 #   scripts/cluster.sh status | down                        what is up; tear everything down (always safe to run)
@@ -59,6 +61,35 @@ can_make() {
   ip netns del "$probe"
 }
 
+# The CPU cgroup of node N (v2's cpu.max, or v1's cfs quota), made on first use.
+cgroup_of() {
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then echo "/sys/fs/cgroup/stealbatch-$1"; else echo "/sys/fs/cgroup/cpu/stealbatch-$1"; fi
+}
+
+# A short period (2 ms, or what makes the quota the kernel's least, 1 ms): the quota stops the node's processes for the
+# rest of each period once spent, and a long one would freeze the node for tens of milliseconds at a time (its
+# progress agent with it), not slow it down.
+set_cpu() {  # node, fraction of its cores (0.01 to 1)
+  local n=$1 f=$2 cg cores period=2000 quota
+  awk -v f="$f" 'BEGIN { exit !(f >= 0.01 && f <= 1) }' || die "cpu: FRACTION '$f': give 0.01 to 1"
+  cg=$(cgroup_of "$n")
+  [ -d "$(dirname "$cg")" ] || die "cpu: no CPU cgroup controller at $(dirname "$cg")"
+  mkdir -p "$cg" || die "cpu: cannot make $cg"
+  cores=$(node_cores "$n" | awk -F- '{ print ($2 == "" ? 1 : $2 - $1 + 1) }')
+  period=$(awk -v f="$f" -v c="$cores" -v p=$period 'BEGIN { q = 1000 / (f * c); printf "%d", (q > p ? q + 1 : p) }')
+  quota=$(awk -v f="$f" -v c="$cores" -v p="$period" 'BEGIN { printf "%d", f * c * p }')
+  if [ -f "$cg/cpu.max" ]; then
+    if [ "$f" = 1 ]; then echo "max $period" >"$cg/cpu.max"; else echo "$quota $period" >"$cg/cpu.max"; fi || die "cpu: writing $cg/cpu.max failed"
+  else
+    echo -1 >"$cg/cpu.cfs_quota_us" && echo "$period" >"$cg/cpu.cfs_period_us" || die "cpu: writing $cg/cpu.cfs_period_us failed"
+    [ "$f" = 1 ] || echo "$quota" >"$cg/cpu.cfs_quota_us" || die "cpu: writing $cg/cpu.cfs_quota_us ($quota) failed"
+  fi
+  local keep p moved=0
+  keep=$(cat "$state/netdelay.$n.pid" 2>/dev/null)
+  for p in $(ip netns pids "$n" | grep -vx "${keep:-none}"); do echo "$p" >"$cg/cgroup.procs" 2>/dev/null && moved=$((moved + 1)); done
+  echo "cluster: $n capped at $f of its cores ($moved processes; quota $quota us every $period us)"
+}
+
 down() {
   local n pids
   for n in $(nodes) $hub; do
@@ -76,6 +107,8 @@ down() {
     ip netns del "$n" 2>/dev/null
     rm -rf "/etc/netns/$n"
   done
+  # The CPU cgroups, once their processes are gone.
+  for n in /sys/fs/cgroup/stealbatch-sbn* /sys/fs/cgroup/cpu/stealbatch-sbn*; do [ -d "$n" ] && rmdir "$n" 2>/dev/null; done
   rm -rf "$state"
 }
 
@@ -219,6 +252,7 @@ EOF
     echo "cluster: $1 cut off (every packet on its link dropped)" ;;
   heal) is_node "${1:-}"; ip netns exec "$1" nft delete table inet sbcut 2>/dev/null; echo "cluster: $1 healed" ;;
   rate) is_node "${1:-}"; set_rate "$1" "${2:?rate NODE RATE}"; echo "cluster: $1 link at $2" ;;
+  cpu) is_node "${1:-}"; set_cpu "$1" "${2:?cpu NODE FRACTION}" ;;
   signal)
     is_node "${1:-}"
     sig=${2:?signal NODE SIG [NAME]}
@@ -231,5 +265,5 @@ EOF
     done
     [ -n "$pids" ] && kill "-$sig" $pids
     echo "cluster: SIG$sig to $(echo $pids | wc -w) processes of $1${3:+ named $3}" ;;
-  *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$cmd" ] || [ "$cmd" = help ] || exit 2 ;;
+  *) sed -n "2,/^set -uo/p" "$0" | sed "\$d; s/^# \\{0,1\\}//"; [ -z "$cmd" ] || [ "$cmd" = help ] || exit 2 ;;
 esac

@@ -1,7 +1,8 @@
 # cluster: across emulated nodes (scripts/cluster.sh: network namespaces, one core each, a delay and a rate on each
 # link), beside the same on one node: one remote steal at 0, 50 and 500 µs one-way; the reduction at 10 and 1 Gbit/s
 # for the MLP and the CNN; stealbench on 2 nodes x 2 ranks x 2 devices; the main job on 2 nodes against DDP (gloo)
-# launched into the same namespaces (TORCH_PYTHON). Needs root (namespaces); skipped with the reason otherwise.
+# launched into the same namespaces (TORCH_PYTHON); an elastic resume of the full MLP after a node is cut off. Needs
+# root (namespaces); skipped with the reason otherwise.
 section_cluster() {
   command -v mpirun >/dev/null || skip "no mpirun (openmpi-bin)"
   grep -q '^STEALBATCH_MPI:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null || skip "$build is not built with STEALBATCH_MPI"
@@ -67,4 +68,9 @@ section_cluster() {
   else
     echo "the main job against DDP across nodes: skipped (set TORCH_PYTHON)"
   fi
+
+  # Elastic resume: the full MLP (10 epochs of 60,000) on 3 nodes, one cut off after the first checkpoint, run again
+  # on the survivors to its accuracy bar; deterministic, so its weights are those of a straight resume.
+  bash tests/cluster/elastic.sh "$build/examples/mlp" 10 60000 0.88 | grep -E "^(launch|elastic):|^# (resumed|first step)|^stealbatch:" |
+    tee "$out/cluster_elastic.txt"
 }
