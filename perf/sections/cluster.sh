@@ -48,6 +48,12 @@ section_cluster() {
     echo "## two nodes x 2 ranks x 2 devices, one-way delay 50 us, 10gbit; $(link)"
     $cl run --ranks-per-node 2 --timeout 600 -- "$build/perf/stealbench" --devices-per-rank 2 --scenario seed-slow,hetero,slowdown \
       --policy static,steal-adaptive --steps 21 --batch 2048 2>/dev/null
+    # One rank a node: each rank its node's core, as on real nodes (above, two ranks share each node's one core).
+    echo "## one node: 2 ranks x 2 devices, osc sm"
+    "${mpi[@]}" -np 2 "$build/perf/stealbench" --devices-per-rank 2 --scenario seed-slow,hetero,slowdown --policy static,steal-adaptive --steps 21 --batch 1024 2>/dev/null
+    echo "## two nodes x 1 rank x 2 devices, one-way delay 50 us, 10gbit"
+    $cl run --ranks-per-node 1 --timeout 600 -- "$build/perf/stealbench" --devices-per-rank 2 --scenario seed-slow,hetero,slowdown \
+      --policy static,steal-adaptive --steps 21 --batch 1024 2>/dev/null
   } | tee "$out/cluster_stealbench.txt"
 
   # The main job on two nodes (one rank of one device each, the first 6.6x slow) against DDP in the same namespaces,
