@@ -49,7 +49,8 @@ struct MpiCluster::State {
   std::thread progress;
   std::atomic<bool> stop{false};
   // The one-sided access under the lock now: (target rank + 1) << 48 | its start in steady-clock milliseconds, or 0.
-  // One word, so a reader on another thread sees a target with its own start. Written only under the lock.
+  // One word, so a reader on another thread sees a target with its own start. Written only under the lock; relaxed
+  // on both sides: the word carries all the reader needs and publishes no other memory.
   std::atomic<std::uint64_t> in_flight{0};
 };
 

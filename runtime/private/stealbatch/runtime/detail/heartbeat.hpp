@@ -12,8 +12,8 @@
 // second thread, the sentinel, makes no MPI call: every period it asks the cluster which one-sided access is in
 // flight (Cluster::access_in_flight); one that has waited longer than `timeout` ends the job the same way, naming
 // its target (one on this rank's own node, or this rank itself, after twice that: a rank stuck on a lost one stalls
-// its node's accesses to it too, and it should be the one that speaks). Should MPI_Abort itself not return, the process exits 5 s later (std::_Exit), and the launcher ends
-// the job on that.
+// its node's accesses to it too, and it should be the one that speaks). Should MPI_Abort itself not return, the
+// process exits 5 s later (std::_Exit), and the launcher ends the job on that.
 //
 // A runtime that goes writes kLeft, so a rank that finishes first, or whose runtime is destroyed by an exception
 // on its way out, is not taken for a frozen one. The words are only written by their rank and read by the others,
