@@ -28,6 +28,7 @@ struct ClusterState {
   std::uint64_t progress = 0;     // this rank's progress word's low half (bumped by the watch)
   std::int64_t clock_offset_ns = 0;  // add to this rank's times (since its epoch) to put them on rank 0's timeline
   std::vector<detail::StillWord> peers_seen;  // each rank's progress word, as the step's watch last read it
+  std::vector<int> watched;                   // the ranks whose progress the step's watch reads (detail::watched_ranks)
   std::unique_ptr<detail::Heartbeat> heartbeat;  // this rank's pulse and the watch on the others'
 
   explicit operator bool() const noexcept { return job != nullptr; }

@@ -19,9 +19,12 @@
 #include <stealbatch/cores.hpp>
 #include <stealbatch/runtime/detail/agreement.hpp>
 #include <stealbatch/runtime/detail/speed_shares.hpp>
+#include <stealbatch/scheduler/victim.hpp>
 #include <stealbatch/stats.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -48,6 +51,8 @@ namespace {
 // The sizes of the chunk phase when a step's chunk size is left to the runtime (chunk_size = 0) across ranks: the
 // fastest rank's chunks hold batch / (kChunksPerDevice x devices) samples, within [kMinAuto, kMaxAuto].
 constexpr std::size_t kChunksPerDevice = 4, kMinAuto = 16, kMaxAuto = 512;
+// Ranks of other nodes that a call for work reads all of; beyond, each call draws this many at least.
+constexpr std::size_t kProbeAllUpTo = 64, kMinProbes = 16;
 
 }  // namespace
 
@@ -90,6 +95,7 @@ void Runtime::Impl::join_cluster(DeviceSpec& spec) {
   cluster.rank_speed_history.assign(static_cast<std::size_t>(ranks), {});
   cluster.rank_cost_history.assign(static_cast<std::size_t>(ranks), {});
   cluster.peers_seen.assign(static_cast<std::size_t>(ranks), {});
+  cluster.watched = detail::watched_ranks(me, ranks);
   // The clocks: each of a few rounds ends a collective on every rank at about the same moment; there every rank reads
   // its time since its own epoch, and the median difference from rank 0's is the offset (within the collective's
   // exit skew, microseconds on a node). The trace puts every rank on rank 0's timeline with it.
@@ -126,8 +132,7 @@ void Runtime::Impl::watch_cluster() {
   // A rank whose process has stopped is the heartbeat's to report (detail::Heartbeat, within heartbeat_timeout);
   // here, one that runs but makes no progress in its step, or does not call step() with the others.
   const auto now = Clock::now();
-  for (int r = 0; r < cluster->size(); ++r) {
-    if (r == me) continue;
+  for (const int r : cluster.watched) {  // every other rank, or its fingers in large jobs (detail::watched_ranks)
     const std::uint64_t beat = cluster->read(r, Cluster::kProgress);
     const double quiet = cluster.peers_seen[static_cast<std::size_t>(r)].seconds_still(beat, now);
     if (quiet <= options.stall_timeout) continue;
@@ -197,7 +202,14 @@ void Runtime::Impl::plan_ranks(std::size_t batch, StepPlan& p) {
       const int v = static_cast<int>((rs.me + i) % ranks);
       if (cluster->same_node(v) == (pass == 0)) rs.victims.push_back(v);
     }
+    if (pass == 0) rs.node_victims = rs.victims.size();
   }
+  // How many of the other nodes' ranks a call for work reads (ClusterOptions::probes): all of up to kProbeAllUpTo,
+  // else 2 x ceil(log2 ranks), at least kMinProbes, drawn afresh at every call.
+  const std::size_t others = rs.victims.size() - rs.node_victims;
+  std::size_t probes = options.cluster.probes;
+  if (probes == 0) probes = others <= kProbeAllUpTo ? others : std::max<std::size_t>(kMinProbes, 2 * static_cast<std::size_t>(std::bit_width(ranks - 1)));
+  rs.probes = std::min(probes, others);
   // The other ranks' devices take from this rank's share too once theirs is done: for the end game, their rate in
   // this rank's full chunks (none while the rank speeds are equal placeholders).
   p.outside_rate = 0;
@@ -256,14 +268,24 @@ void give_up_share(Cluster& c, std::uint16_t tag) {
 
 // What every rank's share still holds, in this rank's full chunks, for the end game (an estimate: a share whose owner
 // has not written this step's word yet counts whole; a failed read counts as more than any step holds, so the
-// device takes).
-std::uint64_t held_by_shares(Cluster& c, const RankShares& rs) noexcept {
+// device takes). With bounded probes (RankShares::probes), the own word and the node's exactly, and as many of the
+// other nodes' as a call for work reads, spread evenly from a place that moves with each call, scaled to them all.
+std::uint64_t held_by_shares(Cluster& c, const RankShares& rs, std::size_t call) noexcept {
   try {
-    double held = 0;
-    for (int r = 0; r < c.size(); ++r) {
+    const auto held_by = [&](int r) {
       detail::ShareWord s = detail::ShareWord::unpack(c.read(r, Cluster::kShare));
       if (s.tag != rs.tag) s = r == c.rank() ? detail::ShareWord{rs.tag, 0, 0} : rs.word_of(static_cast<std::size_t>(r));
-      held += rs.before[s.back] - rs.before[s.front];
+      return rs.before[s.back] - rs.before[s.front];
+    };
+    double held = held_by(c.rank());
+    for (std::size_t i = 0; i < rs.node_victims; ++i) held += held_by(rs.victims[i]);
+    const std::size_t others = rs.victims.size() - rs.node_victims;
+    if (rs.probes >= others) {
+      for (std::size_t i = rs.node_victims; i < rs.victims.size(); ++i) held += held_by(rs.victims[i]);
+    } else if (rs.probes > 0) {
+      double sampled = 0;
+      for (std::size_t j = 0; j < rs.probes; ++j) sampled += held_by(rs.victims[rs.node_victims + (call + j * others / rs.probes) % others]);
+      held += sampled * static_cast<double>(others) / static_cast<double>(rs.probes);
     }
     return static_cast<std::uint64_t>(std::min(std::ceil(held / rs.chunk[rs.me] - 1e-9), 4294967296.0));  // as a failed read, at most
   } catch (...) {
@@ -281,20 +303,48 @@ ChunkPhase Runtime::Impl::run_from_shares(std::span<const std::uint32_t> samples
   phase.start = step_start;
   // The scheduler's chunk source: chunks from the own share's front, else part of a victim's back; each handed out
   // to the device that asked, as its own.
+  // Victims: the node's ranks in order, then every other node's rank in order, or rs.probes of them drawn afresh at
+  // each call (distinct within a call; the source is asked by one worker at a time, so the draw needs no lock).
+  Rng draw(static_cast<std::uint64_t>(rs.tag) << 32 | rs.me);
+  std::vector<std::size_t> drawn;
   const auto take = [&](std::size_t w, std::span<ChunkId> out) -> std::size_t {
     const auto t0 = Clock::now();
     const auto room = static_cast<std::uint32_t>(out.size());
     std::uint32_t first = 0;
     std::size_t k = claim_own(*cluster, rs, static_cast<std::uint32_t>(dev.devices.size()), room, first);
-    for (std::size_t i = 0; k == 0 && options.schedule.policy == SchedulePolicy::kSteal && i < rs.victims.size(); ++i) {
+    const auto try_victim = [&](std::size_t i) {
       k = steal_from(*cluster, rs, rs.victims[i], room, first);
       if (k != 0) phase.remote_chunks += k, ++phase.remote_steals;
+    };
+    const std::size_t others = rs.victims.size() - rs.node_victims;
+    if (options.schedule.policy == SchedulePolicy::kSteal) {
+      std::size_t i = 0;
+      for (; k == 0 && i < rs.node_victims; ++i) try_victim(i);
+      if (rs.probes >= others) {
+        for (; k == 0 && i < rs.victims.size(); ++i) try_victim(i);
+      } else {
+        // A budget too, once the ranks' speeds are measured: no more reads of other nodes' words once this call has
+        // taken as long as one of this rank's full chunks (over TCP a read costs about a millisecond).
+        const double budget = rs.measured ? rs.chunk[rs.me] / rs.speed[rs.me] : 0.0;
+        drawn.clear();
+        while (k == 0 && drawn.size() < rs.probes) {  // ends: probes < others, so a fresh one is always left
+          if (budget > 0 && !drawn.empty() && seconds(Clock::now() - t0) > budget) break;
+          const std::size_t j = rs.node_victims + draw.below(others);
+          if (std::find(drawn.begin(), drawn.end(), j) != drawn.end()) continue;
+          drawn.push_back(j);
+          try_victim(j);
+        }
+      }
     }
     for (std::uint32_t i = 0; i < k; ++i) out[i] = first + i, t.home[first + i] = static_cast<std::uint32_t>(w);
     if (k == 0) phase.leave_s = seconds(Clock::now() - t0);
     return k;
   };
-  const std::function<std::uint64_t()> pending = [this, &rs]() noexcept { return held_by_shares(*cluster, rs); };
+  // Workers may ask at once; the count only moves the sample (relaxed: it publishes nothing).
+  std::atomic<std::size_t> pending_calls{0};
+  const std::function<std::uint64_t()> pending = [this, &rs, &pending_calls]() noexcept {
+    return held_by_shares(*cluster, rs, pending_calls.fetch_add(1, std::memory_order_relaxed));
+  };
   try {
     phase.stats = sched->run_sourced(take, [&](std::size_t w, ChunkId c) { run_one(w, c, samples, fn, t, plan); }, pending);
   } catch (const std::exception& e) {

@@ -12,6 +12,18 @@ namespace stealbatch::detail {
 
 double Heartbeat::period_s(double timeout_s) noexcept { return std::clamp(timeout_s / 10, 0.01, 0.5); }
 
+std::vector<int> watched_ranks(int me, int ranks) {
+  std::vector<int> out;
+  if (ranks - 1 <= kWatchAllUpTo) {
+    for (int r = 0; r < ranks; ++r) {
+      if (r != me) out.push_back(r);
+    }
+    return out;
+  }
+  for (long long d = 1; d < ranks; d *= 2) out.push_back(static_cast<int>((me + d) % ranks));
+  return out;
+}
+
 std::string rank_and_node(const Cluster& cluster, int rank) {
   const std::string node = cluster.node_name(rank);
   return "rank " + std::to_string(rank) + (node.empty() ? "" : " (node " + node + ")");
@@ -51,13 +63,13 @@ void Heartbeat::run(std::stop_token stop) {
   const int me = m_cluster->rank(), ranks = m_cluster->size();
   const auto period = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(period_s(m_timeout_s)));
   std::vector<StillWord> seen(static_cast<std::size_t>(ranks));
+  const std::vector<int> watched = watched_ranks(me, ranks);
   std::uint64_t beat = 0;
   try {
     while (!stop.stop_requested()) {
       m_cluster->write(me, Cluster::kAlive, ++beat);
       const auto now = Clock::now();
-      for (int r = 0; r < ranks; ++r) {
-        if (r == me) continue;
+      for (const int r : watched) {
         const std::uint64_t theirs = m_cluster->read(r, Cluster::kAlive);
         if (theirs == kLeft) continue;
         const double quiet = seen[static_cast<std::size_t>(r)].seconds_still(theirs, now);

@@ -67,6 +67,7 @@ static detail::AgreementFields agreement_fields(const RuntimeOptions& o) {
                             {"optimizer weight_decay", num(o.optimizer.weight_decay)},
                             {"stall_timeout", num(o.stall_timeout)},
                             {"heartbeat_timeout", num(o.cluster.heartbeat_timeout)},
+                            {"cluster probes", std::to_string(o.cluster.probes)},
                             {"on_device_failure", std::to_string(static_cast<int>(o.on_device_failure))},
                             {"deterministic", o.schedule.deterministic ? "on" : "off"}};
   for (const auto& field : o.cluster.agree_on) f.push_back(field);

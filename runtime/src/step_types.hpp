@@ -50,6 +50,8 @@ struct RankShares {
   std::vector<ChunkRange> share;        // each rank's chunk ids
   std::vector<double> before;           // the cost of chunks [0, c): what a share word holds, from two reads
   std::vector<int> victims;             // the other ranks of this node first, then the rest, each list starting after this rank
+  std::size_t node_victims = 0;         // how many of victims are on this node
+  std::size_t probes = 0;               // how many of the other nodes' ranks each call reads (all: victims.size() - node_victims)
   bool active() const noexcept { return !share.empty(); }
   detail::ShareWord word_of(std::size_t r) const noexcept {
     return {tag, static_cast<std::uint32_t>(share[r].begin), static_cast<std::uint32_t>(share[r].end)};

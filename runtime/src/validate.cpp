@@ -83,6 +83,7 @@ void validate(const SimOptions& o) {
 }
 
 void validate(const ClusterOptions& o) {
+  if (o.probes > (std::size_t{1} << 20)) throw ConfigError("cluster.probes = " + std::to_string(o.probes) + "; valid range is [0, 1048576] (0: auto)");
   if (!std::isfinite(o.heartbeat_timeout) || o.heartbeat_timeout <= 0 || o.heartbeat_timeout > 86400) {
     throw ConfigError("heartbeat_timeout = " + text(o.heartbeat_timeout) + " s; valid range is (0, 86400]");
   }

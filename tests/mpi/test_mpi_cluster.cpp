@@ -167,6 +167,67 @@ void exactly_once() {
   EXPECT(total[0] > 0);  // the ranks did steal from each other
 }
 
+// The ranks of this job as if on nodes of `per_node` ranks each (rank r on node r / per_node): every call but
+// same_node() goes to the real cluster. So one machine can run the paths that only ranks of other nodes take.
+class GroupedNodes final : public Cluster {
+ public:
+  GroupedNodes(std::shared_ptr<Cluster> c, int per_node) : m_c(std::move(c)), m_per(per_node) {}
+  int rank() const noexcept override { return m_c->rank(); }
+  int size() const noexcept override { return m_c->size(); }
+  bool same_node(int r) const noexcept override { return r / m_per == m_c->rank() / m_per; }
+  std::string node_name(int r) const override { return "group" + std::to_string(r / m_per); }
+  std::uint64_t read(int r, Word w) override { return m_c->read(r, w); }
+  std::uint64_t compare_and_swap(int r, Word w, std::uint64_t e, std::uint64_t d) override { return m_c->compare_and_swap(r, w, e, d); }
+  void write(int r, Word w, std::uint64_t v) override { m_c->write(r, w, v); }
+  Access access_in_flight() const noexcept override { return m_c->access_in_flight(); }
+  void allreduce_sum(std::span<float> d, const std::function<void()>& f) override { m_c->allreduce_sum(d, f); }
+  void allreduce_sum(std::span<double> d, const std::function<void()>& f) override { m_c->allreduce_sum(d, f); }
+  void allreduce_sum(std::span<std::int64_t> d, const std::function<void()>& f) override { m_c->allreduce_sum(d, f); }
+  void broadcast(std::span<char> d, int root) override { m_c->broadcast(d, root); }
+  [[noreturn]] void abort(const std::string& why, int code) noexcept override {
+    m_c->abort(why, code);
+    std::abort();  // not reached: the cluster's abort does not return
+  }
+
+ private:
+  std::shared_ptr<Cluster> m_c;
+  int m_per;
+};
+
+// Bounded calls for work (ClusterOptions::probes = 1): 4 ranks as 2 nodes of 2, each call reading its node's other
+// rank and one rank of the other node drawn at random. Every sample of 2,000 steps whose devices change speed at
+// random runs exactly once, counted from the chunk function; chunks do cross the node boundary; and a step whose
+// ranks differ 20x in speed still ends (the slow node's work is found by the draws).
+void bounded_probes() {
+  const int me = g_cluster->rank();
+  RuntimeOptions o = on_cluster("sim:1,1", 4, 2e-6);
+  o.cluster.job = std::make_shared<GroupedNodes>(g_cluster, 2);
+  o.cluster.probes = 1;
+  o.sim.speed_factor = random_speeds(me, 0.05, 2.0);
+  o.stall_timeout = 60;
+  Runtime rt(o);
+  rt.register_parameters(layout(), initial());
+  const std::size_t steps = std::getenv("SB_MPI_STEPS") ? std::strtoull(std::getenv("SB_MPI_STEPS"), nullptr, 10) : 2000;
+  std::uint64_t remote = 0, wrong = 0;
+  for (std::size_t s = 0; s < steps; ++s) {
+    const std::size_t n = 64 + (s * 37) % 200;
+    const std::vector<std::uint32_t> b = batch_of(n, s);
+    std::vector<std::atomic<int>> count(n);
+    const StepReport r = rt.compute_gradient(b, [&](ChunkContext& ctx) {
+      const std::size_t first = static_cast<std::size_t>(ctx.samples.data() - b.data());
+      for (std::size_t i = 0; i < ctx.samples.size(); ++i) count[first + i].fetch_add(1, std::memory_order_relaxed);
+      linear_chunk(ctx);
+    });
+    remote += r.remote_chunks;
+    wrong += not_run_once(count);
+  }
+  std::vector<double> total{static_cast<double>(remote)};
+  g_cluster->allreduce_sum(total);
+  if (me == 0) std::printf("bounded probes: %zu steps, %.0f chunks ran on another rank, %llu samples not run exactly once\n", steps, total[0], static_cast<unsigned long long>(wrong));
+  EXPECT(wrong == 0);
+  EXPECT(total[0] > 0);
+}
+
 // The full-batch gradient with R ranks equals one process's (each rank computes that one itself).
 // The mean gradient across the ranks (`devices` on each; with `costs`, each batch's sample costs given) against one
 // process's, over five batches.
@@ -726,7 +787,7 @@ void long_but_alive() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|remote-steal-timed|trace|config|disagree|long-but-alive|costs|deterministic|stall|hang|die|absent\n", argv[0]);
+    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|remote-steal-timed|trace|config|disagree|long-but-alive|costs|deterministic|probes|stall|hang|die|absent\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
@@ -736,7 +797,7 @@ int main(int argc, char** argv) {
       {"remote-steal-timed", [] { remote_steal_while_victim_computes(StealCheck::kTimed); }}, {"stall", stall},
       {"hang", [] { hang_or_die(false); }}, {"die", [] { hang_or_die(true); }}, {"trace", trace_across_ranks}, {"config", config_errors},
       {"disagree", ranks_disagree}, {"absent", absent}, {"long-but-alive", long_but_alive}, {"costs", given_costs},
-      {"deterministic", deterministic_across_ranks}};
+      {"deterministic", deterministic_across_ranks}, {"probes", bounded_probes}};
   const auto it = cases.find(which);
   if (it == cases.end()) {
     std::fprintf(stderr, "unknown case '%s'\n", which.c_str());

@@ -6,6 +6,7 @@
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/communicator.hpp>
 #include <stealbatch/runtime/cpu_device.hpp>
+#include <stealbatch/runtime/detail/heartbeat.hpp>
 #include <stealbatch/runtime/detail/speed_shares.hpp>
 #include <stealbatch/data/idx.hpp>
 #include <stealbatch/runtime/sim_device.hpp>
@@ -878,4 +879,28 @@ TEST_CASE("Runtime.DevicesReserveForTheStepsLargestChunkBeforeItRuns") {
     largest = std::max(largest, d->largest_run);
   }
   CHECK(largest == 48);
+}
+
+// Large jobs watch fingers, not everyone: every rank is still watched, by ceil(log2 R) others, and a lost node of
+// consecutive ranks is still watched by ranks of other nodes.
+TEST_CASE("watched ranks: all of a small job, fingers of a large one, every rank watched from another node") {
+  for (int ranks : {2, 3, 65}) {
+    for (int me = 0; me < ranks; ++me) CHECK(detail::watched_ranks(me, ranks).size() == static_cast<std::size_t>(ranks - 1));
+  }
+  for (int ranks : {66, 100, 1000, 10000}) {
+    std::vector<int> watchers(static_cast<std::size_t>(ranks), 0);
+    std::vector<int> from_afar(static_cast<std::size_t>(ranks), 0);  // watchers 8 ranks or more away (nodes of 8)
+    const auto log2 = static_cast<std::size_t>(std::ceil(std::log2(ranks)));
+    for (int me = 0; me < ranks; ++me) {
+      const std::vector<int> w = detail::watched_ranks(me, ranks);
+      CHECK(w.size() == log2);
+      for (int r : w) {
+        CHECK(r != me);
+        ++watchers[static_cast<std::size_t>(r)];
+        from_afar[static_cast<std::size_t>(r)] += r / 8 != me / 8;
+      }
+    }
+    CHECK(*std::min_element(watchers.begin(), watchers.end()) == static_cast<int>(log2));
+    CHECK(*std::min_element(from_afar.begin(), from_afar.end()) >= static_cast<int>(log2) - 4);  // distances 8, 16, ... at least
+  }
 }

@@ -151,6 +151,16 @@ struct ClusterOptions {
   // frozen or gone or its node is unreachable, ends the job on every other rank, within heartbeat_timeout plus a
   // tenth of it; the message names the rank, its node, and the step and chunk it was in. (0, 86400].
   double heartbeat_timeout = 10;
+  // A rank whose own share is empty asks the others for work: its own node's ranks, then those of other nodes. Up
+  // to 64 ranks on other nodes (probes = 0, auto) it reads every one, and leaves the chunk phase only once none holds
+  // work worth stealing. Beyond, a read across nodes costs microseconds (RDMA) to milliseconds (TCP) and every rank
+  // reading every other one at each step's end grows with the job: each call then reads its node and `probes` ranks
+  // of other nodes drawn afresh (auto: 2 x ceil(log2 ranks), at least 16), and a rank leaves after a call that
+  // finds nothing there, or once the call has read for as long as one of its own chunks takes (the ranks' speeds
+  // measured). Every chunk still runs exactly once (an owner runs whatever is left of its share); what a
+  // rank that left could still have stolen is the balance given up (perf/cluster_model.py measures it). A number
+  // sets the draw at any size (at or above the other nodes' ranks: read them all). [0, 1 << 20].
+  std::size_t probes = 0;
   // The trainer's own settings that every rank must share (its seed, epochs, data...), as name and value. The
   // runtime checks them with its own (the options that shape a step) when the ranks join, the parameter layout and
   // initial values at register_parameters(), and each step's batch (a hash of its sample ids) and learning rate

@@ -30,6 +30,7 @@
 #include <stop_token>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace stealbatch::detail {
 
@@ -76,6 +77,16 @@ class StillWord {
   std::uint64_t m_value = 0;
   std::chrono::steady_clock::time_point m_since{};
 };
+
+// The ranks that `me` watches (its heartbeat and its step's stall watch read their words): every other rank in jobs
+// of up to kWatchAllUpTo + 1 ranks; beyond, its fingers me + 1, me + 2, me + 4, ... (mod ranks), ceil(log2 ranks) of
+// them. Reading every rank costs each rank ranks - 1 remote reads a period, every rank's window answering as many:
+// at 10,000 ranks and 2 us a read, 20 ms of every period under the rank's MPI lock, and a stall watch (every 10 ms
+// while waiting in a collective) that cannot finish one sweep in its period. With fingers every rank is watched by
+// ceil(log2 ranks) others at distances 1, 2, 4, ...: those at distances of a node's ranks and beyond are on other
+// nodes, so a lost node's ranks are still seen to stop, by ranks that are not lost with them.
+inline constexpr int kWatchAllUpTo = 64;
+std::vector<int> watched_ranks(int me, int ranks);
 
 // "rank 1 (node n2)", or "rank 1" where the cluster knows no node name: how the watches name a rank.
 std::string rank_and_node(const Cluster& cluster, int rank);
