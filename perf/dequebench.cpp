@@ -430,12 +430,15 @@ int main(int argc, char** argv) {
                                    "p50 and p99; mpirun -np 2, builds with MPI only");
   app.add_option("--steals", steals, "--remote: one-chunk steals timed on each word")
       ->check(CLI::Range(100u, detail::ShareWord::kMaxChunk - 1))->capture_default_str()->needs(remote_flag);
+  bool costs = false;
+  app.add_flag("--costs", costs, "--remote on any number of ranks: the cross-rank step's unit costs, every rank at once (inputs of perf/cluster_model.py)")
+      ->needs(remote_flag);
   for (const char* other : {"--reps", "--ops", "--wakes", "--impl", "--pattern"}) remote_flag->excludes(app.get_option(other));
   remote_flag->excludes(json_opt);
   CLI11_PARSE(app, argc, argv);
   if (remote) {
 #ifdef STEALBATCH_HAS_MPI
-    return perf::run_remote_steal(steals);
+    return costs ? perf::run_remote_costs(steals) : perf::run_remote_steal(steals);
 #else
     std::fprintf(stderr, "dequebench: --remote needs a build with MPI (STEALBATCH_MPI)\n");
     return 2;

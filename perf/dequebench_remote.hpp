@@ -9,4 +9,9 @@ namespace stealbatch::perf {
 // the exit status (2: not 2 ranks).
 int run_remote_steal(std::uint32_t steals);
 
+// The cross-rank step's unit costs on any number of ranks (mpirun -np N), every rank at once: a read and a
+// compare-and-swap of the next rank's word, a read of every rank's word in turn (the last call for work), the step's
+// two allreduces and a 1 ms sleep's overshoot. Prints `name value` lines on rank 0, the inputs of perf/cluster_model.py.
+int run_remote_costs(std::uint32_t steals);
+
 }  // namespace stealbatch::perf

@@ -221,6 +221,9 @@ int main(int argc, char** argv) {
                  "are stolen across ranks; policies static and steal-adaptive; compute only (no simulated transfers or AllReduce: "
                  "the real MPI reduction is in the step)")
       ->check(CLI::Range(0, 64))->capture_default_str();
+  std::size_t probes = 0;
+  app.add_option("--probes", probes, "across ranks: the other nodes' ranks a call for work reads (0: auto, every one up to 64; "
+                 "ClusterOptions::probes)")->check(CLI::Range(std::size_t{0}, std::size_t{1} << 20))->capture_default_str();
   bool overhead = false;
   std::string trace_dir;
   app.add_flag("--overhead", overhead,
@@ -377,6 +380,7 @@ int main(int argc, char** argv) {
           for (std::size_t i = d0; i < d1; ++i) spec += (i > d0 ? "," : "") + std::to_string(sc.speeds[i]);
           ps.options.devices = spec;
           ps.options.cluster.job = cluster;
+          ps.options.cluster.probes = probes;
           if (cluster && sc.speed_factor) {
             auto global = sc.speed_factor;  // the scenario indexes the job's devices
             ps.options.sim.speed_factor = [global, d0](std::size_t d, std::uint64_t step, double t) { return global(d0 + d, step, t); };
