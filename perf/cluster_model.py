@@ -424,13 +424,14 @@ def scale(a):
             for R in a.scale_ranks:
                 for bounded in (False, True):
                     rounds = math.ceil(math.log2(R))
-                    tally_bytes = 4 * (14 * R + 11 * R)
+                    tally_bytes = 4 * (14 * R + 11 * R)  # replaced below by the table's own chunk count
                     c = Costs({"read_same_node_us": st["read_same"], "cas_same_node_us": st["cas_same"], "read_other_node_us": st["read_other"],
                                "cas_other_node_us": st["cas_other"], "own_word_us": st["own"], "allreduce_16_doubles_us": rounds * st["round_us"],
                                "allreduce_tally_us": rounds * st["round_us"] + 2 * tally_bytes * 8 / (a.gbps * 1e3),
                                "sleep_overshoot_us": one["sleep_overshoot_us"]})
                     probes = auto_probes(R, a.per_node) if bounded else None
                     m = Model(R, max(1, R // a.per_node), 1, SCENARIOS[scen], 128 * R, 16, 100.0, 2, 500.0, c, probes, a.plan_ns, a.seed, fixed)
+                    c.tally = rounds * st["round_us"] + 2 * 4 * (m.total_chunks + 11 * R) * 8 / (a.gbps * 1e3)  # the table's own chunk count
                     m.fingers = bounded
                     if bounded and a.budget:
                         m.budget_us = [max(m.chunks[r]) * 100.0 / m.rank_speed[r] for r in range(R)]  # one full chunk's time
