@@ -312,7 +312,8 @@ int main(int argc, char** argv) {
   std::printf("# ideal-x = the static split's ideal step / the ideal step: the largest speedup over static there is\n");
   if (cluster) {
     std::printf("# across %d ranks x %zu devices (mpirun): remote = chunks per step run on another rank than placed; leave(us) = a rank's last\n"
-                "#   call for work, which read every other rank's share and found none (median over steps, mean over ranks)\n", ranks, per_rank);
+                "#   call for work, which read every other rank's share and found none (median over steps, mean over ranks);\n"
+                "#   the ideal includes each step's measured reduction: the wait in it of the rank that reached it last\n", ranks, per_rank);
   }
   std::printf("# bycost = timed steps the runtime placed by cost: given sample costs (steal-cost, packer) or learnt batch-position ones (schedule.cost_by_position)\n");
   std::printf("%-10s %-15s %5s %10s %10s %6s %8s %8s %8s %9s %6s %6s %7s %6s%s%s\n", "# scenario", "policy", "devs", "step(ms)", "ideal(ms)", "eff",
@@ -423,21 +424,26 @@ int main(int argc, char** argv) {
               for (std::uint32_t s : ctx.samples) seen[s - first].fetch_add(1, std::memory_order_relaxed);
               ctx.grad[0] += static_cast<float>(ctx.samples.size());
             }, given_cost);
+            double t_reduce = 0;  // across ranks: the step's measured reduction, part of its ideal
             {
-              std::vector<double> runs(step_batch + 2);
+              std::vector<double> runs(step_batch + 2 + static_cast<std::size_t>(ranks));
               for (std::size_t k = 0; k < step_batch; ++k) runs[k] = seen[k].load(std::memory_order_relaxed);
               runs[step_batch] = static_cast<double>(r.remote_chunks);
               runs[step_batch + 1] = r.leave_s;
+              runs[step_batch + 2 + static_cast<std::size_t>(rank)] = r.reduce_s;
               runs = sum_over_ranks(std::move(runs));
               for (std::size_t k = 0; k < step_batch; ++k) wrong += runs[k] != 1.0;
               if (i >= warmup) remote.push_back(runs[step_batch]), leave.push_back(runs[step_batch + 1] / ranks * 1e6);
+              // Each rank's wait in the reduction; the rank that reached it last waited for no one: its wait is the
+              // reduction's own time (the tally through MPI_Allreduce, and the in-rank sum).
+              if (cluster) t_reduce = *std::min_element(runs.begin() + static_cast<std::ptrdiff_t>(step_batch + 2), runs.end());
             }
             if (i < warmup) continue;
             double speeds_now = speed_sum;  // a step change lowers device 0's speed from its step on
             if (!step_change.empty() && i + 1 > static_cast<std::size_t>(step_change[0]) + warmup) {
               speeds_now -= sc.speeds[0] * (1.0 - step_change[1]);
             }
-            ideal_s.push_back(finish_time(work * sample_seconds, speeds_now, sc.speeds[0], drop_step(i)) + t_ar);
+            ideal_s.push_back(finish_time(work * sample_seconds, speeds_now, sc.speeds[0], drop_step(i)) + t_ar + t_reduce);
             {
               // The static split at its best: an equal share of the chunks per device, each at its true speed.
               const std::size_t nchunks = (step_batch + chunk - 1) / chunk;
@@ -451,7 +457,7 @@ int main(int argc, char** argv) {
                 const double speed_d = sc.speeds[d] * (d == 0 && !step_change.empty() && i + 1 > static_cast<std::size_t>(step_change[0]) + warmup ? step_change[1] : 1.0);
                 worst = std::max(worst, finish_time(w * sample_seconds, speed_d, d == 0 ? speed_d : 0.0, drop_step(i)));
               }
-              ideal_static_s.push_back(worst + t_ar);
+              ideal_static_s.push_back(worst + t_ar + t_reduce);
             }
             step_s.push_back(r.step_s);
             by_cost += r.placed_by_cost ? 1 : 0;
