@@ -197,6 +197,7 @@ class Model:
         running = [[[] for _ in range(D)] for _ in range(R)]
         queue = [[[] for _ in range(D)] for _ in range(R)]
         source_free = [start] * R  # one worker of a rank asks the source at a time
+        closed = [False] * R  # a rank's source, once a call found nothing (the scheduler closes it)
         done = [[False] * D for _ in range(R)]
         rank_end = [start] * R
         leave, remote = [], 0
@@ -232,6 +233,10 @@ class Model:
                     k = len(queue[r][sib]) // 2
                     q.extend(queue[r][sib][-k:])
                     del queue[r][sib][-k:]
+            if not q and closed[r]:  # the source said no more: this device is done too
+                done[r][d] = True
+                rank_end[r] = max(rank_end[r], t, dev_end[r][d] + c.overshoot)
+                continue
             if not q:
                 if source_free[r] > t:
                     heapq.heappush(events, (source_free[r], r, d, 1))
@@ -256,7 +261,8 @@ class Model:
                         if back[v] == front[v]:
                             self.nonempty.remove(v)
                 source_free[r] = t
-                if not q:  # nothing anywhere: this device is done
+                if not q:  # nothing anywhere: the rank's source closes, and this device is done
+                    closed[r] = True
                     leave.append(t - t0)
                     done[r][d] = True
                     rank_end[r] = max(rank_end[r], t, dev_end[r][d] + c.overshoot)
@@ -305,6 +311,8 @@ class Model:
 
 def run_one(a, costs):
     speeds = SCENARIOS[a.scenario]
+    if a.probes == 0:  # as the runtime's 0: auto
+        a.probes = auto_probes(a.ranks, max(1, a.ranks // a.nodes))
     m = Model(a.ranks, a.nodes, a.devices, speeds, a.batch_per_rank * a.ranks, a.chunk, a.sample_us, a.in_flight, a.lead_us, costs,
               a.probes, a.plan_ns, a.seed, a.rank_fixed_us)
     return m, m.reported()
@@ -457,7 +465,7 @@ def main():
     ap.add_argument("--sample-us", type=float, default=100.0)
     ap.add_argument("--in-flight", type=int, default=2)
     ap.add_argument("--lead-us", type=float, default=500.0)
-    ap.add_argument("--probes", type=int, default=None, help="bounded victims: the own node and this many others (default: all)")
+    ap.add_argument("--probes", type=int, default=None, help="bounded victims: the own node and this many others drawn per call (0: auto, as ClusterOptions::probes; default: all)")
     ap.add_argument("--plan-ns", type=float, default=0.0, help="building the chunk table, ns per chunk (every rank); --scale: "
                     "default the measured table_cut_ns_per_chunk")
     ap.add_argument("--seed", type=int, default=1)

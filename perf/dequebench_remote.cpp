@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -194,8 +195,9 @@ int run_remote_costs(std::uint32_t n) {
   mine[5] = p50(over_us), mine[6] = read_us.empty() ? -1.0 : read_same ? 1.0 : 0.0, mine[7] = p50(own_us), mine[8] = cut_ns;
   c->allreduce_sum(all);
   if (me != 0) return 0;
-  int nodes = 0;
-  for (int r = 0; r < ranks; ++r) nodes += r == 0 || c->node_name(r) != c->node_name(r - 1) ? 1 : 0;
+  std::set<std::string> names;
+  for (int r = 0; r < ranks; ++r) names.insert(c->node_name(r));
+  const int nodes = static_cast<int>(names.size());
   auto over_ranks = [&](int f, int same) {  // same: 1 the thieves whose victim is on their node, 0 the others, -1 all
     std::vector<double> v;
     for (int r = 0; r < ranks; ++r) {

@@ -324,8 +324,9 @@ ChunkPhase Runtime::Impl::run_from_shares(std::span<const std::uint32_t> samples
         for (; k == 0 && i < rs.victims.size(); ++i) try_victim(i);
       } else {
         // A budget too, once the ranks' speeds are measured: no more reads of other nodes' words once this call has
-        // taken as long as one of this rank's full chunks (over TCP a read costs about a millisecond).
-        const double budget = rs.measured ? rs.chunk[rs.me] / rs.speed[rs.me] : 0.0;
+        // taken as long as one of this rank's full chunks on one of its devices (the rank's speed is its devices'
+        // sum; over TCP a read costs about a millisecond).
+        const double budget = rs.measured ? rs.chunk[rs.me] * static_cast<double>(dev.devices.size()) / rs.speed[rs.me] : 0.0;
         drawn.clear();
         while (k == 0 && drawn.size() < rs.probes) {  // ends: probes < others, so a fresh one is always left
           if (budget > 0 && !drawn.empty() && seconds(Clock::now() - t0) > budget) break;

@@ -177,7 +177,12 @@ class GroupedNodes final : public Cluster {
   bool same_node(int r) const noexcept override { return r / m_per == m_c->rank() / m_per; }
   std::string node_name(int r) const override { return "group" + std::to_string(r / m_per); }
   std::uint64_t read(int r, Word w) override { return m_c->read(r, w); }
-  std::uint64_t compare_and_swap(int r, Word w, std::uint64_t e, std::uint64_t d) override { return m_c->compare_and_swap(r, w, e, d); }
+  std::uint64_t compare_and_swap(int r, Word w, std::uint64_t e, std::uint64_t d) override {
+    const std::uint64_t seen = m_c->compare_and_swap(r, w, e, d);
+    if (w == kShare && seen == e && !same_node(r)) crossed.fetch_add(1, std::memory_order_relaxed);  // a steal from another group
+    return seen;
+  }
+  std::atomic<std::uint64_t> crossed{0};  // successful compare-and-swaps of another group's share word
   void write(int r, Word w, std::uint64_t v) override { m_c->write(r, w, v); }
   Access access_in_flight() const noexcept override { return m_c->access_in_flight(); }
   void allreduce_sum(std::span<float> d, const std::function<void()>& f) override { m_c->allreduce_sum(d, f); }
@@ -194,38 +199,44 @@ class GroupedNodes final : public Cluster {
   int m_per;
 };
 
-// Bounded calls for work (ClusterOptions::probes = 1): 4 ranks as 2 nodes of 2, each call reading its node's other
-// rank and one rank of the other node drawn at random. Every sample of 2,000 steps whose devices change speed at
-// random runs exactly once, counted from the chunk function; chunks do cross the node boundary; and a step whose
-// ranks differ 20x in speed still ends (the slow node's work is found by the draws).
+// Bounded calls for work (ClusterOptions::probes): 4 ranks posing as 2 nodes of 2 with probes 1 (each call reads
+// its node's other rank, then one rank of the other node), then as 4 nodes of 1 with probes 2 (two of the three
+// others drawn, distinct, per call). Every sample of 1,000 steps a case, whose devices change speed at random, runs
+// exactly once, counted from the chunk function, and chunks are taken from the other nodes' share words (steals that
+// cross a node, counted at the window). Owners drain their shares, so every step ends whatever the draws find.
 void bounded_probes() {
   const int me = g_cluster->rank();
-  RuntimeOptions o = on_cluster("sim:1,1", 4, 2e-6);
-  o.cluster.job = std::make_shared<GroupedNodes>(g_cluster, 2);
-  o.cluster.probes = 1;
-  o.sim.speed_factor = random_speeds(me, 0.05, 2.0);
-  o.stall_timeout = 60;
-  Runtime rt(o);
-  rt.register_parameters(layout(), initial());
-  const std::size_t steps = std::getenv("SB_MPI_STEPS") ? std::strtoull(std::getenv("SB_MPI_STEPS"), nullptr, 10) : 2000;
-  std::uint64_t remote = 0, wrong = 0;
-  for (std::size_t s = 0; s < steps; ++s) {
-    const std::size_t n = 64 + (s * 37) % 200;
-    const std::vector<std::uint32_t> b = batch_of(n, s);
-    std::vector<std::atomic<int>> count(n);
-    const StepReport r = rt.compute_gradient(b, [&](ChunkContext& ctx) {
-      const std::size_t first = static_cast<std::size_t>(ctx.samples.data() - b.data());
-      for (std::size_t i = 0; i < ctx.samples.size(); ++i) count[first + i].fetch_add(1, std::memory_order_relaxed);
-      linear_chunk(ctx);
-    });
-    remote += r.remote_chunks;
-    wrong += not_run_once(count);
+  const std::size_t steps = std::getenv("SB_MPI_STEPS") ? std::strtoull(std::getenv("SB_MPI_STEPS"), nullptr, 10) : 1000;
+  for (const auto& [per_node, probes] : {std::pair{2, 1}, std::pair{1, 2}}) {
+    RuntimeOptions o = on_cluster("sim:1,1", 4, 2e-6);
+    auto grouped = std::make_shared<GroupedNodes>(g_cluster, per_node);
+    o.cluster.job = grouped;
+    o.cluster.probes = static_cast<std::size_t>(probes);
+    o.sim.speed_factor = random_speeds(me, 0.05, 2.0);
+    o.stall_timeout = 60;
+    Runtime rt(o);
+    rt.register_parameters(layout(), initial());
+    std::uint64_t wrong = 0;
+    for (std::size_t s = 0; s < steps; ++s) {
+      const std::size_t n = 64 + (s * 37) % 200;
+      const std::vector<std::uint32_t> b = batch_of(n, s);
+      std::vector<std::atomic<int>> count(n);
+      rt.compute_gradient(b, [&](ChunkContext& ctx) {
+        const std::size_t first = static_cast<std::size_t>(ctx.samples.data() - b.data());
+        for (std::size_t i = 0; i < ctx.samples.size(); ++i) count[first + i].fetch_add(1, std::memory_order_relaxed);
+        linear_chunk(ctx);
+      });
+      wrong += not_run_once(count);
+    }
+    std::vector<double> total{static_cast<double>(grouped->crossed.load())};
+    g_cluster->allreduce_sum(total);
+    if (me == 0) {
+      std::printf("bounded probes (%d ranks a node, probes %d): %zu steps, %.0f steals across nodes, %llu samples not run exactly once\n", per_node,
+                  probes, steps, total[0], static_cast<unsigned long long>(wrong));
+    }
+    EXPECT(wrong == 0);
+    EXPECT(total[0] > 0);
   }
-  std::vector<double> total{static_cast<double>(remote)};
-  g_cluster->allreduce_sum(total);
-  if (me == 0) std::printf("bounded probes: %zu steps, %.0f chunks ran on another rank, %llu samples not run exactly once\n", steps, total[0], static_cast<unsigned long long>(wrong));
-  EXPECT(wrong == 0);
-  EXPECT(total[0] > 0);
 }
 
 // The full-batch gradient with R ranks equals one process's (each rank computes that one itself).

@@ -156,10 +156,11 @@ struct ClusterOptions {
   // work worth stealing. Beyond, a read across nodes costs microseconds (RDMA) to milliseconds (TCP) and every rank
   // reading every other one at each step's end grows with the job: each call then reads its node and `probes` ranks
   // of other nodes drawn afresh (auto: 2 x ceil(log2 ranks), at least 16), and a rank leaves after a call that
-  // finds nothing there, or once the call has read for as long as one of its own chunks takes (the ranks' speeds
-  // measured). Every chunk still runs exactly once (an owner runs whatever is left of its share); what a
-  // rank that left could still have stolen is the balance given up (perf/cluster_model.py measures it). A number
-  // sets the draw at any size (at or above the other nodes' ranks: read them all). [0, 1 << 20].
+  // finds nothing there; once the ranks' speeds are measured a call also stops reading when it has taken as long
+  // as one of the rank's full chunks on one of its devices. Every chunk still runs exactly once (an owner runs
+  // whatever is left of its share); what a rank that left could still have stolen is the balance given up
+  // (perf/cluster_model.py measures it). A number sets the draw at any size (at or above the other nodes' ranks:
+  // read them all). [0, 1 << 20].
   std::size_t probes = 0;
   // The trainer's own settings that every rank must share (its seed, epochs, data...), as name and value. The
   // runtime checks them with its own (the options that shape a step) when the ranks join, the parameter layout and

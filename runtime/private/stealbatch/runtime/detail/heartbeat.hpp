@@ -83,8 +83,10 @@ class StillWord {
 // them. Reading every rank costs each rank ranks - 1 remote reads a period, every rank's window answering as many:
 // at 10,000 ranks and 2 us a read, 20 ms of every period under the rank's MPI lock, and a stall watch (every 10 ms
 // while waiting in a collective) that cannot finish one sweep in its period. With fingers every rank is watched by
-// ceil(log2 ranks) others at distances 1, 2, 4, ...: those at distances of a node's ranks and beyond are on other
-// nodes, so a lost node's ranks are still seen to stop, by ranks that are not lost with them.
+// ceil(log2 ranks) others at distances 1, 2, 4, ... behind it. Where a node's ranks are consecutive (mpirun's
+// default mapping by slot), the watchers at least a node's width behind are on other nodes (but for the largest
+// finger, which may wrap round to near the rank), so a lost node's ranks are still seen to stop by ranks that are
+// not lost with them.
 inline constexpr int kWatchAllUpTo = 64;
 std::vector<int> watched_ranks(int me, int ranks);
 
