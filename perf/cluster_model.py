@@ -101,17 +101,20 @@ class Costs:
         self.own = kv.get("own_word_us", 0.5)  # the owner's claim: a read and a CAS of its own word
 
 
+def cost_line(line):
+    """A `name value` line of the unit costs as (name, value), else None."""
+    parts = line.split()
+    if len(parts) != 2 or line.startswith("#"):
+        return None
+    try:
+        return parts[0], float(parts[1])
+    except ValueError:
+        return None
+
+
 def read_costs(path):
-    kv = {}
     with open(path) as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) == 2 and not line.startswith("#"):
-                try:
-                    kv[parts[0]] = float(parts[1])
-                except ValueError:
-                    pass
-    return kv
+        return dict(kv for kv in map(cost_line, f) if kv)
 
 
 class Model:
@@ -339,11 +342,8 @@ def validate(path, tolerance, plan_ns):
             if p[0] == "measured":
                 f_ = dict(zip(p[1::2], p[2::2]))
                 rows.append((dict(kv), f_))
-            elif len(p) == 2:
-                try:
-                    kv[p[0]] = float(p[1])
-                except ValueError:
-                    pass
+            elif cost_line(line):
+                kv[p[0]] = float(p[1])
     print(f"# cluster_model --validate {path}: the model with each row's measured unit costs against the step stealbench measured")
     print(f"{'# ranks':>7} {'nodes':>5} {'scenario':<10} {'measured(ms)':>12} {'model(ms)':>10} {'error':>7} {'ideal(ms)':>9}  model: last call(us) remote chunks")
     for kv_, f_ in rows:
@@ -385,12 +385,9 @@ def blocks(path):
                 if label:
                     out.append((label, kv))
                 label, kv = line[3:].strip(), {}
-            p = line.split()
-            if len(p) == 2 and not line.startswith("#"):
-                try:
-                    kv[p[0]] = float(p[1])
-                except ValueError:
-                    pass
+            pair = cost_line(line)
+            if pair:
+                kv[pair[0]] = pair[1]
     if label:
         out.append((label, kv))
     return out

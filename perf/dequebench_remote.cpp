@@ -164,13 +164,7 @@ int run_remote_costs(std::uint32_t n) {
     tally_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
   }
   // A simulated device's sleep overshoot with every rank's threads about.
-  detail::tighten_timer_slack();
-  std::vector<double> over_us;
-  for (int i = 0; i < 200; ++i) {
-    const auto due = Clock::now() + std::chrono::milliseconds(1);
-    std::this_thread::sleep_until(due);
-    over_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - due).count());
-  }
+  const std::vector<double> over_us = detail::sleep_overshoots_us(200, std::chrono::milliseconds(1));
   // Cutting the chunk table, which every rank does for every rank's share at each step: 10,000 shares of 128 equal
   // samples into chunks of 16 (detail::cut_share), ns per chunk; the best of 5.
   double cut_ns = 1e300;

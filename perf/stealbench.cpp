@@ -155,13 +155,7 @@ struct Row {
 // The machine's sleep overshoot, with the 1 us timer slack the device threads use: what the ideal cannot include.
 // Median and p99 over 200 sleeps of 1 ms.
 std::pair<double, double> timer_jitter_us() {
-  detail::tighten_timer_slack();
-  std::vector<double> over;
-  for (int i = 0; i < 200; ++i) {
-    const auto due = Clock::now() + std::chrono::milliseconds(1);
-    std::this_thread::sleep_until(due);
-    over.push_back(std::chrono::duration<double, std::micro>(Clock::now() - due).count());
-  }
+  std::vector<double> over = detail::sleep_overshoots_us(200, std::chrono::milliseconds(1));
   return {median(over), percentile(over, 0.99)};
 }
 

@@ -155,6 +155,9 @@ void MpiCluster::open_window(State& s) {
   check(MPI_Win_allocate(static_cast<MPI_Aint>(kWords * sizeof(std::uint64_t)), sizeof(std::uint64_t), MPI_INFO_NULL, s.comm, &mem, &s.win),
         "MPI_Win_allocate");
   s.base = static_cast<std::uint64_t*>(mem);
+  // Errors of one-sided accesses come back to the caller (the default would abort the job with MPI's own words,
+  // which do not say which rank or node was lost): MpiCluster::access() names them.
+  check(MPI_Win_set_errhandler(s.win, MPI_ERRORS_RETURN), "MPI_Win_set_errhandler");
   check(MPI_Win_lock_all(MPI_MODE_NOCHECK, s.win), "MPI_Win_lock_all");
   for (std::size_t w = 0; w < kWords; ++w) {
     const std::uint64_t zero = 0;
@@ -218,12 +221,29 @@ int MpiCluster::size() const noexcept { return m->size; }
 bool MpiCluster::same_node(int rank) const noexcept { return rank >= 0 && rank < m->size && m->same_node[static_cast<std::size_t>(rank)] != 0; }
 std::string MpiCluster::node_name(int rank) const { return rank >= 0 && rank < m->size ? m->node_names[static_cast<std::size_t>(rank)] : std::string{}; }
 
+// A one-sided access that failed: the target's process is gone or its node unreachable (UCX reports the endpoint),
+// or MPI itself failed. The job cannot go on without the rank; it ends here, naming the target and its node.
+void MpiCluster::fail_access(int rc, const char* what, int rank) const noexcept {
+  static_assert(MPI_SUCCESS == 0, "MpiCluster::access tests for 0");
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  const auto named = [this](int r) { return "rank " + std::to_string(r) + (node_name(r).empty() ? "" : " (node " + node_name(r) + ")"); };
+  std::fprintf(stderr,
+               "stealbatch: %s stopped answering: a one-sided access to its window from %s failed (%s: %s; its process is gone or its "
+               "node unreachable, or MPI failed): ending the job\n",
+               named(rank).c_str(), named(m->rank).c_str(), what, std::string(text, static_cast<std::size_t>(len)).c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
 std::uint64_t MpiCluster::read(int rank, Word word) {
   const std::lock_guard g(m->lock);
   const InFlight mark(m->in_flight, rank);
   std::uint64_t out = 0, none = 0;
-  check(MPI_Fetch_and_op(&none, &out, MPI_UINT64_T, rank, static_cast<MPI_Aint>(word), MPI_NO_OP, m->win), "MPI_Fetch_and_op");
-  check(MPI_Win_flush(rank, m->win), "MPI_Win_flush");
+  access(MPI_Fetch_and_op(&none, &out, MPI_UINT64_T, rank, static_cast<MPI_Aint>(word), MPI_NO_OP, m->win), "MPI_Fetch_and_op", rank);
+  access(MPI_Win_flush(rank, m->win), "MPI_Win_flush", rank);
   return out;
 }
 
@@ -231,8 +251,8 @@ std::uint64_t MpiCluster::compare_and_swap(int rank, Word word, std::uint64_t ex
   const std::lock_guard g(m->lock);
   const InFlight mark(m->in_flight, rank);
   std::uint64_t old = 0;
-  check(MPI_Compare_and_swap(&desired, &expected, &old, MPI_UINT64_T, rank, static_cast<MPI_Aint>(word), m->win), "MPI_Compare_and_swap");
-  check(MPI_Win_flush(rank, m->win), "MPI_Win_flush");
+  access(MPI_Compare_and_swap(&desired, &expected, &old, MPI_UINT64_T, rank, static_cast<MPI_Aint>(word), m->win), "MPI_Compare_and_swap", rank);
+  access(MPI_Win_flush(rank, m->win), "MPI_Win_flush", rank);
   return old;
 }
 
@@ -240,8 +260,8 @@ void MpiCluster::write(int rank, Word word, std::uint64_t value) {
   const std::lock_guard g(m->lock);
   const InFlight mark(m->in_flight, rank);
   std::uint64_t old = 0;
-  check(MPI_Fetch_and_op(&value, &old, MPI_UINT64_T, rank, static_cast<MPI_Aint>(word), MPI_REPLACE, m->win), "MPI_Fetch_and_op");
-  check(MPI_Win_flush(rank, m->win), "MPI_Win_flush");
+  access(MPI_Fetch_and_op(&value, &old, MPI_UINT64_T, rank, static_cast<MPI_Aint>(word), MPI_REPLACE, m->win), "MPI_Fetch_and_op", rank);
+  access(MPI_Win_flush(rank, m->win), "MPI_Win_flush", rank);
 }
 
 Cluster::Access MpiCluster::access_in_flight() const noexcept {

@@ -58,6 +58,10 @@ class MpiCluster final : public Cluster {
   static void find_nodes(State& s);   // which ranks share this node, and every rank's node name
   static void open_window(State& s);  // the share words, zeroed and locked for the cluster's life
   void wait(void* request, const std::function<void()>& waiting);  // an MPI_Request*, tested under the lock
+  [[noreturn]] void fail_access(int rc, const char* what, int rank) const noexcept;  // a failed one-sided access: ends the job naming the target
+  void access(int rc, const char* what, int rank) const noexcept {
+    if (rc != 0) fail_access(rc, what, rank);  // 0: MPI_SUCCESS (no MPI header here)
+  }
   // MPI_Iallreduce's sum in place, then wait(); type: 0 float, 1 double, 2 int64.
   void allreduce(void* data, std::size_t count, int type, const std::function<void()>& waiting);
   std::unique_ptr<State> m;
