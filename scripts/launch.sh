@@ -10,9 +10,10 @@
 #   --launcher cluster  (default) the emulated cluster of scripts/cluster.sh: `cluster.sh run --hosts`
 #   --launcher mpirun   mpirun --host NODE:P,... on real nodes (reachable by ssh, as mpirun's rsh launcher needs)
 #
-# A node is lost when the job's output names it (of the runtime's "rank R (node NODE) stopped answering" lines, the
-# one that waited longest; Open MPI's "on node NODE exited on signal" or "lost communication with a remote daemon ...
-# on node NODE"), or when it does not answer a ping from the first node. The first node runs the launcher's mpirun and is never dropped.
+# A node is lost when it does not answer a ping from the first node; when every node answers, when the job's output
+# names it (of the runtime's "rank R (node NODE) stopped answering" lines, the one that waited longest; Open MPI's "on
+# node NODE exited on signal" or "lost communication with a remote daemon ... on node NODE"). The first node runs the
+# launcher's mpirun and is never dropped.
 # Every line the launcher prints starts with "launch:" and the unix time; the job's output passes through.
 # Exit status: the job's when it ended well (0); 1 when it cannot go on (too few nodes, too many restarts, a failure
 # that names no lost node); 2 for bad flags.
@@ -80,10 +81,16 @@ while :; do
   # answering" lines, the node whose access waited longest is the one that went first.
   named=$(sed -n 's/.*(node \([^)]*\)) stopped answering: .* has waited \([0-9]*\) ms.*/\2 \1/p; s/.*(node \([^)]*\)) stopped answering: no heartbeat for \([0-9]*\) ms.*/\2 \1/p' "$log" |
     sort -n | tail -1 | cut -d' ' -f2)
+  # A node that does not answer a ping is lost whatever the output says; only when every node answers are the
+  # nodes the output names taken for lost. A rank stuck on an unreachable node stops progressing and its peers may
+  # name it first (its node answers a ping: it is kept).
   lost=()
-  for n in "${alive[@]:1}"; do
-    if [ "$n" = "$named" ] || grep -Eq "on node $n exited|on node $n( |$)" "$log" || ! reachable "$n"; then lost+=("$n"); fi
-  done
+  for n in "${alive[@]:1}"; do reachable "$n" || lost+=("$n"); done
+  if [ ${#lost[@]} -eq 0 ]; then
+    for n in "${alive[@]:1}"; do
+      if [ "$n" = "$named" ] || grep -Eq "on node $n exited|on node $n( |$)" "$log"; then lost+=("$n"); fi
+    done
+  fi
   [ ${#lost[@]} -gt 0 ] || { say "no lost node found in the output or by ping: not relaunching (the failure is the job's own)"; exit 1; }
   keep=()
   for n in "${alive[@]}"; do [[ " ${lost[*]} " == *" $n "* ]] || keep+=("$n"); done
