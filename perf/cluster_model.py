@@ -330,20 +330,10 @@ def residual(R, N, D, batch, c, plan_ns):
 
 
 def validate(path, tolerance, plan_ns):
-    """Rows: `model ranks R nodes N devices D scenario S batch B step_ms X` after their costs' `name value` lines."""
-    rows, kv, worst, bad, gates = [], {}, 0.0, 0, 0
-    with open(path) as f:
-        for line in f:
-            p = line.split()
-            if not p or line.startswith("#"):
-                if line.startswith("## "):
-                    kv = {}
-                continue
-            if p[0] == "measured":
-                f_ = dict(zip(p[1::2], p[2::2]))
-                rows.append((dict(kv), f_))
-            elif cost_line(line):
-                kv[p[0]] = float(p[1])
+    """Every `measured ranks R nodes N devices D scenario S batch B ... step_ms X gate G` row against the model with
+    the unit costs of its block."""
+    rows = [(kv, row) for _, kv, measured in blocks(path) for row in measured]
+    worst, bad, gates = 0.0, 0, 0
     print(f"# cluster_model --validate {path}: the model with each row's measured unit costs against the step stealbench measured")
     print(f"{'# ranks':>7} {'nodes':>5} {'scenario':<10} {'measured(ms)':>12} {'model(ms)':>10} {'error':>7} {'ideal(ms)':>9}  model: last call(us) remote chunks")
     for kv_, f_ in rows:
@@ -377,19 +367,19 @@ def auto_probes(R, per_node):
 
 
 def blocks(path):
-    """The validation file's blocks: (label, costs) in order."""
-    out, label, kv = [], None, {}
+    """The validation file's blocks in order: (label, costs, measured rows), each row a dict of its `name value` pairs."""
+    out = []
     with open(path) as f:
         for line in f:
             if line.startswith("## "):
-                if label:
-                    out.append((label, kv))
-                label, kv = line[3:].strip(), {}
-            pair = cost_line(line)
-            if pair:
-                kv[pair[0]] = pair[1]
-    if label:
-        out.append((label, kv))
+                out.append((line[3:].strip(), {}, []))
+            elif not out:
+                continue
+            elif line.startswith("measured "):
+                p = line.split()[1:]
+                out[-1][2].append(dict(zip(p[0::2], p[1::2])))
+            elif pair := cost_line(line):
+                out[-1][1][pair[0]] = pair[1]
     return out
 
 
@@ -397,9 +387,9 @@ def scale(a):
     """The step at 100, 1,000 and 10,000 ranks, as the runtime ran it before the bounds (every rank read at the last
     call, every rank watched) and with them, on the costs measured across emulated nodes and on RDMA-class ones."""
     b = blocks(a.inputs)
-    one = next(kv for label, kv in b if label.startswith("one node, 8 ranks"))
-    two = next(kv for label, kv in b if label.startswith("one node, 2 ranks"))
-    net = next(kv for label, kv in b if label.startswith("2 emulated nodes x 1 rank"))
+    one = next(kv for label, kv, _ in b if label.startswith("one node, 8 ranks"))
+    two = next(kv for label, kv, _ in b if label.startswith("one node, 2 ranks"))
+    net = next(kv for label, kv, _ in b if label.startswith("2 emulated nodes x 1 rank"))
     if a.plan_ns == 0:
         a.plan_ns = two.get("table_cut_ns_per_chunk", 20.0)
     c2 = Costs(two)
@@ -429,14 +419,13 @@ def scale(a):
             for R in a.scale_ranks:
                 for bounded in (False, True):
                     rounds = math.ceil(math.log2(R))
-                    tally_bytes = 4 * (14 * R + 11 * R)  # replaced below by the table's own chunk count
                     c = Costs({"read_same_node_us": st["read_same"], "cas_same_node_us": st["cas_same"], "read_other_node_us": st["read_other"],
                                "cas_other_node_us": st["cas_other"], "own_word_us": st["own"], "allreduce_16_doubles_us": rounds * st["round_us"],
-                               "allreduce_tally_us": rounds * st["round_us"] + 2 * tally_bytes * 8 / (a.gbps * 1e3),
                                "sleep_overshoot_us": one["sleep_overshoot_us"]})
                     probes = auto_probes(R, a.per_node) if bounded else None
                     m = Model(R, max(1, R // a.per_node), 1, SCENARIOS[scen], 128 * R, 16, 100.0, 2, 500.0, c, probes, a.plan_ns, a.seed, fixed)
-                    c.tally = rounds * st["round_us"] + 2 * 4 * (m.total_chunks + 11 * R) * 8 / (a.gbps * 1e3)  # the table's own chunk count
+                    # the tally: 4 bytes a chunk of the table and 11 a rank, twice over the link, plus the rounds
+                    c.tally = rounds * st["round_us"] + 2 * 4 * (m.total_chunks + 11 * R) * 8 / (a.gbps * 1e3)
                     m.fingers = bounded
                     if bounded and a.budget:
                         m.budget_us = [max(m.chunks[r]) * 100.0 / m.rank_speed[r] for r in range(R)]  # one full chunk's time

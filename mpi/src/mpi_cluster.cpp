@@ -18,12 +18,17 @@ namespace stealbatch::mpi {
 
 namespace {
 
-void check(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
+// MPI's words for an error code.
+std::string error_text(int rc) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, text, &len);
-  throw Error(std::string("MPI: ") + what + " failed: " + std::string(text, static_cast<std::size_t>(len)));
+  return std::string(text, static_cast<std::size_t>(len));
+}
+
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  throw Error(std::string("MPI: ") + what + " failed: " + error_text(rc));
 }
 
 // MPI started by this library, and how many clusters use it.
@@ -225,14 +230,11 @@ std::string MpiCluster::node_name(int rank) const { return rank >= 0 && rank < m
 // or MPI itself failed. The job cannot go on without the rank; it ends here, naming the target and its node.
 void MpiCluster::fail_access(int rc, const char* what, int rank) const noexcept {
   static_assert(MPI_SUCCESS == 0, "MpiCluster::access tests for 0");
-  char text[MPI_MAX_ERROR_STRING] = {};
-  int len = 0;
-  MPI_Error_string(rc, text, &len);
   const auto named = [this](int r) { return "rank " + std::to_string(r) + (node_name(r).empty() ? "" : " (node " + node_name(r) + ")"); };
   std::fprintf(stderr,
                "stealbatch: %s stopped answering: a one-sided access to its window from %s failed (%s: %s; its process is gone or its "
                "node unreachable, or MPI failed): ending the job\n",
-               named(rank).c_str(), named(m->rank).c_str(), what, std::string(text, static_cast<std::size_t>(len)).c_str());
+               named(rank).c_str(), named(m->rank).c_str(), what, error_text(rc).c_str());
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);
