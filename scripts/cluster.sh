@@ -9,7 +9,8 @@
 #   scripts/cluster.sh run [--ranks-per-node P | --hosts sbn0:P,sbn2:P] [--timeout S] [--osc C] -- PROGRAM ARGS...
 #                                                           mpirun from sbn0 across every node, over TCP on the links,
 #                                                           one-sided steals through osc ucx over TCP with the progress
-#                                                           agent; ends after S seconds (default 600) whatever happens
+#                                                           agent (--osc: Open MPI's osc list, default sm,ucx); ends
+#                                                           after S seconds (default 600) whatever happens
 #   scripts/cluster.sh exec NODE COMMAND...                 a command inside a node (its host name set)
 #   scripts/cluster.sh cut NODE | heal NODE                 drop every packet to and from NODE (100% loss), or stop
 #   scripts/cluster.sh rate NODE RATE                       change NODE's link rate (a node whose link slows)
@@ -195,7 +196,7 @@ up() {
 }
 
 run() {
-  local ppn=1 limit=600 osc=ucx hostlist=""
+  local ppn=1 limit=600 osc=sm,ucx hostlist=""
   while [ $# -gt 0 ]; do
     case $1 in
       --ranks-per-node) ppn=$2; shift 2 ;;
@@ -210,8 +211,9 @@ run() {
   [ -f "$state/nodes" ] || die "run: no cluster is up (scripts/cluster.sh up K first)"
   [ -n "$hostlist" ] || hostlist=$(nodes | sed "s/\$/:$ppn/" | paste -sd,)
   # Within a node the ranks share memory (vader); between nodes, TCP on eth0 for messages and for Open MPI's own
-  # wiring, UCX over TCP for the one-sided window (osc sm needs one node). UCX is kept off shared memory: the nodes
-  # share /dev/shm, and a window through it would not cross the link.
+  # wiring, UCX over TCP for the one-sided window (osc sm serves only windows within one node: here the node's
+  # pulse words, which never cross the link). UCX is kept off shared memory: the nodes share /dev/shm, and a window
+  # through it would not cross the link.
   in_node sbn0 timeout --signal=TERM --kill-after=10 "$limit" \
     mpirun --allow-run-as-root --oversubscribe --bind-to none --host "$hostlist" \
     --mca plm_rsh_agent "$here/cluster.sh agent" --mca plm_rsh_no_tree_spawn 1 \

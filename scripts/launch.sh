@@ -11,9 +11,9 @@
 #   --launcher mpirun   mpirun --host NODE:P,... on real nodes (reachable by ssh, as mpirun's rsh launcher needs)
 #
 # A node is lost when it does not answer a ping from the first node; when every node answers, when the job's output
-# names it (of the runtime's "rank R (node NODE) stopped answering" lines, the one that waited longest; Open MPI's "on
-# node NODE exited on signal" or "lost communication with a remote daemon ... on node NODE"). The first node runs the
-# launcher's mpirun and is never dropped.
+# names it (of the runtime's "rank R (node NODE)" or "node NODE (ranks ...)" "stopped answering" lines, the one that
+# waited longest; Open MPI's "on node NODE exited on signal" or "lost communication with a remote daemon ... on node
+# NODE"). The first node runs the launcher's mpirun and is never dropped.
 # Every line the launcher prints starts with "launch:" and the unix time; the job's output passes through.
 # Exit status: the job's when it ended well (0); 1 when it cannot go on (too few nodes, too many restarts, a failure
 # that names no lost node); 2 for bad flags.
@@ -79,7 +79,7 @@ while :; do
   say "the job ended with status $rc"
   # Ranks that wait on a lost one stop answering too, and their own peers may name them: of the runtime's "stopped
   # answering" lines, the node whose access waited longest is the one that went first.
-  named=$(sed -n 's/.*(node \([^)]*\)) stopped answering: .* has waited \([0-9]*\) ms.*/\2 \1/p; s/.*(node \([^)]*\)) stopped answering: no heartbeat for \([0-9]*\) ms.*/\2 \1/p' "$log" |
+  named=$(sed -n 's/.*(node \([^)]*\)) stopped answering: .* has waited \([0-9]*\) ms.*/\2 \1/p; s/.*(node \([^)]*\)) stopped answering: no heartbeat for \([0-9]*\) ms.*/\2 \1/p; s/.*stealbatch: node \([^ ]*\) (ranks* [^)]*) stopped answering: .* has waited \([0-9]*\) ms.*/\2 \1/p' "$log" |
     sort -n | tail -1 | cut -d' ' -f2)
   # A node that does not answer a ping is lost whatever the output says; only when every node answers are the
   # nodes the output names taken for lost. A rank stuck on an unreachable node stops progressing and its peers may

@@ -57,6 +57,15 @@ struct MpiCluster::State {
   // One word, so a reader on another thread sees a target with its own start. Written only under the lock; relaxed
   // on both sides: the word carries all the reader needs and publishes no other memory.
   std::atomic<std::uint64_t> in_flight{0};
+  // The node's pulses (Cluster::set_node_pulse): a shared-memory window over the node's ranks, one word each, mapped
+  // into every process of the node; pulse[r] is rank r's word, null for ranks of other nodes or where the window
+  // could not be made (an osc selection without sm). Each word is written by its rank's sentinel only and read by
+  // the others', all through std::atomic_ref, relaxed: a lock-free 64-bit atomic is address-free, so it is atomic
+  // across processes that map the same page, and a reader only compares values for change (no other memory is
+  // published through them).
+  MPI_Comm node_comm = MPI_COMM_NULL;
+  MPI_Win pulse_win = MPI_WIN_NULL;
+  std::vector<std::uint64_t*> pulse;
 };
 
 namespace {
@@ -139,7 +148,9 @@ void MpiCluster::find_nodes(State& s) {
   check(MPI_Comm_split_type(s.comm, MPI_COMM_TYPE_SHARED, s.rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
   int node_leader = s.rank;
   check(MPI_Bcast(&node_leader, 1, MPI_INT, 0, node), "MPI_Bcast");
-  MPI_Comm_free(&node);
+  s.node_comm = node;
+  MPI_Comm_set_errhandler(node, MPI_ERRORS_RETURN);
+  open_pulses(s);
   std::vector<int> leaders(static_cast<std::size_t>(s.size));
   check(MPI_Allgather(&node_leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, s.comm), "MPI_Allgather");
   for (int l : leaders) s.same_node.push_back(l == node_leader ? 1 : 0);
@@ -154,11 +165,54 @@ void MpiCluster::find_nodes(State& s) {
   }
 }
 
+// The node's pulse words (see State::pulse). Where the shared window cannot be made, every rank of the node finds
+// out in the same collective call, and the cluster goes on without pulses.
+void MpiCluster::open_pulses(State& s) {
+  static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free, "the node's pulses need address-free 64-bit atomics");
+  std::uint64_t* mine = nullptr;
+  if (MPI_Win_allocate_shared(sizeof(std::uint64_t), sizeof(std::uint64_t), MPI_INFO_NULL, s.node_comm, &mine, &s.pulse_win) != MPI_SUCCESS) {
+    s.pulse_win = MPI_WIN_NULL;
+    return;
+  }
+  std::atomic_ref<std::uint64_t>(*mine).store(0, std::memory_order_relaxed);
+  int node_size = 0;
+  check(MPI_Comm_size(s.node_comm, &node_size), "MPI_Comm_size");
+  std::vector<int> world_rank(static_cast<std::size_t>(node_size));
+  check(MPI_Allgather(&s.rank, 1, MPI_INT, world_rank.data(), 1, MPI_INT, s.node_comm), "MPI_Allgather");
+  s.pulse.assign(static_cast<std::size_t>(s.size), nullptr);
+  for (int i = 0; i < node_size; ++i) {
+    MPI_Aint bytes = 0;
+    int unit = 0;
+    void* at = nullptr;
+    check(MPI_Win_shared_query(s.pulse_win, i, &bytes, &unit, &at), "MPI_Win_shared_query");
+    s.pulse[static_cast<std::size_t>(world_rank[static_cast<std::size_t>(i)])] = static_cast<std::uint64_t*>(at);
+  }
+  check(MPI_Barrier(s.node_comm), "MPI_Barrier");  // every word zeroed before any rank reads one
+}
+
+bool MpiCluster::has_node_pulse() const noexcept { return m->pulse_win != MPI_WIN_NULL; }
+
+void MpiCluster::set_node_pulse(std::uint64_t value) noexcept {
+  if (m->pulse_win != MPI_WIN_NULL) std::atomic_ref<std::uint64_t>(*m->pulse[static_cast<std::size_t>(m->rank)]).store(value, std::memory_order_relaxed);
+}
+
+std::uint64_t MpiCluster::node_pulse(int rank) const noexcept {
+  if (m->pulse_win == MPI_WIN_NULL || rank < 0 || rank >= m->size) return 0;
+  std::uint64_t* word = m->pulse[static_cast<std::size_t>(rank)];
+  return word != nullptr ? std::atomic_ref<std::uint64_t>(*word).load(std::memory_order_relaxed) : 0;
+}
+
 // The window: kWords words per rank, zero (tag 0 matches no step), locked once for the cluster's life.
 void MpiCluster::open_window(State& s) {
   void* mem = nullptr;
-  check(MPI_Win_allocate(static_cast<MPI_Aint>(kWords * sizeof(std::uint64_t)), sizeof(std::uint64_t), MPI_INFO_NULL, s.comm, &mem, &s.win),
-        "MPI_Win_allocate");
+  // Every atomic on the window is one 64-bit word (MPI 4's acc_single_intrinsic): Open MPI 5's osc ucx then takes no
+  // lock on the target's window around each (4.1 does, and ignores the hint; see the heartbeat's sentinel).
+  MPI_Info info = MPI_INFO_NULL;
+  check(MPI_Info_create(&info), "MPI_Info_create");
+  check(MPI_Info_set(info, "acc_single_intrinsic", "true"), "MPI_Info_set");
+  const int rc = MPI_Win_allocate(static_cast<MPI_Aint>(kWords * sizeof(std::uint64_t)), sizeof(std::uint64_t), info, s.comm, &mem, &s.win);
+  MPI_Info_free(&info);
+  check(rc, "MPI_Win_allocate");
   s.base = static_cast<std::uint64_t*>(mem);
   // Errors of one-sided accesses come back to the caller (the default would abort the job with MPI's own words,
   // which do not say which rank or node was lost): MpiCluster::access() names them.
@@ -211,6 +265,8 @@ MpiCluster::~MpiCluster() {
     MPI_Win_unlock_all(m->win);
     MPI_Win_free(&m->win);
   }
+  if (m->pulse_win != MPI_WIN_NULL) MPI_Win_free(&m->pulse_win);
+  if (m->node_comm != MPI_COMM_NULL) MPI_Comm_free(&m->node_comm);
   if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
   const std::lock_guard g(g_init_lock);
   if (--g_users == 0 && g_we_initialised) {

@@ -17,6 +17,8 @@ case $case_name in
   stall) want='rank 1: device sim0 made no progress for [0-9]+ ms in step 2 \(stuck in chunk' ;;
   hang) want='rank 1 \(node [^)]+\) stopped answering: no heartbeat for [0-9]+ ms \(heartbeat_timeout = 1 s.*last seen in step 3, in chunk [0-9]+ on its device 0' ;;
   absent) want='rank 1 \(node [^)]+\) made no progress for [0-9]+ ms while this rank is in step 3; last seen in step 2.*not calling step\(\) with the others' ;;
+  wedged-node) want="node group1 \\(rank 2\\) stopped answering: rank [01] \\(node group0\\)'s access to .* while every rank of node group0 goes on" ;;
+  wedged-neighbour) want='rank 2 \(node [^)]+\) stopped answering: its pulse on the node has stood still for [0-9]+ ms' ;;
   die) want='exited|terminated|killed|exit code|non-zero status' ;;
   *) echo "expect_abort: unknown case $case_name"; exit 2 ;;
 esac

@@ -768,6 +768,86 @@ void absent() {
   ++g_failures;
 }
 
+// A node whose window never answers again, as when a rank of another node took the window's lock (Open MPI 4.1's
+// osc ucx locks the target's window around every atomic) an instant before it was cut off: once wedge() is called,
+// every one-sided access of this rank waits for ever, and access_in_flight() reports it. Ranks pose as nodes of
+// `per_node` (as GroupedNodes); the node pulses are the real cluster's (every rank here shares one machine).
+class Wedged final : public Cluster {
+ public:
+  Wedged(std::shared_ptr<Cluster> c, int per_node) : m_c(std::move(c)), m_per(per_node) {}
+  void wedge() { m_wedged.store(true); }
+  int rank() const noexcept override { return m_c->rank(); }
+  int size() const noexcept override { return m_c->size(); }
+  bool same_node(int r) const noexcept override { return r / m_per == m_c->rank() / m_per; }
+  std::string node_name(int r) const override { return "group" + std::to_string(r / m_per); }
+  std::uint64_t read(int r, Word w) override { return stall(r) ? 0 : m_c->read(r, w); }
+  std::uint64_t compare_and_swap(int r, Word w, std::uint64_t e, std::uint64_t d) override { return stall(r) ? 0 : m_c->compare_and_swap(r, w, e, d); }
+  void write(int r, Word w, std::uint64_t v) override {
+    if (!stall(r)) m_c->write(r, w, v);
+  }
+  Access access_in_flight() const noexcept override {
+    const std::uint64_t w = m_stalled.load();
+    if (w == 0) return m_c->access_in_flight();
+    const double since = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() - static_cast<double>(w & 0xffffffffffff) / 1e3;
+    return {static_cast<int>(w >> 48) - 1, since};
+  }
+  bool has_node_pulse() const noexcept override { return m_c->has_node_pulse(); }
+  void set_node_pulse(std::uint64_t v) noexcept override { m_c->set_node_pulse(v); }
+  std::uint64_t node_pulse(int r) const noexcept override { return m_c->node_pulse(r); }
+  void allreduce_sum(std::span<float> d, const std::function<void()>& f) override { m_c->allreduce_sum(d, f); }
+  void allreduce_sum(std::span<double> d, const std::function<void()>& f) override { m_c->allreduce_sum(d, f); }
+  void allreduce_sum(std::span<std::int64_t> d, const std::function<void()>& f) override { m_c->allreduce_sum(d, f); }
+  void broadcast(std::span<char> d, int root) override { m_c->broadcast(d, root); }
+  [[noreturn]] void abort(const std::string& why, int code) noexcept override {
+    m_c->abort(why, code);
+    std::abort();  // not reached: the cluster's abort does not return
+  }
+
+ private:
+  // Once wedged, the first access to stall is recorded (target + 1 in the top 16 bits, its start in ms below) and
+  // every access waits for ever; the job ends by MPI_Abort from another thread.
+  bool stall(int target) {
+    if (!m_wedged.load()) return false;
+    const auto ms = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+    std::uint64_t none = 0;
+    m_stalled.compare_exchange_strong(none, (static_cast<std::uint64_t>(target) + 1) << 48 | (ms & 0xffffffffffff));
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  std::shared_ptr<Cluster> m_c;
+  int m_per;
+  std::atomic<bool> m_wedged{false};
+  std::atomic<std::uint64_t> m_stalled{0};
+};
+
+// A wedged node: ranks 0 and 1 wedge (above) in step 2, and rank 2 stops (SIGSTOP), so that nobody's heartbeat can
+// name it. With `two_nodes`, rank 2 poses as a node of its own: the sentinels of 0 and 1 find every pulse of their
+// node going on and name the other node. On one node, they find rank 2's pulse still and name it.
+void wedged(bool two_nodes) {
+  auto job = std::make_shared<Wedged>(g_cluster, two_nodes ? 2 : 3);
+  RuntimeOptions o;
+  o.devices = "cpu:1";
+  o.host.threads_per_device = 1;
+  o.cluster.job = job;
+  o.schedule.chunk_size = 8;
+  o.stall_timeout = 60;
+  o.cluster.heartbeat_timeout = 1.0;
+  o.schedule.policy = SchedulePolicy::kStatic;  // every rank runs chunks of its own in step 2 whatever the timing
+  const int me = g_cluster->rank();
+  Runtime rt(o);
+  rt.register_parameters(layout(), initial());
+  for (std::uint64_t s = 0; s < 5; ++s) {
+    rt.step(batch_of(256, s), [&](ChunkContext& ctx) {
+      if (s == 2) {
+        if (me == 2) std::raise(SIGSTOP);
+        job->wedge();
+      }
+      linear_chunk(ctx);
+    });
+  }
+  std::printf("rank %d: the wedged node did not end the job\n", me);
+  ++g_failures;
+}
+
 // What must not end the job, with a heartbeat_timeout of 1.5 s: a chunk of 3 s, 3 s outside any step on one rank
 // while the others wait in the next one, and a rank whose runtime goes 3 s before another's.
 void long_but_alive() {
@@ -798,7 +878,7 @@ void long_but_alive() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|remote-steal-timed|trace|config|disagree|long-but-alive|costs|deterministic|probes|stall|hang|die|absent\n", argv[0]);
+    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|remote-steal-timed|trace|config|disagree|long-but-alive|costs|deterministic|probes|stall|hang|die|absent|wedged-node|wedged-neighbour\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
@@ -808,7 +888,8 @@ int main(int argc, char** argv) {
       {"remote-steal-timed", [] { remote_steal_while_victim_computes(StealCheck::kTimed); }}, {"stall", stall},
       {"hang", [] { hang_or_die(false); }}, {"die", [] { hang_or_die(true); }}, {"trace", trace_across_ranks}, {"config", config_errors},
       {"disagree", ranks_disagree}, {"absent", absent}, {"long-but-alive", long_but_alive}, {"costs", given_costs},
-      {"deterministic", deterministic_across_ranks}, {"probes", bounded_probes}};
+      {"deterministic", deterministic_across_ranks}, {"probes", bounded_probes},
+      {"wedged-node", [] { wedged(true); }}, {"wedged-neighbour", [] { wedged(false); }}};
   const auto it = cases.find(which);
   if (it == cases.end()) {
     std::fprintf(stderr, "unknown case '%s'\n", which.c_str());

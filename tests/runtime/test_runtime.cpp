@@ -904,3 +904,47 @@ TEST_CASE("watched ranks: all of a small job, fingers of a large one, every rank
     CHECK(*std::min_element(from_afar.begin(), from_afar.end()) >= static_cast<int>(log2) - 4);  // distances 8, 16, ... at least
   }
 }
+
+// The sentinel's words for an access to this rank's own window, or to its node's, that never completes: a frozen
+// neighbour (its node pulse stood still) is named; with none, the other nodes are, and at most four of them.
+TEST_CASE("a stalled access on this node names the frozen neighbour, else the other nodes") {
+  // Ranks on nodes of `per_node` consecutive ranks, named n0, n1, ...; only what the message reads is answered.
+  class Nodes final : public Cluster {
+   public:
+    Nodes(int me, int ranks, int per_node) : m_me(me), m_ranks(ranks), m_per(per_node) {}
+    int rank() const noexcept override { return m_me; }
+    int size() const noexcept override { return m_ranks; }
+    bool same_node(int r) const noexcept override { return r / m_per == m_me / m_per; }
+    std::string node_name(int r) const override { return "n" + std::to_string(r / m_per); }
+    std::uint64_t read(int, Word) override { return 0; }
+    std::uint64_t compare_and_swap(int, Word, std::uint64_t, std::uint64_t) override { return 0; }
+    void write(int, Word, std::uint64_t) override {}
+    void allreduce_sum(std::span<float>, const std::function<void()>&) override {}
+    void allreduce_sum(std::span<double>, const std::function<void()>&) override {}
+    void allreduce_sum(std::span<std::int64_t>, const std::function<void()>&) override {}
+    void broadcast(std::span<char>, int) override {}
+    [[noreturn]] void abort(const std::string&, int) noexcept override { std::abort(); }
+
+   private:
+    int m_me, m_ranks, m_per;
+  };
+  CHECK(detail::rank_list({2}) == "rank 2");
+  CHECK(detail::rank_list({2, 3, 4}) == "ranks 2-4");
+  CHECK(detail::rank_list({2, 5, 9}) == "ranks 2, 5, 9");
+
+  const Nodes two(0, 4, 2);  // n0: 0, 1; n1: 2, 3
+  const std::string own = detail::blame_for_near_stall(two, {0, 4.012}, 2.0, {});
+  CHECK(own ==
+        "stealbatch: node n1 (ranks 2-3) stopped answering: rank 0 (node n0)'s access to its own window has waited 4012 ms (heartbeat_timeout = 2 s) "
+        "while every rank of node n0 goes on: a rank of another node holds the window and is frozen or unreachable, or MPI cannot progress without it: "
+        "ending the job");
+  const std::string neighbour = detail::blame_for_near_stall(two, {1, 4.5}, 2.0, {{1, 4.7}});
+  CHECK(neighbour.starts_with("stealbatch: rank 1 (node n0) stopped answering: its pulse on the node has stood still for 4700 ms"));
+  CHECK(neighbour.find("rank 0 (node n0)'s access to the window of rank 1 (node n0) has waited 4500 ms") != std::string::npos);
+  const std::string two_frozen = detail::blame_for_near_stall(Nodes(0, 8, 4), {0, 3.0}, 1.0, {{2, 3.2}, {1, 2.9}});
+  CHECK(two_frozen.starts_with("stealbatch: rank 2 (node n0) and rank 1 (node n0) stopped answering"));
+
+  const std::string many = detail::blame_for_near_stall(Nodes(5, 16, 2), {5, 2.5}, 1.0, {});  // this rank on n2 of 8 nodes
+  CHECK(many.starts_with("stealbatch: a rank of another node, one of nodes n0 (ranks 0-1), n1 (ranks 2-3), n3 (ranks 6-7), n4 (ranks 8-9) and 3 more, "
+                         "stopped answering: rank 5 (node n2)'s access"));
+}

@@ -44,6 +44,11 @@ class MpiCluster final : public Cluster {
   std::uint64_t compare_and_swap(int rank, Word word, std::uint64_t expected, std::uint64_t desired) override;
   void write(int rank, Word word, std::uint64_t value) override;
   Access access_in_flight() const noexcept override;
+  // The node's pulses: one word per rank of the node in a shared-memory window (MPI_Win_allocate_shared on the
+  // node's communicator), read and written with atomics on the mapped memory, never through MPI.
+  bool has_node_pulse() const noexcept override;
+  void set_node_pulse(std::uint64_t value) noexcept override;
+  std::uint64_t node_pulse(int rank) const noexcept override;
   void allreduce_sum(std::span<float> data, const std::function<void()>& waiting) override;
   using Cluster::allreduce_sum;
   void allreduce_sum(std::span<double> data, const std::function<void()>& waiting) override;
@@ -55,7 +60,8 @@ class MpiCluster final : public Cluster {
  private:
   struct State;
   explicit MpiCluster(std::unique_ptr<State> s);
-  static void find_nodes(State& s);   // which ranks share this node, and every rank's node name
+  static void find_nodes(State& s);   // which ranks share this node, every rank's node name, and the node's pulse words
+  static void open_pulses(State& s);  // the node's pulse words, where the node's ranks can share a window
   static void open_window(State& s);  // the share words, zeroed and locked for the cluster's life
   void wait(void* request, const std::function<void()>& waiting);  // an MPI_Request*, tested under the lock
   [[noreturn]] void fail_access(int rc, const char* what, int rank) const noexcept;  // a failed one-sided access: ends the job naming the target

@@ -42,6 +42,17 @@ class Cluster {
   };
   virtual Access access_in_flight() const noexcept { return {}; }
 
+  // A pulse among the ranks of one node that makes no call into the transport (node-local shared memory), so that
+  // it goes on while a one-sided access waits. The heartbeat's sentinel sets this rank's pulse every period and
+  // reads those of its node's other ranks: when an access to this node's own windows never completes, a rank of
+  // the node whose pulse stands still is the one that holds it (frozen or gone); when every pulse of the node goes
+  // on, the holder is on another node. Without node-local memory: has_node_pulse() is false, and the others are
+  // no-ops. Callable from any thread, without blocking.
+  virtual bool has_node_pulse() const noexcept { return false; }
+  virtual void set_node_pulse(std::uint64_t /*value*/) noexcept {}
+  // The pulse of `rank`, a rank of this node (0 for any other rank, or before it first set its pulse).
+  virtual std::uint64_t node_pulse(int /*rank*/) const noexcept { return 0; }
+
   // Collectives: every rank calls them from one thread, in the same order. The sum is in place and the same on
   // every rank. `waiting` runs every 10 ms or so while this rank waits for the others (the runtime watches
   // the other ranks' heartbeats there); it may call abort().

@@ -11,9 +11,15 @@
 // cooperation (osc ucx over TCP), a frozen target or a cut link leaves the read waiting, and with it the watch. A
 // second thread, the sentinel, makes no MPI call: every period it asks the cluster which one-sided access is in
 // flight (Cluster::access_in_flight); one that has waited longer than `timeout` ends the job the same way, naming
-// its target (one on this rank's own node, or this rank itself, after twice that: a rank stuck on a lost one stalls
-// its node's accesses to it too, and it should be the one that speaks). Should MPI_Abort itself not return, the
-// process exits 5 s later (std::_Exit), and the launcher ends the job on that.
+// its target. An access to this rank itself or to a rank of its node gets twice that: a rank stuck on a lost one
+// stalls its node's accesses to it too, and it should be the one that speaks. Such a stall can also last for ever
+// with no lost rank on this node: Open MPI 4.1's osc ucx takes a lock on the target's window around every atomic, and
+// a rank that took it an instant before its node was cut off never gives it back; this rank's heartbeat then waits
+// behind the stalled access and reads nobody. So the sentinel also beats a pulse in node-local shared memory
+// (Cluster::set_node_pulse) and reads its node's others: a neighbour whose pulse stands still is named (frozen or
+// gone); when every pulse goes on, the cause is on another node, and the message names the other nodes (detail::
+// blame_for_near_stall). Should MPI_Abort itself not return, the process exits 5 s later (std::_Exit), and the
+// launcher ends the job on that.
 //
 // A runtime that goes writes kLeft, so a rank that finishes first, or whose runtime is destroyed by an exception
 // on its way out, is not taken for a frozen one. The words are only written by their rank and read by the others,
@@ -30,6 +36,7 @@
 #include <stop_token>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace stealbatch::detail {
@@ -96,5 +103,14 @@ std::string rank_and_node(const Cluster& cluster, int rank);
 // The step and chunk a rank was last seen in, from its kProgress and kWhere words: "step 3, in chunk 5 on its device
 // 0", or "step 3, in no chunk".
 std::string last_seen(std::uint64_t progress, std::uint64_t where);
+
+// "rank 2", "ranks 2-3" (consecutive), "ranks 2, 5, 9".
+std::string rank_list(const std::vector<int>& ranks);
+
+// The sentinel's message for an access to this rank's own window, or to a window of its node, that has waited past
+// twice the timeout (a: the access). `frozen`: the node's ranks whose pulse has stood still past the timeout, with
+// for how long, longest first; they are named. With none, every rank of the node goes on, and the stall comes from
+// another node: the message names the other nodes and their ranks (four nodes at most, then how many more).
+std::string blame_for_near_stall(const Cluster& cluster, const Cluster::Access& a, double timeout_s, const std::vector<std::pair<int, double>>& frozen);
 
 }  // namespace stealbatch::detail
