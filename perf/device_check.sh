@@ -197,8 +197,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm 
 run test_cuda_basics 60 "$PACK/bin/test_cuda_basics" --duration=true
 run test_cuda_runtime 120 "$PACK/bin/test_cuda_runtime" --duration=true
 
-say "2. gpu_check, a process a section: equivalence (MLP, then CNN), throughput, vgpu, the chunk curve, the reduction"
-for section in equivalence-mlp:30 equivalence-cnn:30 throughput-mlp:60 throughput-cnn:60 vgpu:90 curve:60 reduce:45; do
+say "2. gpu_check, a process a section: equivalence (MLP, then CNN), throughput, vgpu, the chunk curve, the reduction, deterministic mode"
+for section in equivalence-mlp:30 equivalence-cnn:30 throughput-mlp:60 throughput-cnn:60 vgpu:90 curve:60 reduce:45 deterministic:40; do
   run "gpu_check:${section%%:*}" "${section##*:}" "$PACK/bin/gpu_check" --data "$PACK/data" --section "${section%%:*}" \
     --json "$SCRATCH/json/gpu_check.${section%%:*}.json" ${GPU_CHECK_ARGS:-}
 done

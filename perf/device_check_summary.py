@@ -16,7 +16,7 @@ import math
 import os
 import sys
 
-GPU_SECTIONS = ("equivalence-mlp", "equivalence-cnn", "throughput-mlp", "throughput-cnn", "vgpu", "curve", "reduce")
+GPU_SECTIONS = ("equivalence-mlp", "equivalence-cnn", "throughput-mlp", "throughput-cnn", "vgpu", "curve", "reduce", "deterministic")
 # A checkpoint round trip against a straight run of the device that finishes it. Summation orders differ between
 # devices and between stealing runs, so two runs of the same command differ too: on cpu:2 (mlp, 4 epochs, its defaults),
 # six straight runs and six runs cut after 2 epochs and resumed spanned 0.8619-0.8629 in test accuracy and
@@ -153,6 +153,14 @@ def main():
         add("vgpu steal speedup vs ideal speedup", f"{v.get('speedup', 0):.2f}x of {v.get('ideal_speedup', 0):.2f}x = {r:.3f}", ">= 0.9", r >= 0.9)
     else:
         missing("vgpu static/steal/ideal", ">= 0.9", gpu_reason("vgpu"))
+    det = g.get("deterministic", {})
+    if det:
+        hashes = sorted({r["sha256"] for r in det.get("runs", [])})
+        add("deterministic: one parameters sha256 on cuda:0 and vgpu parts, steal and static",
+            f"{len(hashes)} distinct over {len(det.get('runs', []))} runs ({hashes[0][:16] if hashes else '?'}...)", "1", len(hashes) == 1)
+        add("deterministic: samples/s against the default on cuda:0", f"{det.get('cost', 0):.3f}x", "(reported; >= 0.9 on CPU)", None)
+    else:
+        missing("deterministic: one sha256 on cuda:0 and vgpu parts", "1", gpu_reason("deterministic"))
     red = g.get("reduce", {})
     for key, label in (("cuda0_mlp", "reduction phase, mlp on cuda:0 (one device)"), ("vgpu_wide", "reduction phase, wide mlp across vgpu parts")):
         r = red.get(key)

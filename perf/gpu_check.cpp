@@ -5,6 +5,9 @@
 //   curve     samples/s against chunk size on one GPU
 //   reduce    the reduction phase of real steps (cuda:0, and across vgpu parts), and NCCL's AllReduce over every GPU
 //             (on one GPU an in-place AllReduce of one rank, which moves no data: labelled so)
+//   deterministic  the MLP trained 30 Adam steps in deterministic mode on cuda:0 (steal, static) and on vgpu parts
+//             (steal, static): the parameters' SHA-256 must be one; and the mode's samples/s against the default's
+//             on cuda:0, interleaved
 // and writes one JSON. `--section NAME` runs one section (the device check runs each in its own process, so that a
 // sticky CUDA error loses only its own section). Without a GPU it says so and exits 2.
 #include <stealbatch/models/cnn_model.hpp>
@@ -20,6 +23,7 @@
 #include <stealbatch/error.hpp>
 #include <stealbatch/data/idx.hpp>
 #include <stealbatch/runtime/runtime.hpp>
+#include <stealbatch/sha256.hpp>
 #include <stealbatch/stats.hpp>
 
 #include <CLI/CLI.hpp>
@@ -33,6 +37,7 @@
 #include <fstream>
 #include <functional>
 #include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -116,10 +121,11 @@ int main(int argc, char** argv) {
   std::string data = "/usr/share/datasets/fashion-mnist", out = "gpu_check.json", vgpu = "64,16,16,16", only;
   std::size_t steps = 100, vgpu_steps = 20, vgpu_batch = 16384, vgpu_chunk = 512, vgpu_hidden = 2048;
   bool quick = false;
-  const std::vector<std::string> kSections = {"equivalence-mlp", "equivalence-cnn", "throughput-mlp", "throughput-cnn", "vgpu", "curve", "reduce"};
+  const std::vector<std::string> kSections = {"equivalence-mlp", "equivalence-cnn", "throughput-mlp", "throughput-cnn", "vgpu", "curve", "reduce",
+                                              "deterministic"};
   app.add_option("--data", data, "Fashion-MNIST folder (the IDX .gz files)");
   app.add_option("--json", out, "where to write the figures");
-  app.add_option("--section", only, "run this section only (equivalence-mlp, equivalence-cnn, throughput-mlp, throughput-cnn, vgpu, curve, reduce)")
+  app.add_option("--section", only, "run this section only (equivalence-mlp, equivalence-cnn, throughput-mlp, throughput-cnn, vgpu, curve, reduce, deterministic)")
       ->check(CLI::IsMember(kSections));
   app.add_option("--steps", steps, "timed steps per throughput figure (after 20 warm-up steps)");
   app.add_option("--vgpu", vgpu, "SM counts of the virtual GPUs (rounded up to the GPU's partition granularity)");
@@ -332,6 +338,50 @@ int main(int argc, char** argv) {
       j["allreduce"] = a;
     };
 
+    // 7. Deterministic mode: one SHA-256 of the parameters whichever devices and policy, and its cost on one GPU.
+    const auto deterministic = [&] {
+      const auto p = mlp.initial_parameters(4);
+      const auto train_det = [&](const std::string& devices, SchedulePolicy policy) {
+        RuntimeOptions o = options(devices, policy, 32, train);
+        o.schedule.deterministic = true;
+        o.optimizer = {.kind = OptimizerKind::kAdam, .lr = 1e-3f};
+        Runtime rt(o);
+        rt.register_parameters(mlp.layout(), p);
+        (void)time_steps(rt, train, 512, 0, 30, mlp_fn);
+        const std::vector<float> w = rt.parameters(0);
+        return sha256_hex(std::as_bytes(std::span<const float>(w)));
+      };
+      const std::string parts = "vgpu:" + vgpu;
+      json runs = json::array();
+      std::string first;
+      bool same = true;
+      for (const auto& [devices, policy] : {std::pair{std::string("cuda:0"), SchedulePolicy::kSteal}, std::pair{std::string("cuda:0"), SchedulePolicy::kStatic},
+                                            std::pair{parts, SchedulePolicy::kSteal}, std::pair{parts, SchedulePolicy::kStatic}}) {
+        const std::string h = train_det(devices, policy);
+        if (first.empty()) first = h;
+        same = same && h == first;
+        const char* pol = policy == SchedulePolicy::kSteal ? "steal" : "static";
+        runs.push_back({{"devices", devices}, {"policy", pol}, {"sha256", h}});
+        line("deterministic: mlp 30 Adam steps of 512 on %s %s: parameters sha256 %s", devices.c_str(), pol, h.c_str());
+      }
+      // Its cost on cuda:0: samples/s with and without, batch 512, chunk 32, interleaved, medians of 3.
+      std::vector<double> rate[2];
+      for (int round = 0; round < 3; ++round) {
+        for (int det = 0; det < 2; ++det) {
+          RuntimeOptions o = options("cuda:0", SchedulePolicy::kSteal, 32, train);
+          o.schedule.deterministic = det == 1;
+          Runtime rt(o);
+          rt.register_parameters(mlp.layout(), p);
+          rate[det].push_back(time_steps(rt, train, 512, 5, 20, mlp_fn).samples_per_s);
+        }
+      }
+      const double plain = median(rate[0]), det = median(rate[1]);
+      j["deterministic"] = {{"runs", runs}, {"same", same}, {"samples_per_s_default", plain}, {"samples_per_s_deterministic", det}, {"cost", det / plain}};
+      line("deterministic: one hash over 4 runs: %s; samples/s on cuda:0 (batch 512, chunk 32): default %.0f, deterministic %.0f (%.3fx)",
+           same ? "PASS" : "FAIL", plain, det, det / plain);
+      if (!same) throw Error("deterministic: the parameters differ across devices or policies");
+    };
+
     const std::vector<std::pair<std::string, std::function<void()>>> sections = {
         {"equivalence-mlp", [&] { equivalence("mlp", mlp.layout(), mlp.initial_parameters(1), 1024, mlp_cpu_fn, mlp_fn); }},
         {"equivalence-cnn", [&] { equivalence("cnn", cnn.layout(), cnn.initial_parameters(1), 256, cnn_cpu_fn, cnn_fn); }},
@@ -339,7 +389,8 @@ int main(int argc, char** argv) {
         {"throughput-cnn", [&] { throughput("cnn", cnn.layout(), cnn.initial_parameters(2), cnn_fn); }},
         {"vgpu", vgpu_section},
         {"curve", curve},
-        {"reduce", reduce}};
+        {"reduce", reduce},
+        {"deterministic", deterministic}};
     int failed_sections = 0;
     for (const auto& [name, body] : sections) {
       if (!only.empty() && name != only) continue;

@@ -8,12 +8,16 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace stealbatch::cuda {
 
@@ -96,7 +100,8 @@ void CudaDevice::bind() {
   // pedantic mode also forbids faster fp32 algorithms and is meant for testing.
   SB_CUBLAS_CHECK(cublasSetMathMode(m_blas.get(), CUBLAS_DEFAULT_MATH));
   // A part's kernels run on its SMs only: plan grids for those, not for the whole GPU.
-  if (m_part) SB_CUBLAS_CHECK(cublasSetSmCountTarget(m_blas.get(), m_sms));
+  // (Not in deterministic mode: the GEMMs are then planned alike on every part and on the whole GPU.)
+  if (m_part && !m_o.deterministic) SB_CUBLAS_CHECK(cublasSetSmCountTarget(m_blas.get(), m_sms));
   const unsigned wait_flags = cudaEventDisableTiming | (m_o.wait == GpuWait::kBlock ? cudaEventBlockingSync : 0u);
   for (std::size_t i = 0; i < m_o.in_flight; ++i) {
     auto s = std::make_unique<Slot>();
@@ -128,6 +133,7 @@ void CudaDevice::init_replica(std::span<const float> initial, const OptimizerOpt
   m_grad = DeviceBuffer<float>(m_count + 1);
   m_m = DeviceBuffer<float>(m_count);
   m_v = options.kind == OptimizerKind::kAdam ? DeviceBuffer<float>(m_count) : DeviceBuffer<float>();
+  m_fixed = {}, m_largest = {};
   cudaStream_t s = m_compute.get();
   SB_CUDA_CHECK(cudaMemcpyAsync(m_params.data(), initial.data(), m_count * sizeof(float), cudaMemcpyHostToDevice, s));
   SB_CUDA_CHECK(cudaMemsetAsync(m_grad.data(), 0, m_grad.bytes(), s));
@@ -140,6 +146,58 @@ void CudaDevice::init_replica(std::span<const float> initial, const OptimizerOpt
 void CudaDevice::zero_grad() {
   SB_CUDA_CHECK(cudaMemsetAsync(m_grad.data(), 0, m_grad.bytes(), m_compute.get()));
   SB_CUDA_CHECK(cudaMemsetAsync(m_loss.data(), 0, sizeof(float), m_compute.get()));
+  // ... and a failed or redone attempt's cells (deterministic mode)
+  if (m_fixed.size()) SB_CUDA_CHECK(cudaMemsetAsync(m_fixed.data(), 0, m_fixed.bytes(), m_compute.get()));
+  if (m_largest.size()) SB_CUDA_CHECK(cudaMemsetAsync(m_largest.data(), 0, m_largest.bytes(), m_compute.get()));
+}
+
+// Deterministic mode. The cell's kernels were queued on the compute stream by the chunk function; its rounding
+// follows them there, tensor by tensor, and zeroes the gradient before the next cell's kernels, so no
+// synchronization is added and chunks stay in flight.
+void CudaDevice::add_cell_fixed(std::span<const std::size_t> begin, std::span<const int> shift) {
+  const std::size_t tensors = shift.size();
+  cudaStream_t s = m_compute.get();
+  if (m_fixed.size() != m_count || m_largest.size() != tensors) {
+    m_fixed = DeviceBuffer<unsigned long long>(m_count);
+    m_largest = DeviceBuffer<unsigned>(tensors);
+    SB_CUDA_CHECK(cudaMemsetAsync(m_fixed.data(), 0, m_fixed.bytes(), s));
+    SB_CUDA_CHECK(cudaMemsetAsync(m_largest.data(), 0, m_largest.bytes(), s));
+  }
+  for (std::size_t t = 0; t < tensors; ++t) {
+    detail::cell_to_fixed(m_grad.data() + begin[t], begin[t + 1] - begin[t], shift[t], m_fixed.data() + begin[t], m_largest.data() + t, s);
+  }
+}
+
+long CudaDevice::take_cells_fixed(std::span<std::int64_t> acc, std::span<int> largest) {
+  if (m_fixed.size() != m_count || m_largest.size() != largest.size()) return -1;  // no cell ran here this step
+  std::vector<std::uint64_t> fixed(m_count);
+  std::vector<unsigned> bits(m_largest.size());
+  cudaStream_t s = m_compute.get();
+  SB_CUDA_CHECK(cudaMemcpyAsync(fixed.data(), m_fixed.data(), m_fixed.bytes(), cudaMemcpyDeviceToHost, s));
+  SB_CUDA_CHECK(cudaMemcpyAsync(bits.data(), m_largest.data(), m_largest.bytes(), cudaMemcpyDeviceToHost, s));
+  SB_CUDA_CHECK(cudaMemsetAsync(m_fixed.data(), 0, m_fixed.bytes(), s));
+  SB_CUDA_CHECK(cudaMemsetAsync(m_largest.data(), 0, m_largest.bytes(), s));
+  sync_compute("handing over the step's fixed-point sum after chunk " + std::to_string(m_last_chunk));
+  for (std::size_t i = 0; i < m_count; ++i) acc[i] = static_cast<std::int64_t>(static_cast<std::uint64_t>(acc[i]) + fixed[i]);  // modulo 2^64
+  long bad = -1;
+  for (std::size_t t = 0; t < bits.size(); ++t) {
+    if (bits[t] >= 0x7f800000u) {  // inf or NaN
+      if (bad < 0) bad = static_cast<long>(t);
+      continue;
+    }
+    if (bits[t] == 0) continue;  // every value 0: no exponent
+    int e = 0;
+    (void)std::frexp(std::bit_cast<float>(bits[t]), &e);
+    largest[t] = std::max(largest[t], e);
+  }
+  return bad;
+}
+
+void CudaDevice::load_grad(std::span<const float> sum, std::uint64_t samples) {
+  cudaStream_t s = m_compute.get();
+  SB_CUDA_CHECK(cudaMemcpyAsync(m_grad.data(), sum.data(), m_count * sizeof(float), cudaMemcpyHostToDevice, s));
+  detail::set_value(m_grad.data() + m_count, static_cast<float>(samples), s);
+  sync_compute("loading the reduced gradient");  // `sum` is the caller's
 }
 
 void CudaDevice::grow_staging(Slot& s, std::size_t bytes) {

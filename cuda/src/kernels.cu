@@ -3,12 +3,16 @@
 #include "kernels.hpp"
 
 #include <stealbatch/cuda/check.hpp>
+#include <stealbatch/runtime/detail/fixed_point.hpp>
+
+#include <cmath>
 
 namespace stealbatch::cuda::detail {
 
 namespace {
 
 constexpr int kBlock = 256;
+constexpr int kNoExponentOnDevice = stealbatch::detail::kNoExponent;  // a constant the kernels can read
 
 unsigned blocks(std::size_t n) {
   const std::size_t b = (n + kBlock - 1) / kBlock;
@@ -48,7 +52,33 @@ __global__ void sum_kernel(float* const* bufs, std::size_t count, std::size_t n)
   }
 }
 
+// A finite |y| under 2^51 (every value of a step that stands) rounds the way the host's does: __double2ll_rn rounds
+// to nearest, ties to even. A value past that only happens in a step that is redone, whose sums are thrown away.
+__global__ void cell_to_fixed_kernel(float* v, std::size_t n, int shift, double scale, unsigned long long* acc, unsigned* largest_bits) {
+  unsigned largest = 0;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const float x = v[i];
+    const unsigned a = __float_as_uint(x) & 0x7fffffffu;
+    largest = a > largest ? a : largest;
+    if (shift != kNoExponentOnDevice && a < 0x7f800000u) acc[i] += static_cast<unsigned long long>(__double2ll_rn(static_cast<double>(x) * scale));
+    v[i] = 0.0f;
+  }
+  // Every thread of the block reaches here (kBlock is a multiple of the warp): the warp's max, then one atomic.
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned other = __shfl_down_sync(0xffffffffu, largest, o);
+    largest = other > largest ? other : largest;
+  }
+  if ((threadIdx.x & 31u) == 0 && largest != 0) atomicMax(largest_bits, largest);
+}
+
 }  // namespace
+
+void cell_to_fixed(float* v, std::size_t n, int shift, unsigned long long* acc, unsigned* largest_bits, cudaStream_t s) {
+  if (n == 0) return;
+  const double scale = shift == stealbatch::detail::kNoExponent ? 0.0 : std::ldexp(1.0, shift);
+  cell_to_fixed_kernel<<<blocks(n), kBlock, 0, s>>>(v, n, shift, scale, acc, largest_bits);
+  SB_CUDA_CHECK(cudaGetLastError());
+}
 
 void sgd_update(float* params, const float* grad, float* velocity, std::size_t n, float lr, float momentum, float weight_decay, cudaStream_t s) {
   sgd_kernel<<<blocks(n), kBlock, 0, s>>>(params, grad, velocity, n, lr, momentum, weight_decay);

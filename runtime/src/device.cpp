@@ -62,6 +62,14 @@ void Device::copy_params(std::span<float> out) const {
 
 void Device::copy_grad(std::span<float> out) const { std::copy(m_grad.begin(), m_grad.end(), out.begin()); }
 
+void Device::add_cell_fixed(std::span<const std::size_t>, std::span<const int>) {
+  throw std::logic_error(name() + ": add_cell_fixed() on a device whose cells the runtime sums");
+}
+long Device::take_cells_fixed(std::span<std::int64_t>, std::span<int>) {
+  throw std::logic_error(name() + ": take_cells_fixed() on a device whose cells the runtime sums");
+}
+void Device::load_grad(std::span<const float>, std::uint64_t) { throw std::logic_error(name() + ": load_grad() on a device whose cells the runtime sums"); }
+
 void Device::cancel() {
   {
     const std::lock_guard lock(m_cancel_mutex);

@@ -4,6 +4,9 @@
 #include "runtime_impl.hpp"
 
 #include <algorithm>
+#include <exception>
+#include <string>
+#include <vector>
 
 namespace stealbatch {
 
@@ -20,6 +23,50 @@ void Runtime::Impl::update_slice(std::size_t d, std::span<const float> sum, floa
   dev.replicas[d]->update = Clock::now() - u0;
 }
 
+// Deterministic mode on devices that sum their cells themselves (GPUs): each hands over its accumulator and its
+// tensors' largest exponents, behind its last cell, so that the verdict and the sum read them as they read a host
+// device's. A value that is not finite fails the step, naming the device and the tensor.
+void Runtime::Impl::take_device_cells() {
+  std::vector<long> bad(dev.devices.size(), -1);
+  sched->broadcast([&](std::size_t d) {
+    const WatchStamp stamp(*dev.replicas[d], kReductionPhase, epoch);
+    bad[d] = dev.devices[d]->take_cells_fixed(exact.accumulator(d), exact.largest(d));
+  });
+  for (std::size_t d = 0; d < bad.size(); ++d) {
+    if (bad[d] < 0) continue;
+    try {
+      exact.not_finite(static_cast<std::size_t>(bad[d]));
+    } catch (const std::exception& e) {
+      std::throw_with_nested(ChunkError(dev.devices[d]->name(), steps + 1, 0, std::string(e.what()) + " (found after the chunk phase; chunk 0 stands for "
+                                        "the device's chunks of the step)", true));
+    }
+  }
+}
+
+// ... and their sum: the host's, exact in any order (each device's accumulator, then across ranks the rank's sum
+// into the tally, which crosses the ranks). In one process each device then loads it in float where NCCL would
+// have left the float sum; across ranks finish_reduction() loads the job's.
+StepStats Runtime::Impl::reduce_device_cells(std::size_t batch, RankTally& tally) {
+  const std::size_t count = layout.size();
+  std::vector<float> sum;
+  if (cluster) {
+    exact.sum_slice(0, count, tally.exact);
+  } else {
+    sum.assign(count, 0.0f);
+    exact.sum_to_float(0, count, sum);
+  }
+  return sched->broadcast([&](std::size_t d) {
+    Device& device = *dev.devices[d];
+    Replica& r = *dev.replicas[d];
+    const WatchStamp stamp(r, kReductionPhase, epoch);
+    const auto f0 = Clock::now();
+    device.finish_chunks();
+    r.finish = Clock::now() - f0;
+    r.loss += device.take_device_loss();
+    if (!cluster) device.load_grad(sum, batch);
+  });
+}
+
 StepStats Runtime::Impl::reduce_within(std::size_t batch, Reduce reduce_to, const ChunkTable& t, RankTally& tally) {
   const std::size_t n = dev.devices.size(), count = layout.size();
   std::vector<float*> bufs(n);
@@ -33,6 +80,7 @@ StepStats Runtime::Impl::reduce_within(std::size_t batch, Reduce reduce_to, cons
     tally = RankTally(dev.host && !exact ? count : 0, ranks, t.size(), cluster.total_devices());
     if (exact) tally.use_exact(count, exact.tensors());
   }
+  if (exact && !dev.host) return reduce_device_cells(batch, tally);
   if (reduce_to == Reduce::kUpdate && lr_pending) shared.optimizer->set_lr(options.optimizer.lr), lr_pending = false;  // set since the last update
   return sched->broadcast([&](std::size_t d) {
     Device& device = *dev.devices[d];
@@ -81,6 +129,15 @@ StepStats Runtime::Impl::reduce_within(std::size_t batch, Reduce reduce_to, cons
 }
 
 StepStats Runtime::Impl::finish_reduction(std::size_t batch, Reduce reduce_to, RankTally& tally) {
+  if (exact && !dev.host) {  // deterministic mode on GPUs: in one process the sum is loaded already
+    if (!cluster) return StepStats{std::vector<WorkerCounters>(dev.devices.size()), {}, 0};
+    std::vector<float> sum(layout.size(), 0.0f);
+    exact.to_float(0, layout.size(), tally.exact, sum);
+    return sched->broadcast([&](std::size_t d) {
+      const WatchStamp stamp(*dev.replicas[d], kReductionPhase, epoch);
+      dev.devices[d]->load_grad(sum, batch);
+    });
+  }
   if (cluster && dev.host) {
     // The update (or the mean) from the job's sum divided by the global batch, slice by slice on this rank's devices.
     const float scale = 1.0f / static_cast<float>(batch);

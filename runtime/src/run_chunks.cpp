@@ -90,7 +90,15 @@ ChunkTiming Runtime::Impl::run_guarded(std::size_t w, std::span<const ChunkId> c
       throw std::runtime_error("injected stall, cancelled by the watchdog");
     }
     const ChunkTiming timing = device.run_chunk(ctx, fn);
-    if (exact) exact.add_cell(w, ctx.grad);  // deterministic mode: the cell's gradient into fixed point (one chunk a call)
+    // Deterministic mode: the cell's gradient into fixed point (one chunk a call): by the runtime on host devices,
+    // queued behind the cell's kernels on a GPU (its accumulator is handed over after the chunk phase).
+    if (exact) {
+      if (device.sums_cells_itself()) {
+        device.add_cell_fixed(exact.tensor_begins(), exact.attempt_shifts());
+      } else {
+        exact.add_cell(w, ctx.grad);
+      }
+    }
     return timing;
   } catch (const DeviceLostError& e) {
     if (options.on_device_failure == OnDeviceFailure::kExclude) throw;  // run_with_recovery() drops the device and re-runs its chunks

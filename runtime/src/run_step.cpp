@@ -33,6 +33,7 @@ StepReport Runtime::Impl::run_step(std::span<const std::uint32_t> batch_samples,
     set_endgame_costs(table, plan);                            // chunk_table.cpp
     begin_chunk_phase(table, t_start);                         // run_chunks.cpp
     ChunkPhase phase = run_chunk_phase(samples, fn, table, plan, t_start);  // run_chunks.cpp, or cluster_step.cpp's share words
+    if (exact && !dev.host) take_device_cells();            // reduce.cpp: GPUs hand over their fixed-point sums
     if (exact && !cluster && !exact.settle(exact.exponents())) continue;
     Reduced reduced;
     reduced.within = reduce_within(batch, reduce_to, table, reduced.tally);  // reduce.cpp

@@ -95,9 +95,9 @@ Runtime::Impl::Impl(RuntimeOptions o) : options(std::move(o)), epoch(Clock::now(
   if (made.empty()) throw ConfigError("devices = '" + spec.text + "': no device");
   dev.adopt(spec.kind, std::move(backend), std::move(made));
   const std::size_t n = dev.size();
-  if (options.schedule.deterministic && !dev.host) {
-    throw ConfigError("deterministic = on with devices = '" + spec.text + "': the fixed-point sum runs on CPU and simulated devices; GPU devices "
-                      "do not have it");
+  if (options.schedule.deterministic && !dev.host &&
+      !std::all_of(dev.devices.begin(), dev.devices.end(), [](const auto& d) { return d->sums_cells_itself(); })) {
+    throw ConfigError("deterministic = on with devices = '" + spec.text + "': these devices cannot round their cells to fixed point");
   }
   if (!dev.host && std::any_of(options.host.slowdown.begin(), options.host.slowdown.end(), [](double f) { return f != 1.0; })) {
     throw ConfigError("slowdown = " + std::to_string(options.host.slowdown.size()) + " factors for devices = '" + spec.text +

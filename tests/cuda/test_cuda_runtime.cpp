@@ -194,3 +194,63 @@ TEST_CASE("CudaRuntime.BothGpuWaitsGiveTheSameGradient") {
   }
   CHECK(g[0] == g[1]);  // the same kernels in the same order: bit-identical
 }
+
+// Deterministic mode on GPUs: the parameters after 12 Adam steps are the same bytes on the whole GPU and on its parts,
+// stealing or not; and the deterministic gradient is the CPU's within float tolerance.
+TEST_CASE("CudaRuntime.DeterministicSameBitsOnTheGpuAndItsParts") {
+  if (skip_without_gpu()) return;
+  cuda::enable();
+  Synthetic s(4096, 784, 11);
+  const examples::MlpModel cpu({784, 256, 128, 10});
+  const examples::MlpCuda gpu({784, 256, 128, 10});
+  const std::vector<float> p = cpu.initial_parameters(5);
+  auto fn = [&](ChunkContext& c) { gpu.accumulate(c); };
+  auto train = [&](const std::string& devices, SchedulePolicy policy) {
+    RuntimeOptions o;
+    o.devices = devices;
+    o.schedule.policy = policy;
+    o.schedule.chunk_size = 32;
+    o.schedule.deterministic = true;
+    o.optimizer = {.kind = OptimizerKind::kAdam, .lr = 1e-3f};
+    o.gpu.input_bytes = examples::gpu_input_bytes(s.data);
+    o.gpu.gather = [&](std::uint32_t i, std::byte* dst) { examples::gather_sample(s.data, i, dst); };
+    Runtime rt(o);
+    rt.register_parameters(cpu.layout(), p);
+    std::vector<std::uint32_t> idx(512);
+    for (std::uint32_t step = 0; step < 12; ++step) {
+      std::iota(idx.begin(), idx.end(), step * 300u);
+      (void)rt.step(idx, fn);
+    }
+    return rt.parameters(0);
+  };
+  const std::vector<float> whole = train("cuda:0", SchedulePolicy::kSteal);
+  for (const auto& [devices, policy] : {std::pair{"cuda:0", SchedulePolicy::kStatic}, std::pair{"vgpu:32,8,8", SchedulePolicy::kSteal},
+                                        std::pair{"vgpu:16,16,16,16", SchedulePolicy::kSteal}, std::pair{"vgpu:16,16,16,16", SchedulePolicy::kStatic}}) {
+    const std::vector<float> other = train(devices, policy);
+    INFO(devices << (policy == SchedulePolicy::kStatic ? " static" : " steal"));
+    CHECK(other == whole);
+  }
+
+  // The gradient itself: within float tolerance of the CPU model's, on the GPU and on its parts.
+  const std::size_t batch = 1024;
+  const auto ref = gradient("cpu:1", SchedulePolicy::kSteal, cpu.layout(), p, s.data, batch, 32, [&](ChunkContext& c) {
+    thread_local examples::MlpModel::Workspace ws;
+    c.add_loss(cpu.accumulate_gradient(c.params, c.grad, s.data, c.samples, ws));
+  });
+  for (const char* devices : {"cuda:0", "vgpu:32,8,8"}) {
+    RuntimeOptions o;
+    o.devices = devices;
+    o.schedule.chunk_size = 32;
+    o.schedule.deterministic = true;
+    o.gpu.input_bytes = examples::gpu_input_bytes(s.data);
+    o.gpu.gather = [&](std::uint32_t i, std::byte* dst) { examples::gather_sample(s.data, i, dst); };
+    Runtime rt(o);
+    rt.register_parameters(cpu.layout(), p);
+    std::vector<std::uint32_t> idx(batch);
+    std::iota(idx.begin(), idx.end(), 0u);
+    rt.compute_gradient(idx, fn);
+    const double err = max_relative_error(std::vector<float>(rt.gradient().begin(), rt.gradient().end()), ref);
+    MESSAGE(devices << " deterministic GPU vs CPU relative error " << err);
+    CHECK(err <= 1e-4);
+  }
+}

@@ -53,9 +53,10 @@ PY
 }
 ROWS=("mlp GPU vs CPU gradient" "cnn GPU vs CPU gradient" "mlp samples/s vs PyTorch" "vgpu static/steal/ideal" "NCCL allreduce" "curve"
       "mlp example on cuda:0" "cnn example on cuda:0" "checkpoint cuda:0 -> cpu:2" "checkpoint cpu:2 -> cuda:0" "torch_mlp adapter on cuda:0"
-      "torch_cnn adapter on cuda:0" "torch_lm adapter on cuda:0 and vgpu parts" "stealbench 16 devices" "stealbench 32 devices")
+      "torch_cnn adapter on cuda:0" "torch_lm adapter on cuda:0 and vgpu parts" "stealbench 16 devices" "stealbench 32 devices"
+      "deterministic: one sha256 on cuda:0 and vgpu parts")
 STEPS=(test_cuda_basics test_cuda_runtime gpu_check:equivalence-mlp gpu_check:equivalence-cnn gpu_check:throughput-mlp gpu_check:throughput-cnn
-       gpu_check:vgpu gpu_check:curve gpu_check:reduce torch_ref mlp_cuda mlp_vgpu cnn_cuda ckpt_gpu_cpu ckpt_cpu_gpu ckpt_straight_cpu
+       gpu_check:vgpu gpu_check:curve gpu_check:reduce gpu_check:deterministic torch_ref mlp_cuda mlp_vgpu cnn_cuda ckpt_gpu_cpu ckpt_cpu_gpu ckpt_straight_cpu
        ckpt_straight_gpu torch_build torch_gpu_check stealbench16 stealbench32)
 
 # 1. Every GPU step fails fast: every step runs, and the reasons are the steps' own first error lines.

@@ -4,6 +4,7 @@
 #include "model_test_support.hpp"
 
 #include <stealbatch/error.hpp>
+#include <stealbatch/runtime/communicator.hpp>
 #include <stealbatch/runtime/detail/fixed_point.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 #include <stealbatch/runtime/testing.hpp>
@@ -385,4 +386,107 @@ TEST_CASE("Deterministic.ConfigurationsItCannotHonourAreRefused") {
   RuntimeOptions threads = deterministic("cpu:1");
   threads.host.threads_per_device = 2;
   CHECK(refused(threads).find("threads_per_device = 2 with deterministic = on") != std::string::npos);
+}
+
+namespace {
+
+// A stand-in for a GPU in deterministic mode: a device with its own replica (not the runtime's shared host copy)
+// that rounds its cells itself, as CudaDevice does on the GPU, here with the host's rule on host memory; registered
+// as the cuda backend. So the runtime's path for such devices (the hand-over after the chunk phase, the host's sum,
+// the load of the float sum, each replica's own update) runs where there is no GPU.
+class SelfSummingDevice final : public Device {
+ public:
+  explicit SelfSummingDevice(std::size_t i) : m_index(i) {}
+  std::string name() const override { return "selfsum" + std::to_string(m_index); }
+  ChunkTiming run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override {
+    fn(ctx);
+    return {};
+  }
+  bool sums_cells_itself() const override { return true; }
+  void add_cell_fixed(std::span<const std::size_t> begin, std::span<const int> shift) override {
+    if (m_acc.size() != grad().size()) m_acc.assign(grad().size(), 0), m_largest.assign(shift.size(), kNoExponent), m_bad = -1;
+    for (std::size_t t = 0; t < shift.size(); ++t) {
+      const std::size_t b = begin[t], n = begin[t + 1] - b;
+      const detail::CellScan s = detail::add_cell_fixed(grad().subspan(b, n), shift[t], std::span<std::int64_t>(m_acc).subspan(b, n));
+      if (!s.finite && m_bad < 0) m_bad = static_cast<long>(t);
+      m_largest[t] = std::max(m_largest[t], s.exponent);
+    }
+  }
+  long take_cells_fixed(std::span<std::int64_t> acc, std::span<int> largest) override {
+    if (m_acc.empty()) return -1;
+    for (std::size_t i = 0; i < m_acc.size(); ++i) acc[i] = static_cast<std::int64_t>(static_cast<std::uint64_t>(acc[i]) + static_cast<std::uint64_t>(m_acc[i]));
+    for (std::size_t t = 0; t < largest.size(); ++t) largest[t] = std::max(largest[t], m_largest[t]);
+    const long bad = m_bad;
+    m_acc.clear();
+    return bad;
+  }
+  void load_grad(std::span<const float> sum, std::uint64_t) override { std::copy(sum.begin(), sum.end(), grad().begin()); }
+  void zero_grad() override {
+    Device::zero_grad();
+    m_acc.clear();  // a failed or redone attempt's cells
+  }
+
+ private:
+  std::size_t m_index;
+  std::vector<std::int64_t> m_acc;
+  std::vector<int> m_largest;
+  long m_bad = -1;
+};
+
+struct SelfSummingBackend final : DeviceBackend {
+  std::size_t count = 1;
+  std::size_t available() const noexcept override { return count; }
+  std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec&, const RuntimeOptions&) override {
+    std::vector<std::unique_ptr<Device>> out;
+    for (std::size_t i = 0; i < count; ++i) out.push_back(std::make_unique<SelfSummingDevice>(i));
+    return out;
+  }
+  std::unique_ptr<Communicator> make_communicator(std::span<Device* const>) override { return std::make_unique<InProcessCommunicator>(); }
+};
+
+}  // namespace
+
+TEST_CASE("Deterministic.DevicesThatRoundTheirOwnCellsGiveTheHostsBits") {
+  const RestoreCudaBackend restore;
+  auto backend = std::make_shared<SelfSummingBackend>();
+  register_device_backend(DeviceKind::kCuda, backend);
+  const Training tr;
+  const Trained host = tr.run(deterministic("cpu:1", SchedulePolicy::kStatic));
+  for (std::size_t n : {1, 2, 4}) {
+    backend->count = n;
+    for (const SchedulePolicy policy : {SchedulePolicy::kSteal, SchedulePolicy::kStatic}) {
+      CAPTURE(n);
+      CAPTURE(policy == SchedulePolicy::kSteal);
+      const Trained t = tr.run(deterministic("cuda:all", policy));
+      // The same cells, rounded by the same rule, summed exactly, and the same Adam arithmetic on each replica: the
+      // host devices' bits.
+      CHECK(t.sha == host.sha);
+      CHECK(t.redone == host.redone);
+    }
+  }
+  MESSAGE("parameters sha256 " << host.sha << " on cpu:1 and on 1, 2 and 4 self-summing devices");
+
+  // A value that is not finite, found after the chunk phase: the step fails naming the device and the tensor, and the
+  // next one runs.
+  backend->count = 2;
+  Runtime rt(deterministic("cuda:all"));
+  rt.register_parameters(tr.model.layout(), tr.model.initial_parameters(5));
+  std::vector<MlpModel::Workspace> ws(2);
+  const std::size_t bias = tr.model.layout().tensor(1).offset;
+  bool poison = true;
+  auto fn = [&](ChunkContext& ctx) {
+    ctx.add_loss(tr.model.accumulate_gradient(ctx.params, ctx.grad, tr.syn.data, ctx.samples, ws[ctx.device]));
+    if (poison && ctx.chunk == 3) ctx.grad[bias] = std::nanf("");
+  };
+  try {
+    rt.step(tr.batch(0), fn);
+    FAIL("a NaN gradient must fail the step");
+  } catch (const ChunkError& e) {
+    CHECK(std::string(e.what()).find("not finite") != std::string::npos);
+    CHECK(std::string(e.what()).find("'" + tr.model.layout().tensor(1).name + "'") != std::string::npos);
+    CHECK(std::string(e.what()).find("selfsum") != std::string::npos);
+    CHECK(e.can_continue());
+  }
+  poison = false;
+  CHECK(rt.step(tr.batch(0), fn).samples == tr.batch(0).size());
 }

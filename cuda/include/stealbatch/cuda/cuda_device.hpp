@@ -38,6 +38,10 @@ class CudaDevice final : public Device {
     std::size_t input_bytes = 0;
     std::function<void(std::uint32_t, std::byte*)> gather;
     GpuWait wait = GpuWait::kSpin;
+    // Deterministic mode (RuntimeOptions::schedule.deterministic): cells summed in fixed point on the device, and a
+    // part's cuBLAS plans its GEMMs for the whole GPU, as a whole GPU's does, so that a cell's gradient is the same
+    // bits on a part as on the GPU (cuBLAS gives the same bits for the same architecture and SM count).
+    bool deterministic = false;
   };
   // `part` (may be null) confines the device's kernels to a green context of GPU `gpu`.
   CudaDevice(std::size_t index, int gpu, Options options, std::shared_ptr<Partition> part = nullptr);
@@ -61,6 +65,10 @@ class CudaDevice final : public Device {
   void load_replica(std::span<const float> params, const OptimizerState& state) override;
   double take_device_loss() override;
   void* workspace(std::size_t bytes) override;
+  bool sums_cells_itself() const override { return true; }
+  void add_cell_fixed(std::span<const std::size_t> begin, std::span<const int> shift) override;
+  long take_cells_fixed(std::span<std::int64_t> acc, std::span<int> largest) override;
+  void load_grad(std::span<const float> sum, std::uint64_t samples) override;
 
   int gpu() const noexcept { return m_gpu; }
   cudaStream_t compute_stream() const noexcept { return m_compute.get(); }
@@ -89,6 +97,10 @@ class CudaDevice final : public Device {
   std::size_t m_count = 0;  // parameters
   DeviceBuffer<float> m_params, m_grad, m_m, m_v, m_loss;
   PinnedBuffer<float> m_loss_host;  // the step's loss, copied back with the stream sync that ends the chunks
+  // Deterministic mode: the step's cells in fixed point (int64, modulo 2^64), and each tensor's largest |value| as
+  // its bit pattern; made at the first cell (one synchronizing allocation, in the first step).
+  DeviceBuffer<unsigned long long> m_fixed;
+  DeviceBuffer<unsigned> m_largest;
   // The workspace: stream-ordered (cudaMallocAsync on the compute stream) where the device supports it.
   void* m_scratch = nullptr;
   std::size_t m_scratch_bytes = 0;

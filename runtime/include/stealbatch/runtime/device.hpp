@@ -137,6 +137,20 @@ class Device {
   virtual std::optional<double> step_device_seconds() const { return std::nullopt; }
   virtual void* workspace(std::size_t bytes);
 
+  // Deterministic mode on a device whose gradient lives in its own memory (a GPU; host devices leave it to the
+  // runtime, and these throw std::logic_error). add_cell_fixed() queues, behind the chunk just run, the rounding of
+  // its gradient to fixed point (stealbatch/runtime/detail/fixed_point.hpp, the same rule as on the host) into the
+  // device's int64 accumulator, keeps each tensor's largest exponent, and zeroes the gradient for the next cell.
+  // `begin`: each tensor's first element, the parameter count last; `shift`: the attempt's shift per tensor
+  // (kNoExponent: scan only). take_cells_fixed(), after the chunk phase, adds the accumulator into `acc` (modulo
+  // 2^64) and each tensor's largest exponent into `largest` (their max), resets both on the device, and returns the
+  // first tensor that held a value that is not finite, or -1. load_grad() puts the reduced sum and the step's
+  // sample count where a collective would have left them.
+  virtual bool sums_cells_itself() const { return false; }
+  virtual void add_cell_fixed(std::span<const std::size_t> begin, std::span<const int> shift);
+  virtual long take_cells_fixed(std::span<std::int64_t> acc, std::span<int> largest);
+  virtual void load_grad(std::span<const float> sum, std::uint64_t samples);
+
   // Cancellation, for the stall watchdog: cancel() wakes every sleep_until_or_cancel() of this device now and
   // until reset_cancel() (which the runtime calls before each step). Thread-safe.
   void cancel();
