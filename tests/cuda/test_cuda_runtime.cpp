@@ -49,15 +49,22 @@ struct Synthetic {
 };
 
 
-// The full-batch mean gradient of `fn` over the first `batch` samples on `devices`.
-std::vector<float> gradient(const std::string& devices, SchedulePolicy policy, const ParameterLayout& layout, std::span<const float> params,
-                            const DenseData& d, std::size_t batch, std::size_t chunk, const ChunkFunction& fn) {
+// Options for `devices` whose chunks take their samples' rows of `d` as gathered input.
+RuntimeOptions gpu_options(const std::string& devices, std::size_t chunk, const DenseData& d) {
   RuntimeOptions o;
   o.devices = devices;
-  o.schedule.policy = policy;
   o.schedule.chunk_size = chunk;
   o.gpu.input_bytes = examples::gpu_input_bytes(d);
-  o.gpu.gather = [&](std::uint32_t s, std::byte* dst) { examples::gather_sample(d, s, dst); };
+  o.gpu.gather = [&d](std::uint32_t s, std::byte* dst) { examples::gather_sample(d, s, dst); };
+  return o;
+}
+
+// The full-batch mean gradient of `fn` over the first `batch` samples on `devices`.
+std::vector<float> gradient(const std::string& devices, SchedulePolicy policy, const ParameterLayout& layout, std::span<const float> params,
+                            const DenseData& d, std::size_t batch, std::size_t chunk, const ChunkFunction& fn, bool deterministic = false) {
+  RuntimeOptions o = gpu_options(devices, chunk, d);
+  o.schedule.policy = policy;
+  o.schedule.deterministic = deterministic;
   Runtime rt(o);
   rt.register_parameters(layout, params);
   std::vector<std::uint32_t> idx(batch);
@@ -127,12 +134,7 @@ TEST_CASE("CudaRuntime.VirtualGpusStealAndStayExact") {
   MESSAGE("vgpu steal vs one GPU relative error " << err);
   CHECK(err <= 1e-5);
 
-  RuntimeOptions o;
-  o.devices = "vgpu:32,8,8";
-  o.schedule.chunk_size = 16;
-  o.gpu.input_bytes = examples::gpu_input_bytes(s.data);
-  o.gpu.gather = [&](std::uint32_t i, std::byte* dst) { examples::gather_sample(s.data, i, dst); };
-  Runtime rt(o);
+  Runtime rt(gpu_options("vgpu:32,8,8", 16, s.data));
   rt.register_parameters(cpu.layout(), p);
   std::vector<std::uint32_t> idx(1024);
   std::uint64_t steals = 0;
@@ -179,12 +181,8 @@ TEST_CASE("CudaRuntime.BothGpuWaitsGiveTheSameGradient") {
   const std::vector<float> p = cpu.initial_parameters(3);
   std::vector<float> g[2];
   for (const GpuWait w : {GpuWait::kSpin, GpuWait::kBlock}) {
-    RuntimeOptions o;
-    o.devices = "cuda:0";
-    o.schedule.chunk_size = 64;
+    RuntimeOptions o = gpu_options("cuda:0", 64, s.data);
     o.gpu.wait = w;
-    o.gpu.input_bytes = examples::gpu_input_bytes(s.data);
-    o.gpu.gather = [&](std::uint32_t i, std::byte* dst) { examples::gather_sample(s.data, i, dst); };
     Runtime rt(o);
     rt.register_parameters(cpu.layout(), p);
     std::vector<std::uint32_t> idx(1024);
@@ -206,14 +204,10 @@ TEST_CASE("CudaRuntime.DeterministicSameBitsOnTheGpuAndItsParts") {
   const std::vector<float> p = cpu.initial_parameters(5);
   auto fn = [&](ChunkContext& c) { gpu.accumulate(c); };
   auto train = [&](const std::string& devices, SchedulePolicy policy) {
-    RuntimeOptions o;
-    o.devices = devices;
+    RuntimeOptions o = gpu_options(devices, 32, s.data);
     o.schedule.policy = policy;
-    o.schedule.chunk_size = 32;
     o.schedule.deterministic = true;
     o.optimizer = {.kind = OptimizerKind::kAdam, .lr = 1e-3f};
-    o.gpu.input_bytes = examples::gpu_input_bytes(s.data);
-    o.gpu.gather = [&](std::uint32_t i, std::byte* dst) { examples::gather_sample(s.data, i, dst); };
     Runtime rt(o);
     rt.register_parameters(cpu.layout(), p);
     std::vector<std::uint32_t> idx(512);
@@ -238,18 +232,8 @@ TEST_CASE("CudaRuntime.DeterministicSameBitsOnTheGpuAndItsParts") {
     c.add_loss(cpu.accumulate_gradient(c.params, c.grad, s.data, c.samples, ws));
   });
   for (const char* devices : {"cuda:0", "vgpu:32,8,8"}) {
-    RuntimeOptions o;
-    o.devices = devices;
-    o.schedule.chunk_size = 32;
-    o.schedule.deterministic = true;
-    o.gpu.input_bytes = examples::gpu_input_bytes(s.data);
-    o.gpu.gather = [&](std::uint32_t i, std::byte* dst) { examples::gather_sample(s.data, i, dst); };
-    Runtime rt(o);
-    rt.register_parameters(cpu.layout(), p);
-    std::vector<std::uint32_t> idx(batch);
-    std::iota(idx.begin(), idx.end(), 0u);
-    rt.compute_gradient(idx, fn);
-    const double err = max_relative_error(std::vector<float>(rt.gradient().begin(), rt.gradient().end()), ref);
+    const auto g = gradient(devices, SchedulePolicy::kSteal, cpu.layout(), p, s.data, batch, 32, fn, /*deterministic=*/true);
+    const double err = max_relative_error(g, ref);
     MESSAGE(devices << " deterministic GPU vs CPU relative error " << err);
     CHECK(err <= 1e-4);
   }

@@ -167,24 +167,23 @@ void exactly_once() {
   EXPECT(total[0] > 0);  // the ranks did steal from each other
 }
 
-// The ranks of this job as if on nodes of `per_node` ranks each (rank r on node r / per_node): every call but
-// same_node() goes to the real cluster. So one machine can run the paths that only ranks of other nodes take.
-class GroupedNodes final : public Cluster {
+// The ranks of this job as if on nodes of `per_node` ranks each (rank r on node r / per_node, named "groupN"): every
+// call but same_node() and node_name() goes to the real cluster. So one machine can run the paths that only ranks of
+// other nodes take. The decorators below override what they change.
+class Grouped : public Cluster {
  public:
-  GroupedNodes(std::shared_ptr<Cluster> c, int per_node) : m_c(std::move(c)), m_per(per_node) {}
+  Grouped(std::shared_ptr<Cluster> c, int per_node) : m_c(std::move(c)), m_per(per_node) {}
   int rank() const noexcept override { return m_c->rank(); }
   int size() const noexcept override { return m_c->size(); }
   bool same_node(int r) const noexcept override { return r / m_per == m_c->rank() / m_per; }
   std::string node_name(int r) const override { return "group" + std::to_string(r / m_per); }
   std::uint64_t read(int r, Word w) override { return m_c->read(r, w); }
-  std::uint64_t compare_and_swap(int r, Word w, std::uint64_t e, std::uint64_t d) override {
-    const std::uint64_t seen = m_c->compare_and_swap(r, w, e, d);
-    if (w == kShare && seen == e && !same_node(r)) crossed.fetch_add(1, std::memory_order_relaxed);  // a steal from another group
-    return seen;
-  }
-  std::atomic<std::uint64_t> crossed{0};  // successful compare-and-swaps of another group's share word
+  std::uint64_t compare_and_swap(int r, Word w, std::uint64_t e, std::uint64_t d) override { return m_c->compare_and_swap(r, w, e, d); }
   void write(int r, Word w, std::uint64_t v) override { m_c->write(r, w, v); }
   Access access_in_flight() const noexcept override { return m_c->access_in_flight(); }
+  bool has_node_pulse() const noexcept override { return m_c->has_node_pulse(); }
+  void set_node_pulse(std::uint64_t v) noexcept override { m_c->set_node_pulse(v); }
+  std::uint64_t node_pulse(int r) const noexcept override { return m_c->node_pulse(r); }
   void allreduce_sum(std::span<float> d, const std::function<void()>& f) override { m_c->allreduce_sum(d, f); }
   void allreduce_sum(std::span<double> d, const std::function<void()>& f) override { m_c->allreduce_sum(d, f); }
   void allreduce_sum(std::span<std::int64_t> d, const std::function<void()>& f) override { m_c->allreduce_sum(d, f); }
@@ -197,6 +196,18 @@ class GroupedNodes final : public Cluster {
  private:
   std::shared_ptr<Cluster> m_c;
   int m_per;
+};
+
+// ... counting the steals that cross a group.
+class GroupedNodes final : public Grouped {
+ public:
+  using Grouped::Grouped;
+  std::uint64_t compare_and_swap(int r, Word w, std::uint64_t e, std::uint64_t d) override {
+    const std::uint64_t seen = Grouped::compare_and_swap(r, w, e, d);
+    if (w == kShare && seen == e && !same_node(r)) crossed.fetch_add(1, std::memory_order_relaxed);  // a steal from another group
+    return seen;
+  }
+  std::atomic<std::uint64_t> crossed{0};  // successful compare-and-swaps of another group's share word
 };
 
 // Bounded calls for work (ClusterOptions::probes): 4 ranks posing as 2 nodes of 2 with probes 1 (each call reads
@@ -771,36 +782,21 @@ void absent() {
 // A node whose window never answers again, as when a rank of another node took the window's lock (Open MPI 4.1's
 // osc ucx locks the target's window around every atomic) an instant before it was cut off: once wedge() is called,
 // every one-sided access of this rank waits for ever, and access_in_flight() reports it. Ranks pose as nodes of
-// `per_node` (as GroupedNodes); the node pulses are the real cluster's (every rank here shares one machine).
-class Wedged final : public Cluster {
+// `per_node` (Grouped); the node pulses are the real cluster's (every rank here shares one machine).
+class Wedged final : public Grouped {
  public:
-  Wedged(std::shared_ptr<Cluster> c, int per_node) : m_c(std::move(c)), m_per(per_node) {}
+  using Grouped::Grouped;
   void wedge() { m_wedged.store(true); }
-  int rank() const noexcept override { return m_c->rank(); }
-  int size() const noexcept override { return m_c->size(); }
-  bool same_node(int r) const noexcept override { return r / m_per == m_c->rank() / m_per; }
-  std::string node_name(int r) const override { return "group" + std::to_string(r / m_per); }
-  std::uint64_t read(int r, Word w) override { return stall(r) ? 0 : m_c->read(r, w); }
-  std::uint64_t compare_and_swap(int r, Word w, std::uint64_t e, std::uint64_t d) override { return stall(r) ? 0 : m_c->compare_and_swap(r, w, e, d); }
+  std::uint64_t read(int r, Word w) override { return stall(r) ? 0 : Grouped::read(r, w); }
+  std::uint64_t compare_and_swap(int r, Word w, std::uint64_t e, std::uint64_t d) override { return stall(r) ? 0 : Grouped::compare_and_swap(r, w, e, d); }
   void write(int r, Word w, std::uint64_t v) override {
-    if (!stall(r)) m_c->write(r, w, v);
+    if (!stall(r)) Grouped::write(r, w, v);
   }
   Access access_in_flight() const noexcept override {
     const std::uint64_t w = m_stalled.load();
-    if (w == 0) return m_c->access_in_flight();
+    if (w == 0) return Grouped::access_in_flight();
     const double since = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() - static_cast<double>(w & 0xffffffffffff) / 1e3;
     return {static_cast<int>(w >> 48) - 1, since};
-  }
-  bool has_node_pulse() const noexcept override { return m_c->has_node_pulse(); }
-  void set_node_pulse(std::uint64_t v) noexcept override { m_c->set_node_pulse(v); }
-  std::uint64_t node_pulse(int r) const noexcept override { return m_c->node_pulse(r); }
-  void allreduce_sum(std::span<float> d, const std::function<void()>& f) override { m_c->allreduce_sum(d, f); }
-  void allreduce_sum(std::span<double> d, const std::function<void()>& f) override { m_c->allreduce_sum(d, f); }
-  void allreduce_sum(std::span<std::int64_t> d, const std::function<void()>& f) override { m_c->allreduce_sum(d, f); }
-  void broadcast(std::span<char> d, int root) override { m_c->broadcast(d, root); }
-  [[noreturn]] void abort(const std::string& why, int code) noexcept override {
-    m_c->abort(why, code);
-    std::abort();  // not reached: the cluster's abort does not return
   }
 
  private:
@@ -813,8 +809,6 @@ class Wedged final : public Cluster {
     m_stalled.compare_exchange_strong(none, (static_cast<std::uint64_t>(target) + 1) << 48 | (ms & 0xffffffffffff));
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
-  std::shared_ptr<Cluster> m_c;
-  int m_per;
   std::atomic<bool> m_wedged{false};
   std::atomic<std::uint64_t> m_stalled{0};
 };
