@@ -730,19 +730,25 @@ void stall() {
   ++g_failures;
 }
 
-// A rank whose process stops (SIGSTOP inside a chunk) or dies: the heartbeat ends the job, not the step's watch,
-// whose stall_timeout is far longer here.
-void hang_or_die(bool die) {
+// One CPU device a rank, chunks of 8, the heartbeat's timeout 1 s and the step's watch 60 s: a fault that stops a
+// process is the heartbeat's to find. Static, as in chunk_throws: each rank runs chunks of its own in every step.
+RuntimeOptions heartbeat_only(std::shared_ptr<Cluster> job) {
   RuntimeOptions o;
   o.devices = "cpu:1";
   o.host.threads_per_device = 1;
-  o.cluster.job = g_cluster;
+  o.cluster.job = std::move(job);
   o.schedule.chunk_size = 8;
   o.stall_timeout = 60;
   o.cluster.heartbeat_timeout = 1.0;
-  o.schedule.policy = SchedulePolicy::kStatic;  // as in chunk_throws
+  o.schedule.policy = SchedulePolicy::kStatic;
+  return o;
+}
+
+// A rank whose process stops (SIGSTOP inside a chunk) or dies: the heartbeat ends the job, not the step's watch,
+// whose stall_timeout is far longer here.
+void hang_or_die(bool die) {
   const int me = g_cluster->rank();
-  Runtime rt(o);
+  Runtime rt(heartbeat_only(g_cluster));
   rt.register_parameters(layout(), initial());
   std::atomic<bool> done{false};
   for (std::uint64_t s = 0; s < 5; ++s) {
@@ -818,16 +824,8 @@ class Wedged final : public Grouped {
 // node going on and name the other node. On one node, they find rank 2's pulse still and name it.
 void wedged(bool two_nodes) {
   auto job = std::make_shared<Wedged>(g_cluster, two_nodes ? 2 : 3);
-  RuntimeOptions o;
-  o.devices = "cpu:1";
-  o.host.threads_per_device = 1;
-  o.cluster.job = job;
-  o.schedule.chunk_size = 8;
-  o.stall_timeout = 60;
-  o.cluster.heartbeat_timeout = 1.0;
-  o.schedule.policy = SchedulePolicy::kStatic;  // every rank runs chunks of its own in step 2 whatever the timing
   const int me = g_cluster->rank();
-  Runtime rt(o);
+  Runtime rt(heartbeat_only(job));
   rt.register_parameters(layout(), initial());
   for (std::uint64_t s = 0; s < 5; ++s) {
     rt.step(batch_of(256, s), [&](ChunkContext& ctx) {
