@@ -34,14 +34,14 @@ void ExactSum::add_cell(std::size_t d, std::span<float> grad) {
   for (std::size_t t = 0; t < m_shift.size(); ++t) {
     const std::size_t b = m_begin[t], n = m_begin[t + 1] - b;
     const detail::CellScan s = detail::add_cell_fixed(grad.subspan(b, n), m_used[t], std::span<std::int64_t>(acc).subspan(b, n));
-    if (!s.finite) not_finite(t);
+    if (!s.finite) throw std::runtime_error(not_finite(t));
     largest[t] = std::max(largest[t], s.exponent);
   }
 }
 
-void ExactSum::not_finite(std::size_t bad) const {
-  throw std::runtime_error("deterministic mode: the chunk's gradient holds a value that is not finite (NaN or infinite) in tensor '" + m_name[bad] +
-                           "'; fixed point cannot sum it");
+std::string ExactSum::not_finite(std::size_t bad) const {
+  return "deterministic mode: the chunk's gradient holds a value that is not finite (NaN or infinite) in tensor '" + m_name[bad] +
+         "'; fixed point cannot sum it";
 }
 
 std::vector<int> ExactSum::exponents() const {

@@ -47,13 +47,13 @@ class ExactSum {
   void drop_device(std::size_t d);
   // A device that sums its cells itself (Device::sums_cells_itself(), a GPU): what it is told each cell (each
   // tensor's first element, the count last; this attempt's shifts), and where it hands over its accumulator and its
-  // tensors' largest exponents after the chunk phase (Device::take_cells_fixed()). Throws std::runtime_error naming
-  // the tensor when the device saw a value that is not finite (`bad`: its index), as add_cell() does.
+  // tensors' largest exponents after the chunk phase (Device::take_cells_fixed()); and the words naming tensor `bad`
+  // when a value of it was not finite (add_cell() throws them as std::runtime_error).
   std::span<const std::size_t> tensor_begins() const noexcept { return m_begin; }
   std::span<const int> attempt_shifts() const noexcept { return m_used; }
   std::span<std::int64_t> accumulator(std::size_t d) noexcept { return m_acc[d]; }
   std::span<int> largest(std::size_t d) noexcept { return m_exp[d]; }
-  [[noreturn]] void not_finite(std::size_t bad) const;
+  std::string not_finite(std::size_t bad) const;
   // The shifts for the next attempt, for checkpoints (kNoExponent: not set yet), and their restoration.
   const std::vector<int>& shifts() const noexcept { return m_shift; }
   void restore(std::span<const int> shifts);

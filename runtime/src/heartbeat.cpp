@@ -164,7 +164,7 @@ void Heartbeat::sentinel(std::stop_token stop) {
     if (stop.stop_requested()) return;
     m_cluster->set_node_pulse(++pulse);
     const auto now = Clock::now();
-    std::vector<std::pair<int, double>> frozen;  // neighbours whose pulse has stood still past the timeout, longest first
+    std::vector<std::pair<int, double>> frozen;  // neighbours whose pulse has stood still past the timeout
     for (std::size_t i = 0; i < neighbours.size(); ++i) {
       const std::uint64_t theirs = m_cluster->node_pulse(neighbours[i]);
       if (theirs == 0 || theirs == kLeft) {  // not started yet, or its runtime has gone
@@ -174,7 +174,6 @@ void Heartbeat::sentinel(std::stop_token stop) {
       const double q = still[i].seconds_still(theirs, now);
       if (q > m_timeout_s) frozen.emplace_back(neighbours[i], q);
     }
-    std::stable_sort(frozen.begin(), frozen.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
     const Cluster::Access a = m_cluster->access_in_flight();
     // A rank stuck on a lost one makes no progress for its own node's ranks either: where the transport needs the
     // target's cooperation, their accesses to it wait too, and a window whose lock a lost rank took waits for ever.
@@ -183,7 +182,8 @@ void Heartbeat::sentinel(std::stop_token stop) {
     const bool near = a.rank == me || m_cluster->same_node(a.rank);
     if (a.rank < 0 || a.seconds <= (near ? 2 : 1) * m_timeout_s) continue;
     std::string msg;
-    if (near && (!frozen.empty() || (others && m_cluster->has_node_pulse()))) {
+    if (near && m_cluster->has_node_pulse() && (!frozen.empty() || others)) {
+      std::stable_sort(frozen.begin(), frozen.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
       msg = blame_for_near_stall(*m_cluster, a, m_timeout_s, frozen);
     } else if (a.rank == me) {
       char text[640];

@@ -4,7 +4,6 @@
 #include "runtime_impl.hpp"
 
 #include <algorithm>
-#include <exception>
 #include <string>
 #include <vector>
 
@@ -34,37 +33,10 @@ void Runtime::Impl::take_device_cells() {
   });
   for (std::size_t d = 0; d < bad.size(); ++d) {
     if (bad[d] < 0) continue;
-    try {
-      exact.not_finite(static_cast<std::size_t>(bad[d]));
-    } catch (const std::exception& e) {
-      std::throw_with_nested(ChunkError(dev.devices[d]->name(), steps + 1, 0, std::string(e.what()) + " (found after the chunk phase; chunk 0 stands for "
-                                        "the device's chunks of the step)", true));
-    }
+    throw ChunkError(dev.devices[d]->name(), steps + 1, 0,
+                     exact.not_finite(static_cast<std::size_t>(bad[d])) + " (found after the chunk phase; chunk 0 stands for the device's chunks of the step)",
+                     true);
   }
-}
-
-// ... and their sum: the host's, exact in any order (each device's accumulator, then across ranks the rank's sum
-// into the tally, which crosses the ranks). In one process each device then loads it in float where NCCL would
-// have left the float sum; across ranks finish_reduction() loads the job's.
-StepStats Runtime::Impl::reduce_device_cells(std::size_t batch, RankTally& tally) {
-  const std::size_t count = layout.size();
-  std::vector<float> sum;
-  if (cluster) {
-    exact.sum_slice(0, count, tally.exact);
-  } else {
-    sum.assign(count, 0.0f);
-    exact.sum_to_float(0, count, sum);
-  }
-  return sched->broadcast([&](std::size_t d) {
-    Device& device = *dev.devices[d];
-    Replica& r = *dev.replicas[d];
-    const WatchStamp stamp(r, kReductionPhase, epoch);
-    const auto f0 = Clock::now();
-    device.finish_chunks();
-    r.finish = Clock::now() - f0;
-    r.loss += device.take_device_loss();
-    if (!cluster) device.load_grad(sum, batch);
-  });
 }
 
 StepStats Runtime::Impl::reduce_within(std::size_t batch, Reduce reduce_to, const ChunkTable& t, RankTally& tally) {
@@ -80,7 +52,10 @@ StepStats Runtime::Impl::reduce_within(std::size_t batch, Reduce reduce_to, cons
     tally = RankTally(dev.host && !exact ? count : 0, ranks, t.size(), cluster.total_devices());
     if (exact) tally.use_exact(count, exact.tensors());
   }
-  if (exact && !dev.host) return reduce_device_cells(batch, tally);
+  // Deterministic mode on GPUs: their fixed-point sums were handed over after the chunk phase (take_device_cells());
+  // across ranks this rank's sum goes into the tally now, and finish_reduction() loads the sum into every device.
+  const bool host_sums = exact && !dev.host;
+  if (host_sums && cluster) exact.sum_slice(0, count, tally.exact);
   if (reduce_to == Reduce::kUpdate && lr_pending) shared.optimizer->set_lr(options.optimizer.lr), lr_pending = false;  // set since the last update
   return sched->broadcast([&](std::size_t d) {
     Device& device = *dev.devices[d];
@@ -90,6 +65,7 @@ StepStats Runtime::Impl::reduce_within(std::size_t batch, Reduce reduce_to, cons
     device.finish_chunks();  // chunks still in flight (GPU, simulated device)
     r.finish = Clock::now() - f0;
     r.loss += device.take_device_loss();
+    if (host_sums) return;
     device.set_sample_count(r.samples);
     if (sliced) {
       // Slice d of every device's gradient is complete (the chunk phase is over, and a host device's chunks write
@@ -129,10 +105,15 @@ StepStats Runtime::Impl::reduce_within(std::size_t batch, Reduce reduce_to, cons
 }
 
 StepStats Runtime::Impl::finish_reduction(std::size_t batch, Reduce reduce_to, RankTally& tally) {
-  if (exact && !dev.host) {  // deterministic mode on GPUs: in one process the sum is loaded already
-    if (!cluster) return StepStats{std::vector<WorkerCounters>(dev.devices.size()), {}, 0};
+  if (exact && !dev.host) {
+    // Deterministic mode on GPUs: the host's exact sum (this process's devices', or the job's from the tally) in
+    // float, loaded into every device where NCCL's float sum would have been.
     std::vector<float> sum(layout.size(), 0.0f);
-    exact.to_float(0, layout.size(), tally.exact, sum);
+    if (cluster) {
+      exact.to_float(0, layout.size(), tally.exact, sum);
+    } else {
+      exact.sum_to_float(0, layout.size(), sum);
+    }
     return sched->broadcast([&](std::size_t d) {
       const WatchStamp stamp(*dev.replicas[d], kReductionPhase, epoch);
       dev.devices[d]->load_grad(sum, batch);

@@ -74,7 +74,6 @@ struct Runtime::Impl {
   // reduce.cpp: within the process (fused with the update on host devices in one process), then what crosses the
   // ranks' sum: the update from it (host devices) or the devices' own collective.
   void take_device_cells();                                     // deterministic mode on GPUs (reduce.cpp)
-  StepStats reduce_device_cells(std::size_t batch, RankTally& tally);
   StepStats reduce_within(std::size_t batch, Reduce reduce_to, const ChunkTable& t, RankTally& tally);
   StepStats finish_reduction(std::size_t batch, Reduce reduce_to, RankTally& tally);
   void update_slice(std::size_t d, std::span<const float> sum, float scale, Reduce reduce_to);
