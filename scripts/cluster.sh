@@ -19,9 +19,12 @@
 #   scripts/cluster.sh signal NODE SIG [NAME]               send SIG to every process of NODE (KILL, STOP, CONT), or
 #                                                           to those named NAME only (its ranks, not Open MPI's daemon)
 #   scripts/cluster.sh status | down                        what is up; tear everything down (always safe to run)
+#   scripts/cluster.sh help                                 this text
 #
-# Exits 77 with the reason when this machine cannot make namespaces (not root, no CAP_NET_ADMIN, no nft): the tests
-# report "skipped" then. `up` tears down an earlier cluster first, and a failed `up` tears down what it made.
+# Exit status: 0 when done (help too); 1 when a step fails (no cluster up, no such node, a command that failed); 2 for
+# a usage error (a line saying what is wrong, then the usage), found before anything is made, sent or torn down; 77
+# with the reason when this machine cannot make namespaces (not root, no CAP_NET_ADMIN, no nft): the tests report
+# "skipped" then. `up` tears down an earlier cluster first, and a failed `up` tears down what it made.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 state=/run/stealbatch-cluster
@@ -30,6 +33,31 @@ hub=sbhub
 
 die() { echo "cluster: $*" >&2; exit 1; }
 skip() { echo "cluster: skipped: $*" >&2; exit 77; }
+usage() { sed -n '/^#   scripts\/cluster.sh up /,/^#   scripts\/cluster.sh help /p' "$0" | sed 's/^# \{0,1\}//'; }
+bad() { echo "cluster: $*" >&2; usage >&2; exit 2; }
+# command, flag, the arguments after it: a value is there (not the next flag, nor the -- before the program).
+need() { local where=$1; shift; [ $# -ge 2 ] && [ -n "$2" ] && [[ "$2" != --* ]] || bad "$where: $1 needs a value"; }
+count() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || bad "$1 '$2': give a whole number, 1 or more"; }
+# A rate as tc says it (10gbit, 500mbit, or bare bits a second), in bits a second; nothing when it is not one.
+rate_bits() {
+  [[ "$1" =~ ^[0-9]+(\.[0-9]+)?([kKmMgG]?bit)?$ ]] || return 0
+  echo "$1" | awk '{v=$1; m=1; if (v ~ /[gG]bit$/) m=1e9; else if (v ~ /[mM]bit$/) m=1e6; else if (v ~ /[kK]bit$/) m=1e3; sub(/[a-zA-Z]+$/, "", v); printf "%d", v*m}'
+}
+check_rate() { [ "$(rate_bits "$2")" -gt 0 ] 2>/dev/null || bad "$1 '$2': give it as tc does (10gbit, 1gbit, 500mbit)"; }
+# KILL, kill, SIGKILL or 9: the signal's name (KILL); status 1 for what names no signal (bash's own ERR, EXIT and
+# the like included: kill -l numbers them outside 1..64).
+signal_name() {
+  local s=${1^^} n
+  s=${s#SIG}
+  [[ "$s" =~ ^[A-Z0-9][A-Z0-9+-]*$ ]] || return 1
+  if [[ "$s" =~ ^[0-9]+$ ]]; then
+    n=$s
+    s=$(kill -l "$n" 2>/dev/null) || return 1
+  else
+    n=$(kill -l "$s" 2>/dev/null) || return 1
+  fi
+  [ "$n" -ge 1 ] && [ "$n" -le 64 ] && echo "$s"
+}
 nodes() { [ -f "$state/nodes" ] && cat "$state/nodes"; }
 addr() { echo "$subnet.$((10 + ${1#sbn}))"; }
 is_node() { nodes | grep -qx "$1" || die "no node '$1' (nodes: $(nodes | tr '\n' ' '))"; }
@@ -72,7 +100,6 @@ cgroup_of() {
 # progress agent with it), not slow it down.
 set_cpu() {  # node, fraction of its cores (0.01 to 1)
   local n=$1 f=$2 cg cores period=2000 quota
-  awk -v f="$f" 'BEGIN { exit !(f >= 0.01 && f <= 1) }' || die "cpu: FRACTION '$f': give 0.01 to 1"
   cg=$(cgroup_of "$n")
   [ -d "$(dirname "$cg")" ] || die "cpu: no CPU cgroup controller at $(dirname "$cg")"
   mkdir -p "$cg" || die "cpu: cannot make $cg"
@@ -113,10 +140,9 @@ down() {
   rm -rf "$state"
 }
 
-burst_for() {  # a tbf burst for RATE: at least 64 KiB (a GSO packet), else a millisecond of the rate
-  local r=$1 bits
-  bits=$(echo "$r" | awk '{v=$1; m=1; if (v ~ /[gG]bit$/) m=1e9; else if (v ~ /[mM]bit$/) m=1e6; else if (v ~ /[kK]bit$/) m=1e3; sub(/[a-zA-Z]+$/, "", v); printf "%d", v*m}')
-  [ "$bits" -gt 0 ] 2>/dev/null || die "rate '$r': give it as tc does (10gbit, 1gbit, 500mbit)"
+burst_for() {  # a tbf burst for RATE (checked by check_rate): at least 64 KiB (a GSO packet), else a millisecond of it
+  local bits
+  bits=$(rate_bits "$1")
   echo $(( bits / 8 / 1000 > 65536 ? bits / 8 / 1000 : 65536 ))
 }
 
@@ -132,15 +158,17 @@ set_rate() {  # node, rate ("" = unlimited)
 up() {
   local k=${1:-}; shift || true
   local delay=0 rate=""
+  [[ "$k" =~ ^[2-8]$ ]] || bad "up: K = '$k': give 2 to 8 nodes"
   while [ $# -gt 0 ]; do
     case $1 in
-      --delay-us) delay=$2; shift 2 ;;
-      --rate) rate=$2; shift 2 ;;
-      *) die "up: unknown option '$1'" ;;
+      --delay-us) need up "$@"; delay=$2 ;;
+      --rate) need up "$@"; rate=$2 ;;
+      *) bad "up: unknown option '$1'" ;;
     esac
+    shift 2
   done
-  [[ "$k" =~ ^[0-9]+$ ]] && [ "$k" -ge 2 ] && [ "$k" -le 8 ] || die "up: K = '$k': give 2 to 8 nodes"
-  [[ "$delay" =~ ^[0-9]+$ ]] && [ "$delay" -le 1000000 ] || die "up: --delay-us '$delay': give 0 to 1000000 microseconds"
+  [[ "$delay" =~ ^(0|[1-9][0-9]{0,6})$ ]] && [ "$delay" -le 1000000 ] || bad "up: --delay-us '$delay': give 0 to 1000000 microseconds"
+  [ -z "$rate" ] || check_rate "up: --rate" "$rate"
   can_make
   down
   mkdir -p "$state"
@@ -196,20 +224,22 @@ up() {
 }
 
 run() {
-  local ppn=1 limit=600 osc=sm,ucx hostlist=""
+  local ppn="" limit=600 osc=sm,ucx hostlist="" host='[A-Za-z0-9._-]+(:[1-9][0-9]*)?'
   while [ $# -gt 0 ]; do
     case $1 in
-      --ranks-per-node) ppn=$2; shift 2 ;;
-      --hosts) hostlist=$2; shift 2 ;;
-      --timeout) limit=$2; shift 2 ;;
-      --osc) osc=$2; shift 2 ;;
       --) shift; break ;;
-      *) die "run: unknown option '$1' (the program follows --)" ;;
+      --ranks-per-node) need run "$@"; count "run: --ranks-per-node" "$2"; ppn=$2 ;;
+      --hosts) need run "$@"; [[ "$2" =~ ^$host(,$host)*$ ]] || bad "run: --hosts '$2': give NODE:P,NODE:P (P ranks, 1 or more)"; hostlist=$2 ;;
+      --timeout) need run "$@"; count "run: --timeout" "$2"; limit=$2 ;;
+      --osc) need run "$@"; osc=$2 ;;
+      *) bad "run: unknown option '$1' (the program follows --)" ;;
     esac
+    shift 2
   done
-  [ $# -gt 0 ] || die "run: no program (scripts/cluster.sh run [options] -- PROGRAM ARGS...)"
+  [ -z "$ppn" ] || [ -z "$hostlist" ] || bad "run: --ranks-per-node or --hosts, not both"
+  [ $# -gt 0 ] || bad "run: no program (it follows --)"
   [ -f "$state/nodes" ] || die "run: no cluster is up (scripts/cluster.sh up K first)"
-  [ -n "$hostlist" ] || hostlist=$(nodes | sed "s/\$/:$ppn/" | paste -sd,)
+  [ -n "$hostlist" ] || hostlist=$(nodes | sed "s/\$/:${ppn:-1}/" | paste -sd,)
   # Within a node the ranks share memory (vader); between nodes, TCP on eth0 for messages and for Open MPI's own
   # wiring, UCX over TCP for the one-sided window (osc sm serves only windows within one node: here the node's
   # pulse words, which never cross the link). UCX is kept off shared memory: the nodes share /dev/shm, and a window
@@ -233,18 +263,36 @@ status() {
   done
 }
 
-cmd=${1:-}
-shift || true
+[ $# -gt 0 ] || bad "no command"
+cmd=$1
+shift
+# The node commands' arguments: checked before the node is looked up, and before anything is sent.
 case $cmd in
+  exec) [ $# -ge 1 ] || bad "exec: no NODE"; [ $# -ge 2 ] || bad "exec: no COMMAND" ;;
+  agent) [ $# -ge 1 ] || bad "agent: no HOST"; [ $# -ge 2 ] || bad "agent: no COMMAND" ;;
+  cut | heal) [ $# -ge 1 ] || bad "$cmd: no NODE" ;;
+  rate) [ $# -ge 1 ] || bad "rate: no NODE"; [ $# -ge 2 ] || bad "rate: no RATE"; check_rate "rate: RATE" "$2" ;;
+  cpu)
+    [ $# -ge 1 ] || bad "cpu: no NODE"
+    [ $# -ge 2 ] || bad "cpu: no FRACTION"
+    [[ "$2" =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] && awk -v f="$2" 'BEGIN { exit !(f >= 0.01 && f <= 1) }' ||
+      bad "cpu: FRACTION '$2': give 0.01 to 1" ;;
+  signal)
+    [ $# -ge 1 ] || bad "signal: no NODE"
+    [ $# -ge 2 ] || bad "signal: no SIG"
+    sig=$(signal_name "$2") || bad "signal: unknown signal '$2' (KILL, STOP, CONT, ...)" ;;
+esac
+case $cmd in
+  help | -h | --help) sed -n "2,/^set -uo/p" "$0" | sed "\$d; s/^# \\{0,1\\}//" ;;
   up) up "$@" ;;
   down) down; echo "cluster: down" ;;
   run) run "$@" ;;
   status) status ;;
-  exec) is_node "${1:-}"; n=$1; shift; in_node "$n" "$@" ;;
+  exec) is_node "$1"; n=$1; shift; in_node "$n" "$@" ;;
   # Open MPI's rsh launcher: `agent HOST COMMAND...`, the command a shell line (as ssh would pass it on).
   agent) n=$1; shift; in_node "$n" sh -c "$*" ;;
   cut)
-    is_node "${1:-}"
+    is_node "$1"
     ip netns exec "$1" nft -f - <<EOF
 table inet sbcut {
   chain in { type filter hook input priority -10; iifname "eth0" drop; }
@@ -252,12 +300,11 @@ table inet sbcut {
 }
 EOF
     echo "cluster: $1 cut off (every packet on its link dropped)" ;;
-  heal) is_node "${1:-}"; ip netns exec "$1" nft delete table inet sbcut 2>/dev/null; echo "cluster: $1 healed" ;;
-  rate) is_node "${1:-}"; set_rate "$1" "${2:?rate NODE RATE}"; echo "cluster: $1 link at $2" ;;
-  cpu) is_node "${1:-}"; set_cpu "$1" "${2:?cpu NODE FRACTION}" ;;
+  heal) is_node "$1"; ip netns exec "$1" nft delete table inet sbcut 2>/dev/null; echo "cluster: $1 healed" ;;
+  rate) is_node "$1"; set_rate "$1" "$2"; echo "cluster: $1 link at $2" ;;
+  cpu) is_node "$1"; set_cpu "$1" "$2" ;;
   signal)
-    is_node "${1:-}"
-    sig=${2:?signal NODE SIG [NAME]}
+    is_node "$1"
     # Every process in the node but the delayer (it is the link, not the node), or only those named NAME (a
     # program's ranks, and not Open MPI's daemon).
     keep=$(cat "$state/netdelay.$1.pid" 2>/dev/null)
@@ -265,7 +312,7 @@ EOF
     for p in $(ip netns pids "$1" | grep -vx "${keep:-none}"); do
       [ -z "${3:-}" ] || [ "$(cat /proc/$p/comm 2>/dev/null)" = "${3:0:15}" ] && pids+=" $p"
     done
-    [ -n "$pids" ] && kill "-$sig" $pids
+    [ -n "$pids" ] && kill -s "$sig" $pids
     echo "cluster: SIG$sig to $(echo $pids | wc -w) processes of $1${3:+ named $3}" ;;
-  *) sed -n "2,/^set -uo/p" "$0" | sed "\$d; s/^# \\{0,1\\}//"; [ -z "$cmd" ] || [ "$cmd" = help ] || exit 2 ;;
+  *) bad "unknown command '$cmd'" ;;
 esac

@@ -15,36 +15,41 @@
 # waited longest; Open MPI's "on node NODE exited on signal" or "lost communication with a remote daemon ... on node
 # NODE"). The first node runs the launcher's mpirun and is never dropped.
 # Every line the launcher prints starts with "launch:" and the unix time; the job's output passes through.
-# Exit status: the job's when it ended well (0); 1 when it cannot go on (too few nodes, too many restarts, a failure
-# that names no lost node); 2 for bad flags.
+# Exit status: 0 when the job ended well, and for --help; 1 when it cannot go on (too few nodes, too many restarts, a
+# failure that names no lost node); 2 for bad flags (a line naming the flag, then the usage), found before anything is
+# made or started.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
 say() { printf 'launch: %.3f %s\n' "$(date +%s.%N)" "$*"; }
-usage() { sed -n '7,8p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '7,8p' "$0" | sed 's/^# \{0,1\}//'; }
+bad() { echo "launch: $*" >&2; usage >&2; exit 2; }
+# flag, the arguments after it: a value is there (not the next flag, nor the -- before the program).
+need() { [ $# -ge 2 ] && [ -n "$2" ] && [[ "$2" != --* ]] || bad "$1 needs a value"; }
+count() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || bad "$1 '$2': give a whole number, 1 or more"; }
+whole() { [[ "$2" =~ ^(0|[1-9][0-9]*)$ ]] || bad "$1 '$2': give a whole number, 0 or more"; }
 
 nodes="" save="" save_every=20 ppn=1 min_nodes=1 max_restarts=3 launcher=cluster
 while [ $# -gt 0 ]; do
   case $1 in
-    --nodes) nodes=$2; shift 2 ;;
-    --save) save=$2; shift 2 ;;
-    --save-every) save_every=$2; shift 2 ;;
-    --ranks-per-node) ppn=$2; shift 2 ;;
-    --min-nodes) min_nodes=$2; shift 2 ;;
-    --max-restarts) max_restarts=$2; shift 2 ;;
-    --launcher) launcher=$2; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
     --) shift; break ;;
-    *) echo "launch: unknown option '$1'" >&2; usage ;;
+    --nodes) need "$@"; nodes=$2 ;;
+    --save) need "$@"; save=$2 ;;
+    --save-every) need "$@"; whole "$1" "$2"; save_every=$2 ;;
+    --ranks-per-node) need "$@"; count "$1" "$2"; ppn=$2 ;;
+    --min-nodes) need "$@"; count "$1" "$2"; min_nodes=$2 ;;
+    --max-restarts) need "$@"; whole "$1" "$2"; max_restarts=$2 ;;
+    --launcher) need "$@"; launcher=$2 ;;
+    *) bad "unknown option '$1'" ;;
   esac
+  shift 2
 done
-[ $# -gt 0 ] || { echo "launch: no program (it follows --)" >&2; usage; }
-[ -n "$nodes" ] && [ -n "$save" ] || { echo "launch: --nodes and --save are required" >&2; usage; }
-for v in save_every ppn min_nodes max_restarts; do
-  [[ "${!v}" =~ ^[0-9]+$ ]] || { echo "launch: --${v//_/-} '${!v}' is not a whole number" >&2; exit 2; }
-done
-case $launcher in cluster | mpirun) ;; *) echo "launch: --launcher '$launcher': cluster or mpirun" >&2; exit 2 ;; esac
+[ $# -gt 0 ] || bad "no program (it follows --)"
+[ -n "$nodes" ] && [ -n "$save" ] || bad "--nodes and --save are required"
+case $launcher in cluster | mpirun) ;; *) bad "--launcher '$launcher': cluster or mpirun" ;; esac
 IFS=, read -r -a alive <<<"$nodes"
-[ "${#alive[@]}" -ge "$min_nodes" ] || { echo "launch: --min-nodes $min_nodes but only ${#alive[@]} nodes given" >&2; exit 2; }
+[ "${#alive[@]}" -ge "$min_nodes" ] || bad "--min-nodes $min_nodes but only ${#alive[@]} nodes given"
 mkdir -p "$save" || exit 2
 
 run_job() {  # log, program, args: the program across the nodes in ${alive[@]}; its output into the log and to stdout

@@ -6,9 +6,14 @@
 #
 #   bash scripts/repeat_tests.sh [RUNS] [BUILD_DIR] [CTEST_ARGS...]   (build/ configured as scripts/test.sh does)
 #   bash scripts/repeat_tests.sh 20 build -L "checkpoint|torch"       (some labels only)
+#
+# Exit status: 0 when every run passed (and for --help); 1 at the first failure; 2 for a bad RUNS or BUILD_DIR.
 set -uo pipefail
+usage() { sed -n '7,8p' "$0" | sed 's/^# \{0,1\}//'; }
+case ${1:-} in -h | --help) usage; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 runs=${1:-20}
+[[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "repeat_tests: RUNS '$runs': give a whole number, 1 or more" >&2; usage >&2; exit 2; }
 build=${2:-build}
 shift $(( $# < 2 ? $# : 2 ))
 [ -f "$build/CTestTestfile.cmake" ] || { echo "repeat_tests: no CTest build in $build (run scripts/test.sh or configure it first)"; exit 2; }
