@@ -1,6 +1,9 @@
 // dequebench: the chunk deque against a central lock-free queue, TBB's concurrent queue and a mutex deque,
 // pattern by pattern, side by side in one run, with an exactly-once check on every draining pattern; with --remote
 // (under mpirun -np 2, in a build with MPI), one steal across ranks (dequebench_remote.cpp).
+// Exit status: 0 every row exact and the JSON written; 1 a row's #wrong is not 0, or the JSON could not be written
+// at the end; 2 a usage error (a flag, its value, an unwritable --json), found before anything runs.
+#include "tool_cli.hpp"
 #ifdef STEALBATCH_HAS_MPI
 #include "dequebench_remote.hpp"
 #endif
@@ -23,7 +26,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
-#include <fstream>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -411,6 +413,8 @@ void run_wakes(std::vector<Row>& rows, int reps, std::size_t wakes, const std::v
 
 int main(int argc, char** argv) {
   CLI::App app{"dequebench: the chunk deque against its peers, side by side in one run"};
+  app.footer("Exit status: 0 every row exact and the JSON written; 1 a row's #wrong is not 0, or the JSON could not be written at the end; "
+             "2 a usage error (a flag, its value, an unwritable --json), found before anything runs.");
   int reps = 7;
   std::size_t n = 4'000'000, wakes = 1000;
   std::string json_path;
@@ -435,7 +439,8 @@ int main(int argc, char** argv) {
       ->needs(remote_flag);
   for (const char* other : {"--reps", "--ops", "--wakes", "--impl", "--pattern"}) remote_flag->excludes(app.get_option(other));
   remote_flag->excludes(json_opt);
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = perf::parse(app, argc, argv); rc >= 0) return rc;
+  if (!perf::check_output_file("dequebench", app, "--json", json_path)) return perf::kExitUsage;
   if (remote) {
 #ifdef STEALBATCH_HAS_MPI
     return costs ? perf::run_remote_costs(steals) : perf::run_remote_steal(steals);
@@ -492,7 +497,7 @@ int main(int argc, char** argv) {
       if (r.p50 >= 0) o["p50_us"] = r.p50, o["p99_us"] = r.p99, o["p50_pooled_us"] = r.p50_pooled, o["p99_pooled_us"] = r.p99_pooled;
       j.push_back(o);
     }
-    std::ofstream(json_path) << j.dump(2) << "\n";
+    if (!perf::write_output("dequebench", "--json", json_path, j.dump(2) + "\n")) return 1;
     std::printf("# wrote %s\n", json_path.c_str());
   }
   return wrong == 0 ? 0 : 1;

@@ -4,6 +4,10 @@
 //   openblas  libopenblas.so.0, with the kernels it picked for this CPU (OPENBLAS_CORETYPE=... names another)
 //   blis      libblis.so.4 (bli_sgemm)
 //   onednn    libdnnl.so.2 (dnnl_sgemm)
+// Exit status: 0 every result right and the JSON written; 1 a result is wrong, no library could be loaded, or the
+// JSON could not be written at the end; 2 a usage error (a flag, its value, an unwritable --json), before any run.
+#include "tool_cli.hpp"
+
 #include <stealbatch/stats.hpp>
 
 #include <CLI/CLI.hpp>
@@ -15,7 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <sstream>
@@ -24,6 +28,7 @@
 
 using stealbatch::median;
 using Clock = std::chrono::steady_clock;
+namespace perf = stealbatch::perf;
 
 namespace {
 
@@ -158,30 +163,56 @@ int main(int argc, char** argv) {
   std::string sizes_s = "16,32,64,128,256,512,1024", layers_s = "784,256,128,10", libs_s = "openblas,blis,onednn", json_path;
   int reps = 15;
   double min_ms = 20;
-  app.add_option("--m", sizes_s, "chunk sizes (rows of the GEMMs)")->capture_default_str();
-  app.add_option("--layers", layers_s, "the MLP's layer sizes")->capture_default_str();
-  app.add_option("--libs", libs_s, "libraries to load")->capture_default_str();
-  app.add_option("--reps", reps, "timed repetitions per point (the median is reported); one untimed first")->capture_default_str();
-  app.add_option("--min-ms", min_ms, "each repetition runs the pass enough times to last at least this long")->capture_default_str();
+  app.footer("Exit status: 0 every result right and the JSON written; 1 a result is wrong, no library could be loaded, or the JSON could "
+             "not be written at the end; 2 a usage error (a flag, its value, an unwritable --json), before any run.");
+  app.add_option("--m", sizes_s, "chunk sizes (rows of the GEMMs), each 1 to 8192")->capture_default_str();
+  app.add_option("--layers", layers_s, "the MLP's layer sizes, two or more, each 1 to 8192")->capture_default_str();
+  app.add_option("--libs", libs_s, "libraries to load: openblas, blis, onednn")->capture_default_str();
+  app.add_option("--reps", reps, "timed repetitions per point (the median is reported); one untimed first")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--min-ms", min_ms, "each repetition runs the pass enough times to last at least this long")
+      ->check(perf::finite_range(0.0, 60000.0))->capture_default_str();
   app.add_option("--json", json_path, "write the rows as JSON");
-  CLI11_PARSE(app, argc, argv);
-  auto list = [](const std::string& s) {
+  if (const int rc = perf::parse(app, argc, argv); rc >= 0) return rc;
+  // A comma-separated list of sizes, each a whole number in [1, 8192]; empty on an error, which is printed.
+  auto list = [](const char* flag, const std::string& s) {
     std::vector<long> v;
     std::stringstream ss(s);
-    for (std::string x; std::getline(ss, x, ',');) v.push_back(std::stol(x));
+    for (std::string x; std::getline(ss, x, ',');) {
+      char* end = nullptr;
+      const long n = std::strtol(x.c_str(), &end, 10);
+      if (x.empty() || *end != '\0' || n < 1 || n > 8192) {
+        perf::usage_error("gemmbench", std::string(flag) + " = '" + x + "': expected whole numbers in [1, 8192], comma-separated");
+        return std::vector<long>{};
+      }
+      v.push_back(n);
+    }
     return v;
   };
-  const std::vector<long> ms = list(sizes_s), layers = list(layers_s);
-
-  std::vector<Library> libs;
+  const std::vector<long> ms = list("--m", sizes_s), layers = list("--layers", layers_s);
+  if (ms.empty() || layers.empty()) return perf::kExitUsage;
+  if (layers.size() < 2) return perf::usage_error("gemmbench", "--layers = '" + layers_s + "': expected two sizes or more (an input and an output)");
+  std::vector<std::string> lib_names;
   std::stringstream ls(libs_s);
   for (std::string l; std::getline(ls, l, ',');) {
-    std::optional<Library> lib = l == "openblas" ? load_openblas() : l == "blis" ? load_blis() : l == "onednn" ? load_onednn() : std::nullopt;
+    if (l != "openblas" && l != "blis" && l != "onednn") {
+      return perf::usage_error("gemmbench", "--libs = '" + l + "': expected openblas, blis or onednn, comma-separated");
+    }
+    lib_names.push_back(l);
+  }
+  if (!perf::check_output_file("gemmbench", app, "--json", json_path)) return perf::kExitUsage;
+
+  std::vector<Library> libs;
+  for (const std::string& l : lib_names) {
+    std::optional<Library> lib = l == "openblas" ? load_openblas() : l == "blis" ? load_blis() : load_onednn();
     if (lib) {
       libs.push_back(std::move(*lib));
     } else {
-      std::printf("# %s: not installed (or not a library this tool knows); skipped\n", l.c_str());
+      std::printf("# %s: not installed; skipped\n", l.c_str());
     }
+  }
+  if (libs.empty()) {
+    std::fprintf(stderr, "gemmbench: none of --libs %s could be loaded: nothing to measure\n", libs_s.c_str());
+    return 1;
   }
   std::printf("# gemmbench: one thread, MLP %s, one training pass (forward, weight and input gradients; none for the input)\n", layers_s.c_str());
   std::printf("# %d timed repetitions of >= %.0f ms after one untimed; GFLOP/s = sum of 2mnk over the pass / median time\n", reps, min_ms);
@@ -239,6 +270,6 @@ int main(int argc, char** argv) {
   std::size_t total_wrong = 0;
   for (const auto& r : rows) total_wrong += r["wrong"].get<std::size_t>();
   std::printf("# summary: %zu rows, #wrong total %zu\n", rows.size(), total_wrong);
-  if (!json_path.empty()) std::ofstream(json_path) << rows.dump(2) << "\n";
+  if (!json_path.empty() && !perf::write_output("gemmbench", "--json", json_path, rows.dump(2) + "\n")) return 1;
   return total_wrong == 0 ? 0 : 1;
 }

@@ -10,6 +10,10 @@
 //             on cuda:0, interleaved
 // and writes one JSON. `--section NAME` runs one section (the device check runs each in its own process, so that a
 // sticky CUDA error loses only its own section). Without a GPU it says so and exits 2.
+// Exit status: 0 every section passed and the JSON written; 1 a section failed, or the JSON could not be written; 2 a
+// usage error (a flag, its value, an unwritable --json), found before anything runs, or no GPU.
+#include "tool_cli.hpp"
+
 #include <stealbatch/models/cnn_model.hpp>
 #include <stealbatch/models/layers.hpp>
 #include <stealbatch/models/mlp_model.hpp>
@@ -34,7 +38,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <numeric>
 #include <span>
@@ -127,14 +130,17 @@ int main(int argc, char** argv) {
   app.add_option("--json", out, "where to write the figures");
   app.add_option("--section", only, "run this section only (equivalence-mlp, equivalence-cnn, throughput-mlp, throughput-cnn, vgpu, curve, reduce, deterministic)")
       ->check(CLI::IsMember(kSections));
-  app.add_option("--steps", steps, "timed steps per throughput figure (after 20 warm-up steps)");
+  app.add_option("--steps", steps, "timed steps per throughput figure (after 20 warm-up steps)")->check(CLI::Range(2, 100000));
   app.add_option("--vgpu", vgpu, "SM counts of the virtual GPUs (rounded up to the GPU's partition granularity)");
-  app.add_option("--vgpu-steps", vgpu_steps, "timed steps per vgpu policy");
-  app.add_option("--vgpu-batch", vgpu_batch, "the vgpu check's batch");
-  app.add_option("--vgpu-chunk", vgpu_chunk, "the vgpu check's chunk size");
-  app.add_option("--vgpu-hidden", vgpu_hidden, "the vgpu check's MLP width (784-H-H-10), large enough to fill the SMs");
+  app.add_option("--vgpu-steps", vgpu_steps, "timed steps per vgpu policy")->check(CLI::Range(1, 10000));
+  app.add_option("--vgpu-batch", vgpu_batch, "the vgpu check's batch")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--vgpu-chunk", vgpu_chunk, "the vgpu check's chunk size (0: automatic)")->check(CLI::Range(0, 1 << 20));
+  app.add_option("--vgpu-hidden", vgpu_hidden, "the vgpu check's MLP width (784-H-H-10), large enough to fill the SMs")->check(CLI::Range(1, 16384));
   app.add_flag("--quick", quick, "fewer steps (a rehearsal)");
-  CLI11_PARSE(app, argc, argv);
+  app.footer("Exit status: 0 every section passed and the JSON written; 1 a section failed, or the JSON could not be written; 2 a usage "
+             "error (a flag, its value, an unwritable --json), found before anything runs, or no GPU.");
+  if (const int rc = perf::parse(app, argc, argv); rc >= 0) return rc;
+  if (!perf::check_output_file("gpu_check", app, "--json", out)) return perf::kExitUsage;
   if (quick) steps = 10, vgpu_steps = 4;
 
   cuda::enable();
@@ -143,11 +149,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpu_check: no GPU: %s\n", cuda::no_device_reason().c_str());
     return 2;
   }
-  const auto write = [&] {
-    std::ofstream f(out);
-    f << j.dump(2) << "\n";
-    if (!f) std::fprintf(stderr, "gpu_check: cannot write %s\n", out.c_str());
-  };
+  const auto write = [&] { return perf::write_output("gpu_check", "--json", out, j.dump(2) + "\n"); };
   try {
     cudaDeviceProp prop{};
     SB_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -404,13 +406,13 @@ int main(int argc, char** argv) {
         line("%s: FAILED: %s", name.c_str(), e.what());
       }
     }
-    write();
+    if (!write()) return 1;
     line("wrote %s%s", out.c_str(), failed_sections > 0 ? (" (" + std::to_string(failed_sections) + " section(s) failed)").c_str() : "");
     return failed_sections > 0 ? 1 : 0;
   } catch (const std::exception& e) {
     j["errors"][only.empty() ? "setup" : only] = e.what();
     std::fprintf(stderr, "gpu_check: %s\n", e.what());
-    write();
+    (void)write();
     return 1;
   }
 }

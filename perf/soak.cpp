@@ -5,8 +5,12 @@
 // counts against their bounds with a #wrong column, a summary line, and a JSON summary; exits non-zero on any lost or
 // duplicated chunk, gradient mismatch, hang, unexpected error, fault that neither surfaced nor recovered, or a stall
 // that surfaced far later than its timeout.
+// Exit status: 0 every check passed and the JSON written; 1 a check failed, or the JSON could not be written at the
+// end; 2 a usage error (a flag, its value, an unwritable --json), found before anything runs; 3 a hang.
 //
 //   soak --seconds 600 --json soak.json
+#include "tool_cli.hpp"
+
 #include <stealbatch/models/layers.hpp>
 #include <stealbatch/models/mlp_model.hpp>
 
@@ -27,11 +31,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -95,18 +99,29 @@ int main(int argc, char** argv) {
   double timeout = 0.2;
   double fault_rate = 1.0 / 3.0;
   CLI::App app{"soak: random faults against exactly-once execution and the exact gradient"};
-  app.add_option("--seconds", seconds, "how long to run")->check(CLI::Range(1.0, 86400.0))->capture_default_str();
+  app.footer("Exit status: 0 every check passed and the JSON written; 1 a check failed, or the JSON could not be written at the end; 2 a "
+             "usage error (a flag, its value, an unwritable --json), found before anything runs; 3 a hang.");
+  app.add_option("--seconds", seconds, "how long to run")->check(perf::finite_range(1.0, 86400.0))->capture_default_str();
   app.add_option("--json", json_path, "write the summary here");
   app.add_option("--seed", seed, "random seed")->capture_default_str();
-  app.add_option("--stall-timeout", timeout, "the runtime's stall_timeout (s)")->check(CLI::Range(0.05, 10.0))->capture_default_str();
-  app.add_option("--fault-rate", fault_rate, "the share of steps with an injected fault")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_option("--stall-timeout", timeout, "the runtime's stall_timeout (s)")->check(perf::finite_range(0.05, 10.0))->capture_default_str();
+  app.add_option("--fault-rate", fault_rate, "the share of steps with an injected fault")->check(perf::finite_range(0.0, 1.0))->capture_default_str();
   std::string only;
   app.add_option("--faults", only, "only these kinds: throw,stall,device_loss (default all)");
   bool across = false;
   app.add_flag("--across-ranks", across,
                "under mpirun: every rank runs the same steps on its own devices and chunks move between ranks; faults throw and "
                "device_loss (a stall ends the job across ranks, by design); every rank checks every sample once across the job");
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = perf::parse(app, argc, argv); rc >= 0) return rc;
+  if (!only.empty()) {
+    std::stringstream list(only);
+    for (std::string kind; std::getline(list, kind, ',');) {
+      if (kind != "throw" && kind != "stall" && kind != "device_loss") {
+        return perf::usage_error("soak", "--faults = '" + kind + "': expected throw, stall or device_loss, comma-separated");
+      }
+    }
+  }
+  if (!perf::check_output_file("soak", app, "--json", json_path)) return perf::kExitUsage;
   std::shared_ptr<Cluster> cluster;
   if (across) {
 #ifdef STEALBATCH_HAS_MPI
@@ -163,8 +178,8 @@ int main(int argc, char** argv) {
   std::mutex out_mutex;
   auto write_json = [&] {
     const std::lock_guard lock(out_mutex);
-    if (json_path.empty() || rank != 0) return;
-    std::ofstream(json_path) << t.to_json().dump(2) << "\n";
+    if (json_path.empty() || rank != 0) return true;
+    return perf::write_output("soak", "--json", json_path, t.to_json().dump(2) + "\n");
   };
   // The hang detector: a step that has not returned after 30 s (150 timeouts) is a hang; there is nothing to do
   // but report it and stop.
@@ -175,7 +190,7 @@ int main(int argc, char** argv) {
       if (s != 0 && Clock::now().time_since_epoch().count() - s > 30'000'000'000LL) {
         ++t.hangs;
         std::fprintf(stderr, "\nsoak: a step has not returned for 30 s: hang\n");
-        write_json();
+        (void)write_json();
         std::_Exit(3);
       }
     }
@@ -393,7 +408,7 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < std::size(fields); ++i) *fields[i] = static_cast<std::uint64_t>(v[i]);
   }
   if (tty) std::fprintf(stderr, "\n");
-  write_json();
+  const bool written = write_json();
   // The stall watchdog's target is timeout + 50 ms, reported here; the bound it must keep is looser, since a step's
   // threads may each wait a timer tick for a core on a loaded host, and a watchdog that never fired is a hang.
   const double late_bound = 2 * timeout * 1e3 + 250;
@@ -422,7 +437,7 @@ int main(int argc, char** argv) {
   std::printf("# %llu steps on %llu runtimes; %llu faults injected (%llu surfaced, %llu recovered); the stall target is %.0f ms\n",
               static_cast<unsigned long long>(t.steps), static_cast<unsigned long long>(t.runtimes), static_cast<unsigned long long>(t.faults_injected),
               static_cast<unsigned long long>(t.faults_surfaced), static_cast<unsigned long long>(t.faults_recovered), timeout * 1e3 + 50);
-  const bool ok = t.ok() && wrong == 0;
+  const bool ok = t.ok() && wrong == 0 && written;
   if (cluster) std::printf("# across %d ranks: every sample counted once over the job's devices, faults counted on the rank they hit\n", ranks);
   std::printf("# summary: %zu checks, #wrong total %zu: %s\n", std::size(rows), wrong, ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;

@@ -1,6 +1,9 @@
 // stealbench: the real runtime on simulated devices, scenario by policy, against the ideal step time; with
 // --chunk-overhead, the runtime's cost per chunk on real devices (stealbench_overhead.cpp).
+// Exit status: 0 every row exact and the outputs written; 1 a row's #wrong is not 0, or an output could not be
+// written at the end; 2 a usage error (a flag, its value, an unwritable output), found before anything runs.
 #include "stealbench_overhead.hpp"
+#include "tool_cli.hpp"
 
 #include <stealbatch/runtime/detail/timer_slack.hpp>
 #include <stealbatch/runtime/runtime.hpp>
@@ -16,10 +19,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <numeric>
@@ -102,6 +107,20 @@ Scenario make_scenario(const std::string& name, std::size_t n, std::size_t batch
   throw ConfigError("scenario = '" + name + "': expected seed-slow, seed-skew, hetero, varcost, doclen, doclen-grouped, slowdown or scale");
 }
 
+const std::vector<std::string> kScenarios{"seed-slow", "seed-skew", "hetero", "varcost", "doclen", "doclen-grouped", "slowdown", "scale"};
+const std::vector<std::string> kPolicies{"static", "oracle", "lbbsp", "central", "steal", "steal-adaptive", "steal-cost", "packer", "packer-steal"};
+
+// The policies that take each sample's cost, which only the doclen scenarios give.
+bool takes_costs(const std::string& policy) { return policy == "steal-cost" || policy == "packer" || policy == "packer-steal"; }
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  for (std::size_t comma; (comma = s.find(',', at)) != std::string::npos; at = comma + 1) out.push_back(s.substr(at, comma - at));
+  out.push_back(s.substr(at));
+  return out;
+}
+
 struct PolicySetup {
   std::string name;
   RuntimeOptions options;
@@ -176,7 +195,9 @@ int main(int argc, char** argv) {
   std::vector<double> step_change;      // {step, factor}: device 0's speed x factor from that step on
   CLI::App app{"stealbench: the runtime on simulated devices, scenario by policy, against the ideal"};
   app.footer("Mode: stealbench --chunk-overhead [--devices cpu:2] [--policy steal] [--chunks 4096] [--steps 50]: the runtime's cost per "
-             "chunk with empty chunk functions on real devices (stealbench --chunk-overhead --help).");
+             "chunk with empty chunk functions on real devices (stealbench --chunk-overhead --help).\n"
+             "Exit status: 0 every row exact and the outputs written; 1 a row's #wrong is not 0, or an output could not be written at the "
+             "end; 2 a usage error (a flag, its value, an unwritable --json or --trace-dir), found before anything runs.");
   app.add_option("--scenario", scenarios_arg, "seed-slow,seed-skew,hetero,varcost,doclen,doclen-grouped,slowdown,scale or all (all: not the doclen ones)")->capture_default_str();
   app.add_option("--policy", policies_arg, "static,oracle,lbbsp,central,steal,steal-adaptive,steal-cost,packer,packer-steal or all (the last three: doclen scenarios)")->capture_default_str();
   app.add_option("--devices", devices, "simulated devices (scale uses 4 to 64)")->check(CLI::Range(2, 1024))->capture_default_str();
@@ -185,29 +206,29 @@ int main(int argc, char** argv) {
   app.add_option("--chunk", chunk, "samples per chunk (on the fastest device)")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--batch", batch, "samples per step (scale: per --devices devices, grown with the device count)")->check(CLI::Range(1, 1 << 24))->capture_default_str();
   app.add_option("--attention-c", attention_c, "doclen scenarios: a document's cost is L + L^2/c (torch_lm prints the c it fits)")
-      ->check(CLI::Range(1.0, 1e9))->capture_default_str();
-  app.add_option("--lengths", lengths_path, "doclen scenarios: draw the documents' lengths from this file, one positive number a line "
+      ->check(perf::finite_range(1.0, 1e9))->capture_default_str();
+  app.add_option("--lengths", lengths_path, "doclen scenarios: draw the documents' lengths from this file, one number in [1, 1e6] a line "
                  "(perf/sections/stealbench.sh writes torch_lm's); default: lognormal, median 245");
   app.add_option("--time-scale", time_scale, "simulated cost per sample = 5 us x this (larger: less timer noise, slower runs)")
-      ->check(CLI::Range(0.01, 1000.0))->capture_default_str();
+      ->check(perf::finite_range(0.01, 1000.0))->capture_default_str();
   app.add_option("--bytes-per-sample", bytes_per_sample, "input bytes a stolen sample moves (150 kB: a 224x224 RGB image)")
-      ->check(CLI::Range(0.0, 1e9))->capture_default_str();
-  app.add_option("--link-gbps", link_gbps, "link bandwidth for stolen inputs, GB/s")->check(CLI::Range(0.001, 1e6))->capture_default_str();
+      ->check(perf::finite_range(0.0, 1e9))->capture_default_str();
+  app.add_option("--link-gbps", link_gbps, "link bandwidth for stolen inputs, GB/s")->check(perf::finite_range(0.001, 1e6))->capture_default_str();
   app.add_option("--allreduce-mb", allreduce_mb, "gradient bytes reduced per step, MB (100: 25M fp32 parameters)")
-      ->check(CLI::Range(0.0, 1e6))->capture_default_str();
-  app.add_option("--busbw-gbps", busbw_gbps, "AllReduce bus bandwidth, GB/s")->check(CLI::Range(0.001, 1e6))->capture_default_str();
-  app.add_option("--latency-us", latency_us, "latency of a transfer and of the AllReduce, us")->check(CLI::Range(0.0, 1e6))->capture_default_str();
+      ->check(perf::finite_range(0.0, 1e6))->capture_default_str();
+  app.add_option("--busbw-gbps", busbw_gbps, "AllReduce bus bandwidth, GB/s")->check(perf::finite_range(0.001, 1e6))->capture_default_str();
+  app.add_option("--latency-us", latency_us, "latency of a transfer and of the AllReduce, us")->check(perf::finite_range(0.0, 1e6))->capture_default_str();
   app.add_option("--noise", noise_pct, "random speed noise: each chunk runs at speed x (1 +- this %), uniformly")
-      ->check(CLI::Range(0.0, 90.0))->capture_default_str();
-  app.add_option("--step-change", step_change, "STEP FACTOR: from that (timed) step on, device 0 runs at speed x FACTOR")
-      ->expected(2);
+      ->check(perf::finite_range(0.0, 90.0))->capture_default_str();
+  app.add_option("--step-change", step_change, "STEP FACTOR: from that timed step on (0 to --steps - 1), device 0 runs at speed x FACTOR "
+                 "(0.01 to 100)")->expected(2);
   std::size_t in_flight = 2;
   app.add_option("--in-flight", in_flight, "chunks a simulated device has launched and not finished, as on a GPU stream (1: synchronous)")
       ->check(CLI::Range(1, 16))->capture_default_str();
   double lead_us = RuntimeOptions{}.sim.launch_lead * 1e6;
   app.add_option("--launch-lead-us", lead_us,
                  "a device takes its next chunk when its queued work ends within this many us (0: as soon as fewer than --in-flight are queued)")
-      ->check(CLI::Range(0.0, 1e6))->capture_default_str();
+      ->check(perf::finite_range(0.0, 1e6))->capture_default_str();
   app.add_option("--json", json_path, "write the rows as JSON to this file");
   std::size_t per_rank = 0;
   app.add_option("--devices-per-rank", per_rank,
@@ -225,30 +246,76 @@ int main(int argc, char** argv) {
                "runtime's own time, reported as overhead(ms) and a percentage of the step");
   app.add_option("--trace-dir", trace_dir, "write a Chrome trace of each row's steps to DIR/trace_SCENARIO_POLICY_N.json (across ranks: one file a rank, "
                  "trace_SCENARIO_POLICY_N.rankR.json, which perf/merge_traces.py joins)");
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = perf::parse(app, argc, argv); rc >= 0) return rc;
+  const auto refuse = [](const std::string& message) { return perf::usage_error("stealbench", message); };
+  const auto num = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", v);
+    return std::string(b);
+  };
+
+  // What no single flag's check can see, and the outputs: all found before the run.
+  std::vector<std::string> scen = scenarios_arg == "all"
+                                      ? std::vector<std::string>{"seed-slow", "seed-skew", "hetero", "varcost", "slowdown", "scale"}
+                                      : split(scenarios_arg);
+  for (const std::string& s : scen) {
+    if (std::find(kScenarios.begin(), kScenarios.end(), s) == kScenarios.end()) {
+      return refuse("--scenario = '" + s + "': expected seed-slow, seed-skew, hetero, varcost, doclen, doclen-grouped, slowdown or scale, "
+                    "comma-separated, or all");
+    }
+  }
+  std::vector<std::string> pols = policies_arg == "all" ? (per_rank > 0 ? std::vector<std::string>{"static", "steal-adaptive"} : kPolicies)
+                                                        : split(policies_arg);
+  const bool doclen_only = std::all_of(scen.begin(), scen.end(), [](const std::string& s) { return s.rfind("doclen", 0) == 0; });
+  for (const std::string& p : pols) {
+    if (std::find(kPolicies.begin(), kPolicies.end(), p) == kPolicies.end()) {
+      return refuse("--policy = '" + p + "': expected static, oracle, lbbsp, central, steal, steal-adaptive, steal-cost, packer or "
+                    "packer-steal, comma-separated, or all");
+    }
+    if (policies_arg != "all" && takes_costs(p) && (per_rank > 0 || !doclen_only)) {
+      return refuse("--policy " + p + " needs doclen scenarios (they give each sample's cost), in one process; --scenario is " + scenarios_arg +
+                    (per_rank > 0 ? ", with --devices-per-rank" : ""));
+    }
+  }
+  if (!step_change.empty()) {
+    const double at = step_change[0], by = step_change[1];
+    if (!(at >= 0 && at < static_cast<double>(steps) && at == std::floor(at))) {
+      return refuse("--step-change STEP = " + num(at) + ": expected a whole number in [0, " + std::to_string(steps - 1) + "] (a timed step of this run)");
+    }
+    if (!(by >= 0.01 && by <= 100)) return refuse("--step-change FACTOR = " + num(by) + ": expected a number in [0.01, 100] (device 0's speed x this)");
+  }
+  {
+    // Sample ids are 32-bit, and varcost and doclen keep a cost for every sample of a row; scale grows the batch
+    // with the device count, up to 64.
+    constexpr std::size_t kMaxRowSamples = std::size_t{1} << 28;
+    const bool scale = per_rank == 0 && std::find(scen.begin(), scen.end(), "scale") != scen.end();
+    const std::size_t row_batch = scale ? std::max(batch, batch * 64 / devices) : batch;
+    if (row_batch * (warmup + steps) > kMaxRowSamples) {
+      return refuse("--batch x (--warmup + --steps) = " + std::to_string(row_batch) + " x " + std::to_string(warmup + steps) + " samples a row" +
+                    (scale ? " (scale: at 64 devices)" : "") + ": at most " + std::to_string(kMaxRowSamples));
+    }
+  }
+  if (!perf::check_output_file("stealbench", app, "--json", json_path) || !perf::check_output_dir("stealbench", app, "--trace-dir", trace_dir)) {
+    return perf::kExitUsage;
+  }
   std::vector<double> lengths;
   if (!lengths_path.empty()) {
+    errno = 0;
     std::ifstream in(lengths_path);
-    if (!in) {
-      std::fprintf(stderr, "stealbench: lengths = '%s': cannot open it\n", lengths_path.c_str());
-      return 2;
-    }
+    if (!in) return refuse("--lengths = '" + lengths_path + "': cannot open it: " + (errno != 0 ? std::strerror(errno) : "unknown reason"));
     std::string line;
     for (std::size_t no = 1; std::getline(in, line); ++no) {
       while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
       if (line.empty()) continue;
       char* end = nullptr;
       const double v = std::strtod(line.c_str(), &end);
-      if (end == line.c_str() || *end != '\0' || !std::isfinite(v) || !(v > 0)) {
-        std::fprintf(stderr, "stealbench: lengths = '%s', line %zu: '%s' is not a positive number\n", lengths_path.c_str(), no, line.c_str());
-        return 2;
+      // A document's length in tokens; at most a million keeps L^2 / c, and the mean of the costs, finite.
+      if (end == line.c_str() || *end != '\0' || !(v >= 1 && v <= 1e6)) {
+        return refuse("--lengths = '" + lengths_path + "', line " + std::to_string(no) + ": '" + line + "' is not a number in [1, 1e+06]");
       }
       lengths.push_back(v);
     }
-    if (lengths.empty()) {
-      std::fprintf(stderr, "stealbench: lengths = '%s': the file holds no lengths\n", lengths_path.c_str());
-      return 2;
-    }
+    if (lengths.empty()) return refuse("--lengths = '" + lengths_path + "': the file holds no lengths");
   }
 
   std::shared_ptr<Cluster> cluster;
@@ -272,21 +339,9 @@ int main(int argc, char** argv) {
     return v;
   };
 
-  auto split = [](const std::string& s) {
-    std::vector<std::string> out;
-    std::size_t at = 0;
-    for (std::size_t comma; (comma = s.find(',', at)) != std::string::npos; at = comma + 1) out.push_back(s.substr(at, comma - at));
-    out.push_back(s.substr(at));
-    return out;
-  };
-  std::vector<std::string> scen = scenarios_arg == "all"
-                                      ? std::vector<std::string>{"seed-slow", "seed-skew", "hetero", "varcost", "slowdown", "scale"}
-                                      : split(scenarios_arg);
-  const std::vector<std::string> all_policies{"static", "oracle", "lbbsp", "central", "steal", "steal-adaptive", "steal-cost", "packer", "packer-steal"};
-  std::vector<std::string> pols = policies_arg == "all" ? (cluster ? std::vector<std::string>{"static", "steal-adaptive"} : all_policies) : split(policies_arg);
   // static first, whatever the order asked: every other row's speedup is against it.
   std::stable_sort(pols.begin(), pols.end(), [&](const std::string& a, const std::string& b) {
-    return std::find(all_policies.begin(), all_policies.end(), a) < std::find(all_policies.begin(), all_policies.end(), b);
+    return std::find(kPolicies.begin(), kPolicies.end(), a) < std::find(kPolicies.begin(), kPolicies.end(), b);
   });
   const double sample_seconds = 5e-6 * time_scale;
 
@@ -331,11 +386,13 @@ int main(int argc, char** argv) {
           auto rngs = std::make_shared<std::vector<std::mt19937_64>>();
           for (std::size_t d = 0; d < n; ++d) rngs->emplace_back(1000 + d);
           const double noise = noise_pct / 100.0;
-          const std::uint64_t change_at = step_change.empty() ? 0 : static_cast<std::uint64_t>(step_change[0]) + warmup;
-          const double change_by = step_change.empty() ? 1.0 : step_change[1];
-          sc.speed_factor = [inner, rngs, noise, change_at, change_by](std::size_t d, std::uint64_t step, double t) {
+          // The runtime numbers its steps from 1: timed step k (from 0) is step warmup + k + 1.
+          const bool changes = !step_change.empty();
+          const std::uint64_t change_at = changes ? static_cast<std::uint64_t>(step_change[0]) + warmup : 0;
+          const double change_by = changes ? step_change[1] : 1.0;
+          sc.speed_factor = [inner, rngs, noise, changes, change_at, change_by](std::size_t d, std::uint64_t step, double t) {
             double f = inner ? inner(d, step, t) : 1.0;
-            if (change_at > 0 && d == 0 && step > change_at) f *= change_by;
+            if (changes && d == 0 && step > change_at) f *= change_by;
             if (noise > 0) f *= 1.0 + noise * std::uniform_real_distribution<double>(-1.0, 1.0)((*rngs)[d]);
             return f;
           };
@@ -350,8 +407,10 @@ int main(int argc, char** argv) {
         // The runtime numbers its steps from 1; loop index i runs step i + 1.
         auto drop_step = [&](std::size_t i) { return drops && (i + 1) % kDropPeriod == 0; };
         if (drops) {
-          sc.speed_factor = [drop_at](std::size_t d, std::uint64_t step, double t) {
-            return (d == 0 && step % kDropPeriod == 0 && t >= drop_at) ? kDropFactor : 1.0;
+          auto inner = sc.speed_factor;  // --noise and --step-change, on top of the drop
+          sc.speed_factor = [inner, drop_at](std::size_t d, std::uint64_t step, double t) {
+            const double f = inner ? inner(d, step, t) : 1.0;
+            return (d == 0 && step % kDropPeriod == 0 && t >= drop_at) ? f * kDropFactor : f;
           };
         }
         // Time to do `work` seconds of speed-1 compute at `speed`, or at speed x kDropFactor from drop_at on when
@@ -362,12 +421,10 @@ int main(int argc, char** argv) {
         };
         double static_ms = 0;
         for (const std::string& pname : pols) {
-          // The policies given costs: the doclen scenarios in one process (left out of "all" elsewhere).
-          const bool given = pname == "steal-cost" || pname == "packer" || pname == "packer-steal";
-          if (given && (cluster || !sc.tokens)) {
-            if (policies_arg == "all") continue;
-            throw ConfigError("policy = " + pname + " needs a doclen scenario in one process");
-          }
+          // The policies given costs: the doclen scenarios in one process, left out of "all" elsewhere (asked for
+          // by name elsewhere, they were refused before the run).
+          const bool given = takes_costs(pname);
+          if (given && (cluster || !sc.tokens)) continue;
           PolicySetup ps = make_policy(pname, sc);
           std::string spec = "sim:";
           // Across ranks, rank r drives devices [r x per_rank, (r + 1) x per_rank) of the scenario.
@@ -433,11 +490,10 @@ int main(int argc, char** argv) {
               if (cluster) t_reduce = *std::min_element(runs.begin() + static_cast<std::ptrdiff_t>(step_batch + 2), runs.end());
             }
             if (i < warmup) continue;
-            double speeds_now = speed_sum;  // a step change lowers device 0's speed from its step on
-            if (!step_change.empty() && i + 1 > static_cast<std::size_t>(step_change[0]) + warmup) {
-              speeds_now -= sc.speeds[0] * (1.0 - step_change[1]);
-            }
-            ideal_s.push_back(finish_time(work * sample_seconds, speeds_now, sc.speeds[0], drop_step(i)) + t_ar + t_reduce);
+            // A step change sets device 0's speed from its step on (and so what a drop takes from it).
+            const double speed0_now = sc.speeds[0] * (!step_change.empty() && i + 1 > static_cast<std::size_t>(step_change[0]) + warmup ? step_change[1] : 1.0);
+            const double speeds_now = speed_sum - sc.speeds[0] + speed0_now;
+            ideal_s.push_back(finish_time(work * sample_seconds, speeds_now, speed0_now, drop_step(i)) + t_ar + t_reduce);
             {
               // The static split at its best: an equal share of the chunks per device, each at its true speed.
               const std::size_t nchunks = (step_batch + chunk - 1) / chunk;
@@ -541,7 +597,7 @@ int main(int argc, char** argv) {
                    {"ranks", ranks}, {"devices_per_rank", per_rank}, {"remote_chunks_per_step", r.remote}, {"leave_us", r.leave_us}});
       if (r.overhead_ms >= 0) j.back()["overhead_ms"] = r.overhead_ms, j.back()["overhead_pct"] = 100.0 * r.overhead_ms / r.step_ms;
     }
-    std::ofstream(json_path) << j.dump(2) << "\n";
+    if (!perf::write_output("stealbench", "--json", json_path, j.dump(2) + "\n")) return 1;
     std::printf("# wrote %s\n", json_path.c_str());
   }
   return wrong == 0 ? 0 : 1;

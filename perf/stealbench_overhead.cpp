@@ -1,6 +1,7 @@
 // stealbench --chunk-overhead: the runtime's cost per chunk (everything but the chunk function), with empty chunk
 // functions on real devices (cpu:N), not simulated ones.
 #include "stealbench_overhead.hpp"
+#include "tool_cli.hpp"
 
 #include <stealbatch/runtime/runtime.hpp>
 #include <stealbatch/runtime/version.hpp>
@@ -26,7 +27,8 @@ int run_chunk_overhead(int argc, char** argv) {
   app.add_option("--chunks", chunks, "chunks per step (chunk size 1)")->check(CLI::Range(1, 1 << 22))->capture_default_str();
   app.add_option("--steps", steps, "timed steps (after 5 untimed)")->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--policy", policy, "static, steal or central")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  app.footer("Exit status: 0 every step exact; 1 a step's gradient is not one a sample; 2 a usage error (a flag or its value).");
+  if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
 
   std::vector<double> per_chunk_us, step_us;
   std::size_t wrong = 0;

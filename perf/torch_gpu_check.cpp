@@ -12,6 +12,11 @@
 //     first): the equal split gives the first part the long documents.
 //
 //   torch_gpu_check [--json FILE] [--rounds N] [--steps N]
+//
+// Exit status: 0 every figure within its bound and the JSON written; 1 otherwise (no GPU, a model failed, the JSON
+// could not be written); 2 a usage error (a flag, its value, an unwritable --json), found before anything runs.
+#include "tool_cli.hpp"
+
 #include <stealbatch/cuda/backend.hpp>
 #include <stealbatch/models/compare.hpp>
 #include <stealbatch/models/torch_modules.hpp>
@@ -328,7 +333,10 @@ int main(int argc, char** argv) {
   app.add_option("--json", json, "also write the figures to this file");
   app.add_option("--rounds", rounds, "interleaved rounds of adapter and eager (the median ratio is reported)")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--steps", steps, "timed steps per round and side")->check(CLI::Range(1, 100000))->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  app.footer("Exit status: 0 every figure within its bound and the JSON written; 1 otherwise (no GPU, a model failed, the JSON could not "
+             "be written); 2 a usage error (a flag, its value, an unwritable --json), found before anything runs.");
+  if (const int rc = perf::parse(app, argc, argv); rc >= 0) return rc;
+  if (!perf::check_output_file("torch_gpu_check", app, "--json", json)) return perf::kExitUsage;
   try {
     cuda::enable();
     if (!::torch::cuda::is_available()) throw ConfigError("torch sees no GPU");
@@ -393,13 +401,8 @@ int main(int argc, char** argv) {
       out += row;
     }
     out += ", \"errors\": {" + errors + "}}\n";
-    if (!json.empty()) {
-      if (std::FILE* fp = std::fopen(json.c_str(), "w")) {
-        std::fputs(out.c_str(), fp);
-        std::fclose(fp);
-      }
-    }
     std::fputs(out.c_str(), stdout);
+    if (!json.empty() && !perf::write_output("torch_gpu_check", "--json", json, out)) return 1;
     return ok ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "torch_gpu_check: %s\n", e.what());
