@@ -6,10 +6,14 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <system_error>
 
@@ -24,6 +28,30 @@ std::optional<std::uint64_t> step_of(const std::string& name) {
   if (name.size() <= kPrefix.size() + kSuffix.size() || !name.starts_with(kPrefix) || !name.ends_with(kSuffix)) return std::nullopt;
   const std::string digits = name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
   if (digits.size() > 19 || digits.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  return std::stoull(digits);
+}
+
+// The step a checkpoint records: its optimizer's step count ("stealbatch.optimizer.steps", what the runtime's
+// save_checkpoint() writes), read from the safetensors header alone. Nothing when the file cannot be read as one
+// (a truncated or foreign file: its load names what is wrong).
+std::optional<std::uint64_t> recorded_step(const std::filesystem::path& path) {
+  constexpr std::uint64_t kMaxHeader = 16u << 20;  // a header names tensors and metadata: far below this
+  std::ifstream in(path, std::ios::binary);
+  std::array<unsigned char, 8> len{};
+  if (!in.read(reinterpret_cast<char*>(len.data()), len.size())) return std::nullopt;
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[static_cast<std::size_t>(i)];
+  if (n == 0 || n > kMaxHeader) return std::nullopt;
+  std::string header(n, '\0');
+  if (!in.read(header.data(), static_cast<std::streamsize>(n))) return std::nullopt;
+  const nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  const auto meta = j.find("__metadata__");
+  if (meta == j.end() || !meta->is_object()) return std::nullopt;
+  const auto steps = meta->find("stealbatch.optimizer.steps");
+  if (steps == meta->end() || !steps->is_string()) return std::nullopt;
+  const std::string& digits = steps->get_ref<const std::string&>();
+  if (digits.empty() || digits.size() > 19 || digits.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
   return std::stoull(digits);
 }
 
@@ -53,8 +81,15 @@ std::vector<std::pair<std::uint64_t, std::filesystem::path>> CheckpointDir::list
   std::vector<std::pair<std::uint64_t, std::filesystem::path>> out;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(m_dir, ec)) {
-    if (!e.is_regular_file(ec)) continue;
-    if (const auto step = step_of(e.path().filename().string())) out.emplace_back(*step, e.path());
+    // Its own error code: an entry that is no regular file (a dangling link, a folder) is passed over, not a failure
+    // to list the folder.
+    std::error_code entry_ec;
+    if (!e.is_regular_file(entry_ec)) continue;
+    const auto named = step_of(e.path().filename().string());
+    if (!named) continue;
+    // Ordered by the step the file records, not by its name: a file renamed or copied under a larger step's name is
+    // as old as what it holds. Where the file records none, its name's step.
+    out.emplace_back(recorded_step(e.path()).value_or(*named), e.path());
   }
   if (ec) throw CheckpointError(CheckpointError::Reason::kIo, m_dir.string(), "cannot list the checkpoint folder: " + ec.message());
   std::sort(out.begin(), out.end());
@@ -84,6 +119,22 @@ void CheckpointDir::remove_all() const {
     std::filesystem::remove(path, ec);
     if (ec) throw CheckpointError(CheckpointError::Reason::kIo, path.string(), "cannot remove it: " + ec.message());
   }
+}
+
+void CheckpointDir::check_writable() const {
+  // Named as a save's temporary file, so that prune() removes one that a killed process left.
+  const std::filesystem::path probe = m_dir / (".step-probe.safetensors.tmp." + std::to_string(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw CheckpointError(CheckpointError::Reason::kIo, m_dir.string(), std::string("cannot write a checkpoint into this folder: ") + std::strerror(errno));
+  }
+  const char byte = 0;
+  const bool wrote = ::write(fd, &byte, 1) == 1 && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  std::error_code ec;
+  std::filesystem::remove(probe, ec);
+  if (!wrote) throw CheckpointError(CheckpointError::Reason::kIo, m_dir.string(), std::string("cannot write a checkpoint into this folder: ") + std::strerror(err));
 }
 
 CheckpointDir::Lock::Lock(Lock&& other) noexcept : m_fd(other.m_fd) { other.m_fd = -1; }

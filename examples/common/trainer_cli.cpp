@@ -19,11 +19,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <numeric>
 #include <optional>
 #include <random>
+#include <set>
 
 #include <unistd.h>
 
@@ -35,6 +38,12 @@ using Clock = std::chrono::steady_clock;
 // Under mpirun: the job's ranks (every rank trains; rank 0 alone prints). Null in a process of its own.
 std::shared_ptr<Cluster> g_cluster;
 bool quiet_rank() { return g_cluster && g_cluster->rank() != 0; }
+
+// Every flag of the command line as given (else its default), in the order of the help, that the ranks of a job must
+// share: all but those naming what each rank has or writes of its own. Set by parse_command_line(); checked across
+// the ranks before anything else that they do together (run_reporting_errors()).
+std::vector<std::pair<std::string, std::string>> g_shared_flags;
+const std::set<std::string, std::less<>> kPerRankFlags{"--help", "--devices", "--slowdown", "--gpu-wait", "--json", "--trace", "--cache", "--plain-threads"};
 
 // The progress line: epoch, samples, samples/s, ETA, loss. On a terminal it is redrawn in place; into a file or a pipe
 // it is one plain line at each epoch's end (and every 10 s of a long epoch).
@@ -51,6 +60,20 @@ void progress(const std::string& tag, std::size_t epoch, std::size_t epochs, std
   const bool tty = to_terminal();
   std::fprintf(stderr, "%s[%s] epoch %zu/%zu  %6zu/%zu samples  %8.0f samples/s  ETA %5.1f s  loss %.4f%s", tty ? "\r" : "", tag.c_str(), epoch,
                epochs, done, total, rate, eta, loss, tty ? "   " : "\n");
+}
+
+// That --save can be written: its folder, or the nearest one above it that exists (where it would be made), takes
+// new files. Found before anything loads or trains, as an unwritable --json is; the save's own probe
+// (CheckpointDir::check_writable) follows when the folder is locked.
+void check_save_folder(const std::string& save) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(save, ec);
+  if (ec) throw ConfigError("save = '" + save + "': " + ec.message());
+  while (!std::filesystem::exists(p, ec) && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
+  if (!std::filesystem::is_directory(p, ec)) throw ConfigError("save = '" + save + "': '" + p.string() + "' is not a folder");
+  if (::access(p.c_str(), W_OK | X_OK) != 0) {
+    throw ConfigError("save = '" + save + "': cannot write checkpoints into '" + p.string() + "': " + std::strerror(errno));
+  }
 }
 
 // Where a run stands, as its checkpoints record it: the epoch in progress (from 1), the samples of it done, the steps
@@ -129,7 +152,22 @@ RunPosition resume_from(const TrainerFlags& f, Runtime& rt, std::size_t train_co
                       "); resume with that run's flags, or start a new run");
   }
   RunPosition at{meta_count(meta, "epoch", path), meta_count(meta, "position", path), meta_count(meta, "step", path)};
-  if (at.epoch > f.epochs) throw ConfigError("resume = '" + path + "': its run is at epoch " + std::to_string(at.epoch) + ", past --epochs " + std::to_string(f.epochs) + " (a longer --epochs continues it)");
+  if (at.epoch > f.epochs) {
+    const std::size_t trained = at.epoch - 1;  // whole epochs; `position` samples of the next one
+    throw ConfigError("resume = '" + path + "': its run has trained " + std::to_string(trained) + " epoch(s)" +
+                      (at.position > 0 ? " and " + std::to_string(at.position) + " samples of the next" : std::string()) + ", and --epochs is " +
+                      std::to_string(f.epochs) + ": nothing is left to run (--epochs " + std::to_string(trained + 1) + " or more continues it)");
+  }
+  // --deterministic promises the same bits whatever the devices and the policy: from a checkpoint of a run without it,
+  // whose bits followed where its chunks fell, that promise would be false.
+  if (f.deterministic) {
+    const auto it = meta.find("deterministic");
+    if (it == meta.end() || it->second != "on") {
+      throw ConfigError("resume = '" + path + "': it was saved by a run without --deterministic, whose parameters depend on where its chunks ran; " +
+                        "resumed with --deterministic the run's bits would still differ from run to run. Resume without --deterministic, or " +
+                        "start afresh with it");
+    }
+  }
   if (!quiet_rank()) {
     std::printf("# resumed from %s: epoch %zu, sample %zu of it, step %zu (loaded in %.1f ms)\n", path.c_str(), at.epoch, at.position, at.step,
                 res.load_seconds * 1e3);
@@ -137,13 +175,23 @@ RunPosition resume_from(const TrainerFlags& f, Runtime& rt, std::size_t train_co
   return at;
 }
 
-// Writes a checkpoint of where the run stands into --save and keeps the newest --keep; returns its seconds.
-double save_to(const TrainerFlags& f, const Runtime& rt, const CheckpointDir& dir, std::size_t train_count, const RunPosition& at) {
+// Writes a checkpoint of where the run stands into --save and keeps the newest --keep; returns its seconds. `replaced`
+// (another run's checkpoints, --save-overwrite) are removed once this one is written, before the pruning, which
+// would otherwise keep theirs over this run's by step.
+double save_to(const TrainerFlags& f, const Runtime& rt, const CheckpointDir& dir, std::size_t train_count, const RunPosition& at,
+               std::vector<std::filesystem::path>& replaced) {
   const auto t0 = Clock::now();
-  rt.save_checkpoint(dir.path_for(at.step), {{"epoch", std::to_string(at.epoch)}, {"position", std::to_string(at.position)},
-                                             {"step", std::to_string(at.step)}, {"seed", std::to_string(f.seed)},
-                                             {"batch", std::to_string(f.batch)}, {"train_samples", std::to_string(train_count)},
-                                             {"run", run_identity(f, rt.layout(), train_count)}});
+  const std::filesystem::path path = dir.path_for(at.step);
+  rt.save_checkpoint(path, {{"epoch", std::to_string(at.epoch)}, {"position", std::to_string(at.position)},
+                            {"step", std::to_string(at.step)}, {"seed", std::to_string(f.seed)},
+                            {"batch", std::to_string(f.batch)}, {"train_samples", std::to_string(train_count)},
+                            {"run", run_identity(f, rt.layout(), train_count)}, {"deterministic", f.deterministic ? "on" : "off"}});
+  for (const std::filesystem::path& old : replaced) {
+    std::error_code ec;
+    if (old != path) std::filesystem::remove(old, ec);  // one the new file replaced under its name is gone already
+    if (ec) throw CheckpointError(CheckpointError::Reason::kIo, old.string(), "cannot remove it (--save-overwrite): " + ec.message());
+  }
+  replaced.clear();
   if (!quiet_rank()) dir.prune(f.keep);  // across ranks, rank 0 wrote it
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -160,6 +208,7 @@ void warn_if_diverging(double loss, std::size_t step, double& first_loss) {
                to_terminal() ? "\n" : "", loss, step, first_loss);
 }
 
+// --chunk's samples: "auto" is 0; else at most 7 digits (parse_command_line checked the range), so stoull cannot throw.
 std::size_t chunk_size(const TrainerFlags& f) { return f.chunk == "auto" ? 0 : static_cast<std::size_t>(std::stoull(f.chunk)); }
 
 // One policy's run, an epoch at a time, so that --compare can alternate the policies epoch by epoch.
@@ -191,6 +240,7 @@ class PolicyRun {
   RunPosition from;
   std::optional<CheckpointDir> save_dir;
   std::optional<CheckpointDir::Lock> save_lock;
+  std::vector<std::filesystem::path> replaced;  // --save-overwrite: another run's checkpoints, removed after this run's first
   std::size_t step_no = 0;
   bool costs = false;        // the step gets the model's sample costs
   std::vector<double> cost;  // the step's, when it does
@@ -253,12 +303,16 @@ PolicyRun::PolicyRun(const TrainerFlags& flags, const PolicyChoice& policy, cons
       // One writer a folder, and one run: a folder that holds checkpoints is continued (--resume from it) or replaced
       // when asked to, never mixed into.
       save_lock.emplace(save_dir->lock());
+      save_dir->check_writable();  // a save that cannot succeed fails now, not after an epoch
       const auto held = save_dir->list();
       std::error_code ec;
       const bool resuming_here = !f.resume.empty() && std::filesystem::equivalent(f.resume, f.save, ec);
-      if (!held.empty() && f.save_overwrite) {
-        save_dir->remove_all();
-      } else if (!held.empty() && !resuming_here) {
+      if (!held.empty() && resuming_here) {
+        // This run's own checkpoints, continued: pruned as it saves, never removed before (--save-overwrite or not).
+      } else if (!held.empty() && f.save_overwrite) {
+        // Replaced only once this run's first checkpoint is written: a run that fails before then leaves them.
+        for (const auto& h : held) replaced.push_back(h.second);
+      } else if (!held.empty()) {
         throw ConfigError("save = '" + f.save + "': the folder holds " + std::to_string(held.size()) + " checkpoint(s) already (the newest at step " +
                           std::to_string(held.back().first) + "): continue that run with --resume " + f.save +
                           ", save elsewhere, or pass --save-overwrite to replace them");
@@ -306,7 +360,7 @@ void PolicyRun::run_epoch(std::size_t epoch) {
     done += b;
     all.push_back(r);
     if (save_dir && f.save_every && step_no % f.save_every == 0 && start + b < order.size()) {
-      res.save_seconds.push_back(save_to(f, *rt, *save_dir, train_set.count, {epoch, start + b, step_no}));
+      res.save_seconds.push_back(save_to(f, *rt, *save_dir, train_set.count, {epoch, start + b, step_no}, replaced));
       saving += res.save_seconds.back(), saved_at = step_no;
     }
     const auto now = Clock::now();
@@ -317,7 +371,7 @@ void PolicyRun::run_epoch(std::size_t epoch) {
     }
   }
   if (save_dir && saved_at != step_no) {
-    res.save_seconds.push_back(save_to(f, *rt, *save_dir, train_set.count, {epoch + 1, 0, step_no}));
+    res.save_seconds.push_back(save_to(f, *rt, *save_dir, train_set.count, {epoch + 1, 0, step_no}, replaced));
     saving += res.save_seconds.back();
   }
   res.epoch_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count() - saving);
@@ -373,10 +427,14 @@ void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<voi
   count("--epochs", f.epochs, "epochs to train", 1, 1000);
   count("--batch", f.batch, "samples per step (mini-batch)", 1, 1 << 20);
   app.add_option("--chunk", f.chunk, "samples per chunk, 1 to 1048576; auto: each device's chunk is the smallest size that reaches 95% of its best measured throughput")
-      ->check([](const std::string& v) { return v == "auto" || (!v.empty() && v.find_first_not_of("0123456789") == std::string::npos && std::stoull(v) >= 1 && std::stoull(v) <= (1u << 20)) ? std::string() : std::string("expected auto or a size in [1, 1048576]"); })
+      ->check([](const std::string& v) {
+        // At most 7 digits before stoull: a longer number is out of range, and stoull would throw on one past 2^64.
+        const bool size = !v.empty() && v.size() <= 7 && v.find_first_not_of("0123456789") == std::string::npos && std::stoull(v) >= 1 && std::stoull(v) <= (1u << 20);
+        return v == "auto" || size ? std::string() : "'" + v + "': expected auto or a size in [1, 1048576]";
+      })
       ->capture_default_str();
   count("--limit", f.limit, "train on the first N training samples only (0 = all)", 0, 1e9);
-  count("--lr", f.lr, "learning rate", 1e-12, 1e6);
+  count("--lr", f.lr, "learning rate (the runtime's range, (0, 10])", 1e-12, 10);
   app.add_option("--optimizer", f.optimizer, "sgd (momentum 0.9) or adam")->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
   app.add_option("--policy", f.policy, "static (equal split, no stealing: the DDP baseline), steal, central (one shared queue); with sample costs (torch_lm) also packer (greedy bin-packing by cost, no stealing) and steal-nocosts (steal, the costs withheld)")
       ->check(CLI::IsMember({"static", "steal", "central", "packer", "steal-nocosts"}))->capture_default_str();
@@ -398,12 +456,12 @@ void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<voi
   app.add_flag("--compare", f.compare, "run each of --compare-policies on the same work, each warmed up by one untimed step, alternating epoch by epoch; print every dashboard and each one's speedup over the first, of the median epochs");
   app.add_option("--compare-policies", f.compare_policies, "--compare: the policies, comma-separated (names as --policy's), the first the baseline")->capture_default_str();
   app.add_option("--json", f.json, "write the results as JSON to this file")->check(a_path);
-  app.add_option("--trace", f.trace, "write a Chrome trace (with --compare: FILE.static.json and FILE.steal.json)")->check(a_path);
+  app.add_option("--trace", f.trace, "write a Chrome trace (with --compare: FILE.POLICY.json for each policy, FILE.POLICY.2.json for a policy named again)")->check(a_path);
   count("--seed", f.seed, "seed for initialization, shuffling and victim choice", 0, 9007199254740992.0);
   app.add_option("--save", f.save, "write checkpoints (DIR/step-N.safetensors, crash-safe) at each epoch's end and every --save-every steps")->check(a_path);
   count("--save-every", f.save_every, "steps between checkpoints with --save (0 = at each epoch's end only)", 0, 1e12);
   count("--keep", f.keep, "checkpoints kept in --save, the newest", 1, 1000000);
-  app.add_flag("--save-overwrite", f.save_overwrite, "let --save replace the checkpoints already in its folder (another run's, or this one's when not resuming from it)");
+  app.add_flag("--save-overwrite", f.save_overwrite, "let --save replace the checkpoints already in its folder (another run's), once this run's first checkpoint is written; a run resumed from its --save folder keeps its own");
   app.add_option("--resume", f.resume, "continue from DIR's newest checkpoint (the same --seed, --batch and data; --epochs counts the whole run)")->check(a_path);
   count("--stall-timeout", f.stall_timeout, "seconds a device may spend in one chunk before its step fails (across ranks: before the job ends; also how long a rank may stay out of the others' step)", 0.001, 86400);
   count("--heartbeat-timeout", f.heartbeat_timeout, "across ranks: seconds without a rank's heartbeat (its process frozen or gone, its node unreachable) before the job ends, naming it; the heartbeat beats whatever the rank is doing, long chunks included", 0.001, 86400);
@@ -422,6 +480,10 @@ int parse_command_line(const char* program, CLI::App& app, const TrainerFlags& f
     if (f.compare && app.count("--policy") > 0) {
       throw ConfigError("--compare runs static and steal on the same work; --policy " + f.policy + " does not apply to it (drop one of the two)");
     }
+    if (!f.compare && app.count("--compare-policies") > 0) {
+      throw ConfigError("--compare-policies " + f.compare_policies + " without --compare: the policies are compared only with --compare (add it, or use --policy for one)");
+    }
+    if (!f.save.empty()) check_save_folder(f.save);
     (void)parse_device_spec(f.devices);  // also where a variant (--plain) never builds a runtime from it
     if (!f.json.empty()) {
       // An unwritable --json is found now, not after the training: open it for appending, and leave no file behind.
@@ -432,6 +494,14 @@ int parse_command_line(const char* program, CLI::App& app, const TrainerFlags& f
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "%s: bad configuration: %s\n", program, e.what());
     return 2;
+  }
+  g_shared_flags.clear();
+  for (const CLI::Option* o : app.get_options()) {
+    const std::string name = o->get_name();
+    if (kPerRankFlags.contains(name)) continue;
+    std::string value;
+    for (const std::string& r : o->results()) value += (value.empty() ? "" : ",") + r;
+    g_shared_flags.emplace_back(name, o->count() > 0 ? value : o->get_default_str());
   }
   return -1;
 }
@@ -448,8 +518,17 @@ TrainingData::TrainingData(const TrainerFlags& f)
 std::vector<RunResult> train_policies(const TrainerFlags& f, const TrainerModel& model, const DenseData& train_set) {
   if (f.compare && (!f.save.empty() || !f.resume.empty())) throw ConfigError("--save and --resume are for one run, not --compare's two");
   std::vector<RunResult> runs;
+  const auto refuse_packer = [&f](const PolicyChoice& p) {
+    if (f.deterministic && p.placement == PlacementPolicy::kPacked) {
+      throw ConfigError(std::string(f.compare ? "--compare-policies with packer" : "--policy packer") +
+                        " and --deterministic: the packer reorders each batch's samples across the devices, and deterministic cells are cut in "
+                        "the batch's own order; use steal or static");
+    }
+  };
   if (!f.compare) {
-    PolicyRun run(f, policy_choice(f.policy, model), model, train_set);
+    const PolicyChoice choice = policy_choice(f.policy, model);
+    refuse_packer(choice);
+    PolicyRun run(f, choice, model, train_set);
     for (std::size_t e = run.first_epoch(); e <= run.last_epoch(); ++e) run.run_epoch(e);
     runs.push_back(run.finish());
     return runs;
@@ -459,9 +538,13 @@ std::vector<RunResult> train_policies(const TrainerFlags& f, const TrainerModel&
   // whose load drifts slows both alike (report() takes each one's median epoch). Across ranks the two runtimes may
   // not live at once (their share words would meet in the cluster's window): there each policy runs whole, in turn.
   std::vector<PolicyChoice> choices;
+  std::map<std::string, int> named;
   for (std::size_t at = 0; at <= f.compare_policies.size();) {
     const std::size_t end = std::min(f.compare_policies.find(',', at), f.compare_policies.size());
     choices.push_back(policy_choice(f.compare_policies.substr(at, end - at), model));
+    refuse_packer(choices.back());
+    // A policy named again is its own run: "steal.2" on its dashboard, in the JSON and in its trace's file name.
+    if (const int n = ++named[choices.back().name]; n > 1) choices.back().name += "." + std::to_string(n);
     at = end + 1;
   }
   if (choices.size() < 2) throw ConfigError("compare-policies = '" + f.compare_policies + "': --compare needs two policies or more");
@@ -598,6 +681,9 @@ int run_reporting_errors(const char* program, const std::function<void()>& body)
     if (mpi::MpiCluster::launched_by_mpirun()) {
       g_cluster = mpi::MpiCluster::world();
       if (g_cluster->rank() != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) throw Error("cannot silence rank's output");
+      // Before anything the ranks do together (a cost fit averaged over them, the runtime's own collectives): ranks
+      // launched with other flags would meet in collectives of other sizes, or none.
+      check_ranks_agree(*g_cluster, g_shared_flags, "when they join");
     }
 #endif
     body();

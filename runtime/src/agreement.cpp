@@ -117,3 +117,11 @@ void check_agreement(Cluster& cluster, const AgreementFields& fields, std::strin
 }
 
 }  // namespace stealbatch::detail
+
+namespace stealbatch {
+
+void check_ranks_agree(Cluster& cluster, const std::vector<std::pair<std::string, std::string>>& values, std::string_view when) {
+  detail::check_agreement(cluster, values, when);
+}
+
+}  // namespace stealbatch

@@ -319,7 +319,11 @@ CheckpointMetadata Runtime::load_checkpoint(const std::filesystem::path& path) {
     m->sched->broadcast([&](std::size_t d) { m->dev.devices[d]->load_replica(s.params, s.state); });
   }
   m->options.optimizer.lr = s.lr;
-  m->lr_pending = true;  // the replicas take it in the next update, as after set_learning_rate()
+  m->lr_pending = true;
+  // The steps are counted on from the saved run's: a resumed run's messages ("in step 17") name the step its
+  // trainer and its checkpoints count, not the process's first.
+  m->steps = s.state.steps;
+  if (m->cluster) m->cluster.steps = s.state.steps;  // the replicas take it in the next update, as after set_learning_rate()
   if (!s.speeds.empty()) {
     for (std::size_t d = 0; d < s.speeds.size(); ++d) {
       if (s.speeds[d] > 0) m->speed.history[d] = {s.speeds[d]};

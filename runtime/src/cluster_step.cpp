@@ -85,6 +85,9 @@ void Runtime::Impl::join_cluster(DeviceSpec& spec) {
     // One factor per device of the whole job, in rank order: keep this rank's.
     options.host.slowdown = std::vector<double>(options.host.slowdown.begin() + static_cast<std::ptrdiff_t>(cluster.first_device),
                                            options.host.slowdown.begin() + static_cast<std::ptrdiff_t>(cluster.first_device + spec.count));
+  } else if (!options.host.slowdown.empty() && options.host.slowdown.size() != spec.count) {
+    throw ConfigError("slowdown has " + std::to_string(options.host.slowdown.size()) + " values; expected one per device of this rank (" +
+                      std::to_string(spec.count) + ") or one per device of the whole job (" + std::to_string(total) + ", in rank order)");
   }
   if (options.host.threads_per_device == 0 && spec.kind == DeviceKind::kCpu) {
     // The node's cores shared among the devices of every rank on it.

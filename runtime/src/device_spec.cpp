@@ -45,9 +45,10 @@ std::vector<double> parse_number_list(std::string_view list, std::string_view fi
   for (std::string_view piece : split(list)) {
     double v = 0;
     const auto r = std::from_chars(piece.data(), piece.data() + piece.size(), v);
-    if (piece.empty() || r.ec != std::errc() || r.ptr != piece.data() + piece.size() || !std::isfinite(v)) {
+    if (piece.empty() || r.ec != std::errc() || r.ptr != piece.data() + piece.size()) {
       bad(field, list, cat("'", piece, "' is not a number; expected a comma-separated list of numbers"));
     }
+    if (!std::isfinite(v)) bad(field, list, cat("'", piece, "' is not a finite number; expected a comma-separated list of finite numbers"));
     out.push_back(v);
   }
   return out;
@@ -95,7 +96,13 @@ DeviceSpec parse_device_spec(std::string_view spec) {
     out.count = out.ids.size();
   } else if (kind == "sim") {
     out.kind = DeviceKind::kSim;
-    out.speeds = parse_number_list(rest, "devices");
+    try {
+      out.speeds = parse_number_list(rest, "devices");
+    } catch (const ConfigError&) {  // its words name the list alone: these name the whole spec
+      char rule[96];
+      std::snprintf(rule, sizeof rule, "simulated speeds must be finite numbers in [%g, %g], comma-separated", kMinSimSpeed, kMaxSimSpeed);
+      bad("devices", spec, rule);
+    }
     for (double s : out.speeds) {
       // A speed of 1e-9 would make a step last for days, and 1e-300 overflows the simulated chunk's duration.
       if (!(s >= kMinSimSpeed && s <= kMaxSimSpeed)) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -266,4 +267,58 @@ TEST_CASE("CheckpointDir.KeepsTheNewestAndSkipsUnfinishedSaves") {
   CHECK_FALSE(fs::exists(dir.path / "run" / ".step-000000000200.safetensors.tmp.1.0"));
   CHECK(fs::exists(dir.path / "run" / "notes.txt"));
   CHECK(d.path_for(7).filename() == "step-000000000007.safetensors");
+}
+
+TEST_CASE("CheckpointDir.OrdersByTheStepAFileRecordsNotItsName") {
+  TempDir dir;
+  const CheckpointDir d(dir.path / "run");
+  const std::vector<float> w{1.0f, 2.0f};
+  const auto save = [&](const fs::path& path, std::uint64_t step) {
+    const CheckpointTensor t{"w", {2}, w};
+    write_checkpoint_file(path, std::span<const CheckpointTensor>(&t, 1), {{"stealbatch.optimizer.steps", std::to_string(step)}});
+  };
+  save(d.path_for(16), 16);
+  save(d.path_for(24), 24);
+  save(d.path_for(32), 32);
+  // Step 16's file copied under the largest name a step can have: as old as what it holds.
+  const fs::path renamed = dir.path / "run" / "step-9999999999999999999.safetensors";
+  fs::copy_file(d.path_for(16), renamed);
+  // A link to nothing, under a checkpoint's name: passed over, not a failure to list the folder.
+  fs::create_symlink(dir.path / "gone.safetensors", d.path_for(40));
+  const auto all = d.list();
+  REQUIRE(all.size() == 4);
+  CHECK(all.back().first == 32);
+  REQUIRE(d.latest().has_value());
+  CHECK(*d.latest() == d.path_for(32));
+  d.prune(2);
+  const auto left = d.list();
+  REQUIRE(left.size() == 2);
+  CHECK(left[0].second == d.path_for(24));
+  CHECK(left[1].second == d.path_for(32));
+  CHECK_FALSE(fs::exists(renamed));
+  CHECK(fs::is_symlink(d.path_for(40)));  // not a checkpoint: prune leaves it
+  // A file that records no step (a foreign or truncated one) keeps its name's step: its load names what is wrong.
+  std::ofstream(d.path_for(50)) << "not a checkpoint";
+  CHECK(*d.latest() == d.path_for(50));
+}
+
+TEST_CASE("CheckpointDir.CheckWritableLeavesNoFileAndNamesTheFolder") {
+  TempDir dir;
+  const CheckpointDir d(dir.path / "run");
+  d.check_writable();
+  CHECK(fs::is_empty(dir.path / "run"));
+  // Root writes anywhere a mode forbids: an immutable folder (chattr +i) is what stops every writer, where the file
+  // system allows the flag. Where it does not, the folder's removal stands in (the probe's open fails alike).
+  if (std::system(("chattr +i '" + (dir.path / "run").string() + "' 2>/dev/null").c_str()) == 0) {
+    try {
+      d.check_writable();
+      FAIL("an immutable folder passed the check");
+    } catch (const CheckpointError& e) {
+      CHECK(e.reason() == CheckpointError::Reason::kIo);
+      CHECK(std::string(e.what()).find("cannot write a checkpoint into this folder") != std::string::npos);
+    }
+    CHECK(std::system(("chattr -i '" + (dir.path / "run").string() + "'").c_str()) == 0);
+  }
+  fs::remove_all(dir.path / "run");
+  CHECK_THROWS_AS(d.check_writable(), CheckpointError);
 }

@@ -2,12 +2,13 @@
 # What a user can get wrong on the examples' command line and data, each answered with the README's exit status
 # (2 configuration, 3 data, 4 checkpoint) and a message that names the problem, before any training where it can be
 # known then; and nothing created that was not asked for.
-# Usage: cli_errors.sh MLP CNN [TORCH_MLP]      (MPIRUN=... adds the same codes on two ranks)
+# Usage: cli_errors.sh MLP CNN [TORCH_MLP [TORCH_LM]]      (MPIRUN=... adds the same codes on two ranks)
 set -uo pipefail
-mlp=$1 cnn=$2 torch_mlp=${3:-}
+mlp=$1 cnn=$2 torch_mlp=${3:-} torch_lm=${4:-}
 read -r -a mpirun <<<"${MPIRUN:-}"
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# An immutable folder (below) cannot be removed until the flag is cleared.
+trap 'chattr -R -i "$work" 2>/dev/null; rm -rf "$work"' EXIT
 fails=0
 
 # Small synthetic Fashion-MNIST-shaped sets: train 28x28; test 28x28, 27x27 or 29x28.
@@ -88,6 +89,12 @@ expect 4 "no such checkpoint folder" -- "$mlp" "${small[@]}" --resume "$work/not
 mkdir "$work/empty"
 expect 4 "no checkpoint" -- "$mlp" "${small[@]}" --resume "$work/empty"
 expect 2 "json = .*cannot open it for writing" -- "$mlp" "${small[@]}" --json "$work/no-such-dir/out.json"
+# Numbers past their type's range are usage errors, not an abort; so are settings the runtime would refuse later, and
+# flags that would be silently ignored.
+expect 2 "--chunk: '99999999999999999999999': expected auto or a size in \[1, 1048576\]" -- "$mlp" "${small[@]}" --chunk 99999999999999999999999
+expect 2 "--lr: Value 20 not in range" -- "$mlp" "${small[@]}" --lr 20
+expect 2 "--compare-policies static,steal without --compare" -- "$mlp" "${small[@]}" --compare-policies static,steal
+expect 2 "devices = 'sim:nan': simulated speeds must be finite numbers" -- "$mlp" "${base[@]}" --devices sim:nan
 expect 2 "compare.*policy" -- "$mlp" "${small[@]}" --compare --policy static
 expect 2 "packs each batch by its samples' costs, and this model gives none" -- "$mlp" "${small[@]}" --policy packer
 expect 2 "compare-policies = 'steal': --compare needs two policies" -- "$mlp" "${small[@]}" --compare --compare-policies steal
@@ -100,6 +107,35 @@ expect 2 "holds .* checkpoint.*--save-overwrite" -- "$mlp" "${ck[@]}" --epochs 2
 expect 2 "another run's checkpoint \(lr: 0.003 there, 0.01 here\)" -- "$mlp" "${ck[@]}" --epochs 2 --lr 0.01 --resume "$work/ck"
 expect 0 "checkpoints: .* saved" -- "$mlp" "${ck[@]}" --epochs 2 --lr 0.01 --save "$work/ck" --save-overwrite
 expect 0 "resumed from" -- "$mlp" "${ck[@]}" --epochs 3 --lr 0.01 --resume "$work/ck" --save "$work/ck"
+# A finished run says so; --deterministic does not claim its bits from a checkpoint saved without it.
+expect 2 "its run has trained 3 epoch\(s\), and --epochs is 3: nothing is left to run \(--epochs 4 or more" -- "$mlp" "${ck[@]}" --epochs 3 --lr 0.01 --resume "$work/ck"
+expect 2 "saved by a run without --deterministic" -- "$mlp" "${ck[@]}" --epochs 4 --lr 0.01 --resume "$work/ck" --deterministic
+# --save-overwrite never loses the checkpoint a run resumed from: a run that fails (a stall) before its next save
+# leaves the folder as it was, and names the step it failed in as the run counts it (step 25 after 24).
+before=$(ls "$work/ck")
+expect 1 "made no progress for [0-9]+ ms in step 25 " -- "$mlp" "${ck[@]}" --epochs 4 --lr 0.01 --resume "$work/ck" --save "$work/ck" --save-overwrite \
+  --slowdown 1000,1000 --stall-timeout 0.05
+[ "$(ls "$work/ck")" = "$before" ] || { echo "FAIL: a failed resumed run with --save-overwrite changed its folder: '$before' -> '$(ls "$work/ck")'"; fails=$((fails + 1)); }
+# Another run's checkpoints are replaced only once this run's first is written: a run that fails first leaves them,
+# one that saves leaves only its own (its step 8 is not pruned in favour of their larger steps).
+expect 1 "made no progress" -- "$mlp" "${ck[@]}" --epochs 1 --save "$work/ck" --save-overwrite --slowdown 1000,1000 --stall-timeout 0.05
+[ "$(ls "$work/ck")" = "$before" ] || { echo "FAIL: a failed run with --save-overwrite removed another run's checkpoints"; fails=$((fails + 1)); }
+expect 0 "checkpoints: 1 saved" -- "$mlp" "${ck[@]}" --epochs 1 --save "$work/ck" --save-overwrite
+[ "$(ls "$work/ck")" = "step-000000000008.safetensors" ] || { echo "FAIL: --save-overwrite left '$(ls "$work/ck" | tr '\n' ' ')' (want this run's step 8 alone)"; fails=$((fails + 1)); }
+# A save that cannot succeed (an immutable folder whose lock file exists) is found before any training.
+mkdir "$work/frozen" && touch "$work/frozen/.lock"
+if chattr +i "$work/frozen" 2>/dev/null; then
+  expect 2 "save = .*frozen': cannot write checkpoints into .*frozen'" -- "$mlp" "${ck[@]}" --epochs 1 --save "$work/frozen"
+  expect 2 "cannot write checkpoints into .*frozen'" -- "$mlp" "${ck[@]}" --epochs 1 --save "$work/frozen/sub/dir"
+  chattr -i "$work/frozen"
+else
+  echo "note: chattr +i refused here; the immutable-folder case is left to the checkpoint folder's unit test"
+fi
+# --compare naming a policy twice: two runs, two dashboards, two trace files.
+expect 0 "steal.2 vs static" -- "$mlp" "${ck[@]}" --epochs 1 --compare --compare-policies static,steal,steal --trace "$work/t.json"
+for t in t.json.static.json t.json.steal.json t.json.steal.2.json; do
+  [ -s "$work/$t" ] || { echo "FAIL: --compare --trace wrote no $t"; fails=$((fails + 1)); }
+done
 "$mlp" "${base[@]}" --epochs 1000 --batch 8 --devices cpu:1 --save "$work/live" > "$work/live.txt" 2>&1 &
 live=$!
 for _ in $(seq 200); do grep -q "epoch 1/" "$work/live.txt" 2>/dev/null && break; sleep 0.05; done
@@ -109,6 +145,11 @@ kill "$live" 2>/dev/null; wait "$live" 2>/dev/null
 expect 0 "training is diverging" -- "$mlp" "${ck[@]}" --epochs 2 --lr 10 --optimizer sgd --schedule constant
 if [ -n "$torch_mlp" ]; then
   expect 2 "cpu:N" -- "$torch_mlp" "${base[@]}" --epochs 1 --plain --devices cpu:0
+fi
+lm_base=(--limit 16 --batch 8 --epochs 1 --width 16 --layers 1 --heads 2 --validation-docs 4 --devices cpu:1)
+lm=("${lm_base[@]}" --max-len 64)
+if [ -n "$torch_lm" ]; then
+  expect 2 "--policy packer and --deterministic" -- "$torch_lm" "${lm[@]}" --policy packer --deterministic
 fi
 # Under mpirun each failure keeps its exit status across the ranks: a usage error, a data error, a checkpoint error.
 if [ ${#mpirun[@]} -gt 0 ]; then
@@ -121,6 +162,24 @@ if [ ${#mpirun[@]} -gt 0 ]; then
     --batch 64 : -np 1 "$mlp" "${base[@]}" --epochs 1 --devices cpu:1 --batch 32
   expect 2 "disagree when they join on '--seed': rank 0 has 1, rank 1 has 2" -- "${mpirun[@]}" -np 1 "$mlp" "${base[@]}" --epochs 1 --devices cpu:1 \
     : -np 1 "$mlp" "${base[@]}" --epochs 1 --devices cpu:1 --seed 2
+  expect 2 "disagree when they join on '--deterministic'" -- "${mpirun[@]}" -np 1 "$mlp" "${base[@]}" --epochs 1 --devices cpu:1 --deterministic \
+    : -np 1 "$mlp" "${base[@]}" --epochs 1 --devices cpu:1
+  expect 2 "disagree when they join on '--endgame': rank 0 has on, rank 1 has off" -- "${mpirun[@]}" -np 1 "$mlp" "${base[@]}" --epochs 1 --devices cpu:1 \
+    : -np 1 "$mlp" "${base[@]}" --epochs 1 --devices cpu:1 --endgame off
+  # One factor per device of this rank or of the whole job; anything else is named with both counts.
+  expect 2 "slowdown has 3 values; expected one per device of this rank \(1\) or one per device of the whole job \(2, in rank order\)" -- \
+    "${mpirun[@]}" -np 2 "$mlp" "${base[@]}" --epochs 1 --devices cpu:1 --slowdown 2,1,1
+  if [ -n "$torch_lm" ]; then
+    # The flags of torch_lm's own that shape what the ranks do together: named, before the cost fit's collective.
+    expect 2 "disagree when they join on '--costs': rank 0 has model, rank 1 has tokens" -- "${mpirun[@]}" -np 1 "$torch_lm" "${lm[@]}" --costs model \
+      : -np 1 "$torch_lm" "${lm[@]}" --costs tokens
+    expect 2 "disagree when they join on '--order': rank 0 has grouped, rank 1 has shuffled" -- "${mpirun[@]}" -np 1 "$torch_lm" "${lm[@]}" \
+      : -np 1 "$torch_lm" "${lm[@]}" --order shuffled
+    expect 2 "disagree when they join on '--form': rank 0 has packed, rank 1 has padded" -- "${mpirun[@]}" -np 1 "$torch_lm" "${lm[@]}" \
+      : -np 1 "$torch_lm" "${lm[@]}" --form padded
+    expect 2 "disagree when they join on '--max-len': rank 0 has 64, rank 1 has 48" -- "${mpirun[@]}" -np 1 "$torch_lm" "${lm_base[@]}" --max-len 64 \
+      : -np 1 "$torch_lm" "${lm_base[@]}" --max-len 48
+  fi
   # A rank frozen mid-training (SIGSTOP, as a debugger or a stuck node would leave it) ends the job, naming it,
   # within --heartbeat-timeout plus a tenth of it, and mpirun's teardown.
   log="$work/stop.log"

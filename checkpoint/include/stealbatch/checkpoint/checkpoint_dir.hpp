@@ -23,7 +23,9 @@ class CheckpointDir {
   const std::filesystem::path& path() const noexcept { return m_dir; }
   std::filesystem::path path_for(std::uint64_t step) const;
   // The complete checkpoints (a file is only ever there whole: write_file_durably renames it into place), oldest
-  // first, by step.
+  // first, each with the step it records (its optimizer's step count, read from its header; its name's step where
+  // it records none): a file copied or renamed under another step's name is ordered by what it holds. Entries that
+  // are not regular files (a dangling link, a folder) are passed over.
   std::vector<std::pair<std::uint64_t, std::filesystem::path>> list() const;
   std::optional<std::filesystem::path> latest() const;
   // Removes all but the newest `keep` (>= 1) checkpoints, and the temporary files of saves that never finished (a
@@ -31,6 +33,10 @@ class CheckpointDir {
   void prune(std::size_t keep) const;
   // Removes every checkpoint (a run that replaces another's, asked to).
   void remove_all() const;
+  // That a checkpoint can be written here now: a probe file made, written, synced and removed, so a save that cannot
+  // succeed (a read-only or immutable folder, a full disk) is found before any training. CheckpointError (kIo)
+  // naming the folder and the system's reason.
+  void check_writable() const;
 
   // The folder's one writer: an exclusive lock (flock) on DIR/.lock, held while the Lock lives and released by the
   // kernel however the process ends, so a crashed writer leaves no stale lock. The lock file records the holder's

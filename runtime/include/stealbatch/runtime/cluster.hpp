@@ -8,6 +8,9 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 namespace stealbatch {
 
@@ -66,6 +69,13 @@ class Cluster {
   // exit status is `exit_code` (the launcher's, as MPI_Abort passes it on).
   [[noreturn]] virtual void abort(const std::string& why, int exit_code) noexcept = 0;
 };
+
+// Every rank of `cluster` calls it at the same point, before any collective whose size or presence follows these
+// values, with its own named values (a trainer's flags: {"--batch", "64"}, ...), in the same order. One small
+// collective when they agree; when they do not, every rank throws the same ConfigError naming `when`, the first
+// name whose values differ, rank 0's value and the first differing rank's.
+//   check_ranks_agree(*cluster, {{"--batch", "64"}, {"--costs", "model"}}, "when they join");
+void check_ranks_agree(Cluster& cluster, const std::vector<std::pair<std::string, std::string>>& values, std::string_view when);
 
 namespace detail {
 
