@@ -6,8 +6,8 @@
 #   build-tsan-mpi/ ThreadSanitizer over the runtime across 2 MPI ranks (test_mpi_cluster's cases; Open MPI's own
 #                   internals suppressed, tests/tsan-mpi.supp)
 #   build-asan/     AddressSanitizer + UndefinedBehaviorSanitizer over the unit tests (not the install test)
-#   build-fuzz/     the libFuzzer targets: the dataset reader and its splits, the checkpoint reader and the metadata a
-#                   load reads past the checksum, 20 s each over their seeds
+#   build-fuzz/     the libFuzzer targets: the dataset reader and its splits, the checkpoint reader, the metadata a
+#                   load reads past the checksum, and a checkpoint folder's entries, 20 s each over their seeds
 # Every configuration treats warnings in the project's own code as errors (STEALBATCH_WERROR=ON; a user's build does
 # not). Exits non-zero on the first failing configuration.
 set -euo pipefail
@@ -81,8 +81,9 @@ ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1" \
 
 # The libFuzzer targets (clang, ASan+UBSan), each over its seed corpus for 20 seconds: the dataset reader (any
 # exception other than DataError is a crash), the checkpoint reader (any other than CheckpointError), a dataset's
-# four files cut from one input and checked as splits (DataError), and a checkpoint's metadata rewritten past its
-# checksum and loaded by the runtime (CheckpointError, and a runtime that still steps).
+# four files cut from one input and checked as splits (DataError), a checkpoint's metadata rewritten past its
+# checksum and loaded by the runtime (CheckpointError, and a runtime that still steps), and a checkpoint folder's
+# entries (names, links, foreign files) listed and pruned (its order and what pruning keeps).
 run_fuzz() {
   echo "=== fuzz: configure and build (build-fuzz)"
   local start=$SECONDS
@@ -90,10 +91,10 @@ run_fuzz() {
   cmake -S . -B build-fuzz -G Ninja -DSTEALBATCH_WERROR=ON -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEALBATCH_FUZZ=ON \
     -DSTEALBATCH_SANITIZE=address,undefined -DSTEALBATCH_CUDA=OFF -DSTEALBATCH_TESTS=OFF -DSTEALBATCH_EXAMPLES=OFF \
     -DSTEALBATCH_PERF=OFF -DSTEALBATCH_MPI=OFF -DSTEALBATCH_TORCH=OFF >build-fuzz/configure.log 2>&1 || { cat build-fuzz/configure.log; return 1; }
-  cmake --build build-fuzz --target fuzz_idx fuzz_checkpoint fuzz_splits fuzz_checkpoint_metadata --parallel "$jobs" || return 1
+  cmake --build build-fuzz --target fuzz_idx fuzz_checkpoint fuzz_splits fuzz_checkpoint_metadata fuzz_checkpoint_dir --parallel "$jobs" || return 1
   local target seeds corpus
   for target in fuzz_idx:tests/fuzz/corpus fuzz_checkpoint:tests/fuzz/checkpoint_corpus fuzz_splits:tests/fuzz/splits_corpus \
-    fuzz_checkpoint_metadata:tests/fuzz/metadata_corpus; do
+    fuzz_checkpoint_metadata:tests/fuzz/metadata_corpus fuzz_checkpoint_dir:tests/fuzz/checkpoint_dir_corpus; do
     seeds=${target#*:} target=${target%%:*}
     corpus=$(mktemp -d)
     echo "=== fuzz: $target for 20 s over $seeds"

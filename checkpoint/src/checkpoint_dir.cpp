@@ -81,10 +81,11 @@ std::vector<std::pair<std::uint64_t, std::filesystem::path>> CheckpointDir::list
   std::vector<std::pair<std::uint64_t, std::filesystem::path>> out;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(m_dir, ec)) {
-    // Its own error code: an entry that is no regular file (a dangling link, a folder) is passed over, not a failure
-    // to list the folder.
+    // Its own error code: an entry that is not itself a regular file (a link, dangling or not; a folder) is passed
+    // over, not a failure to list the folder. A save only ever writes regular files, and pruning a link's target
+    // would leave the link dangling.
     std::error_code entry_ec;
-    if (!e.is_regular_file(entry_ec)) continue;
+    if (!std::filesystem::is_regular_file(e.symlink_status(entry_ec))) continue;
     const auto named = step_of(e.path().filename().string());
     if (!named) continue;
     // Ordered by the step the file records, not by its name: a file renamed or copied under a larger step's name is

@@ -485,12 +485,15 @@ int parse_command_line(const char* program, CLI::App& app, const TrainerFlags& f
     }
     if (!f.save.empty()) check_save_folder(f.save);
     (void)parse_device_spec(f.devices);  // also where a variant (--plain) never builds a runtime from it
-    if (!f.json.empty()) {
-      // An unwritable --json is found now, not after the training: open it for appending, and leave no file behind.
-      const bool existed = std::filesystem::exists(f.json);
-      if (!std::ofstream(f.json, std::ios::app)) throw ConfigError("json = '" + f.json + "': cannot open it for writing");
-      if (!existed) std::filesystem::remove(f.json);
-    }
+    // An unwritable output is found now, not after the training: opened for appending, and no file left behind.
+    const auto writable = [](const char* flag, const std::string& path) {
+      const bool existed = std::filesystem::exists(path);
+      if (!std::ofstream(path, std::ios::app)) throw ConfigError(std::string(flag) + " = '" + path + "': cannot open it for writing");
+      if (!existed) std::filesystem::remove(path);
+    };
+    if (!f.json.empty()) writable("json", f.json);
+    // --trace with --compare writes FILE.POLICY.json, one a policy: the first policy's name stands for them all.
+    if (!f.trace.empty()) writable("trace", f.compare ? f.trace + "." + f.compare_policies.substr(0, f.compare_policies.find(',')) + ".json" : f.trace);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "%s: bad configuration: %s\n", program, e.what());
     return 2;

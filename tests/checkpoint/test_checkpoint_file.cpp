@@ -283,8 +283,10 @@ TEST_CASE("CheckpointDir.OrdersByTheStepAFileRecordsNotItsName") {
   // Step 16's file copied under the largest name a step can have: as old as what it holds.
   const fs::path renamed = dir.path / "run" / "step-9999999999999999999.safetensors";
   fs::copy_file(d.path_for(16), renamed);
-  // A link to nothing, under a checkpoint's name: passed over, not a failure to list the folder.
+  // A link to nothing, under a checkpoint's name: passed over, not a failure to list the folder; a link to a
+  // checkpoint is passed over too (pruning its target would leave it dangling).
   fs::create_symlink(dir.path / "gone.safetensors", d.path_for(40));
+  fs::create_symlink(d.path_for(32), d.path_for(41));
   const auto all = d.list();
   REQUIRE(all.size() == 4);
   CHECK(all.back().first == 32);
@@ -296,7 +298,8 @@ TEST_CASE("CheckpointDir.OrdersByTheStepAFileRecordsNotItsName") {
   CHECK(left[0].second == d.path_for(24));
   CHECK(left[1].second == d.path_for(32));
   CHECK_FALSE(fs::exists(renamed));
-  CHECK(fs::is_symlink(d.path_for(40)));  // not a checkpoint: prune leaves it
+  CHECK(fs::is_symlink(d.path_for(40)));  // not checkpoints: prune leaves them
+  CHECK(fs::is_symlink(d.path_for(41)));
   // A file that records no step (a foreign or truncated one) keeps its name's step: its load names what is wrong.
   std::ofstream(d.path_for(50)) << "not a checkpoint";
   CHECK(*d.latest() == d.path_for(50));

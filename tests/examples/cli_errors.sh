@@ -89,6 +89,8 @@ expect 4 "no such checkpoint folder" -- "$mlp" "${small[@]}" --resume "$work/not
 mkdir "$work/empty"
 expect 4 "no checkpoint" -- "$mlp" "${small[@]}" --resume "$work/empty"
 expect 2 "json = .*cannot open it for writing" -- "$mlp" "${small[@]}" --json "$work/no-such-dir/out.json"
+expect 2 "trace = .*no-such-dir/t.json'.*cannot open it for writing" -- "$mlp" "${small[@]}" --trace "$work/no-such-dir/t.json"
+expect 2 "trace = .*no-such-dir/t.json.static.json'.*cannot open it for writing" -- "$mlp" "${small[@]}" --compare --trace "$work/no-such-dir/t.json"
 # Numbers past their type's range are usage errors, not an abort; so are settings the runtime would refuse later, and
 # flags that would be silently ignored.
 expect 2 "--chunk: '99999999999999999999999': expected auto or a size in \[1, 1048576\]" -- "$mlp" "${small[@]}" --chunk 99999999999999999999999

@@ -25,7 +25,7 @@ class CheckpointDir {
   // The complete checkpoints (a file is only ever there whole: write_file_durably renames it into place), oldest
   // first, each with the step it records (its optimizer's step count, read from its header; its name's step where
   // it records none): a file copied or renamed under another step's name is ordered by what it holds. Entries that
-  // are not regular files (a dangling link, a folder) are passed over.
+  // are not themselves regular files (links, folders) are passed over.
   std::vector<std::pair<std::uint64_t, std::filesystem::path>> list() const;
   std::optional<std::filesystem::path> latest() const;
   // Removes all but the newest `keep` (>= 1) checkpoints, and the temporary files of saves that never finished (a
