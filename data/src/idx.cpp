@@ -20,13 +20,24 @@ namespace {
 
 constexpr std::size_t kImagesHeaderBytes = 16;  // magic, count, rows, cols
 constexpr std::size_t kLabelsHeaderBytes = 8;   // magic, count
-constexpr unsigned kGzChunk = 1u << 20;         // per gzread call; fits its int return value
+constexpr unsigned kGzChunk = 1u << 20;         // decompressed bytes per inflate call
 
-struct GzCloser {
-  // The return value only reports write-side errors; for a read handle every error was already seen by gzread.
-  void operator()(gzFile f) const noexcept { gzclose(f); }
+constexpr std::size_t kGzIn = 256 * 1024;       // compressed bytes per read: the default 8 KiB costs several times more read calls on a 26 MB file
+
+struct FileCloser {
+  void operator()(std::FILE* f) const noexcept { std::fclose(f); }  // a read handle: every error was seen by fread
 };
-using GzHandle = std::unique_ptr<std::remove_pointer_t<gzFile>, GzCloser>;
+using FileHandle = std::unique_ptr<std::FILE, FileCloser>;
+
+// An inflate stream that ends itself.
+struct Inflater {
+  z_stream z{};
+  gz_header head{};  // head.done turns 1 once a member's header is read: a fault before then is in the header
+  Inflater() = default;
+  Inflater(const Inflater&) = delete;
+  Inflater& operator=(const Inflater&) = delete;
+  ~Inflater() { inflateEnd(&z); }
+};
 
 std::string hex32(std::uint32_t v) {
   std::array<char, 16> buf{};
@@ -40,13 +51,6 @@ std::uint32_t load_be32(std::span<const std::uint8_t> b, std::size_t at) {
 }
 
 [[noreturn]] void fail(const std::string& name, const std::string& what) { throw DataError(name + ": " + what); }
-
-// zlib's message, without the "path: " zlib puts in front of it, which fail() already adds.
-std::string gz_message(gzFile f, const std::string& name, int& err) {
-  std::string msg = gzerror(f, &err);
-  if (msg.starts_with(name + ": ")) msg.erase(0, name.size() + 2);
-  return msg;
-}
 
 // A hint for the two mix-ups that produce a bad magic in practice: the wrong file of the pair, and an
 // uncompressed name on compressed data.
@@ -92,43 +96,68 @@ void check_length(std::span<const std::uint8_t> b, const std::string& name, std:
   }
 }
 
+// The whole gzip file, decompressed; members end to end (gzip's concatenation) as one, bytes after the last member
+// that are not a member ignored, as zlib's gzread does. A fault is reported where the decompressor met it in the
+// compressed file (at most a few bytes past the damaged one), and as a fault of the header, of the data, or of the
+// CRC in the trailer.
 std::vector<std::uint8_t> read_gzip(const std::filesystem::path& path) {
   const std::string name = path.string();
   errno = 0;
-  GzHandle f(gzopen(name.c_str(), "rb"));
-  if (!f) {
-    fail(name, "cannot open: " + (errno != 0 ? std::generic_category().message(errno) : std::string("out of memory")));
-  }
-  gzbuffer(f.get(), 256 * 1024);  // the default 8 KiB costs several times more read calls on a 26 MB file
-  // zlib would pass a non-gzip file through unchanged; a .gz name on plain data is a mix-up worth reporting.
-  if (gzdirect(f.get()) == 1) fail(name, "not gzip data (no 1f 8b header), though the name ends in .gz");
+  FileHandle f(std::fopen(name.c_str(), "rb"));
+  if (!f) fail(name, "cannot open: " + std::generic_category().message(errno));
+  std::error_code ec;
+  const std::uintmax_t compressed = std::filesystem::file_size(path, ec);
+  const std::string of_size = ec ? std::string(" of the compressed file") : " of " + std::to_string(compressed) + " compressed bytes";
 
-  std::vector<std::uint8_t> out;
+  Inflater inf;
+  if (inflateInit2(&inf.z, 15 + 16) != Z_OK) fail(name, "cannot start zlib's decompressor: out of memory");  // 15 + 16: a gzip wrapper
+  inflateGetHeader(&inf.z, &inf.head);
+  std::vector<std::uint8_t> in(kGzIn), out;
+  bool eof = false;
+  const auto refill = [&] {
+    const std::size_t n = std::fread(in.data(), 1, in.size(), f.get());
+    if (std::ferror(f.get())) fail(name, "cannot read: " + std::generic_category().message(errno));
+    eof = std::feof(f.get()) != 0;
+    inf.z.next_in = in.data(), inf.z.avail_in = static_cast<uInt>(n);
+  };
+  refill();
+  // zlib would say "incorrect header check"; a .gz name on plain data is the likely mix-up.
+  if (inf.z.avail_in < 2 || in[0] != 0x1f || in[1] != 0x8b) fail(name, "not gzip data (no 1f 8b header), though the name ends in .gz");
+  std::uint64_t consumed = 0;  // compressed bytes inflated so far
   for (;;) {
+    if (inf.z.avail_in == 0 && !eof) refill();
     const std::size_t at = out.size();
     if (at > kIdxMaxFileBytes) {
-      fail(name,
-           "decompresses to more than " + std::to_string(kIdxMaxFileBytes) + " bytes, the largest IDX file accepted");
+      fail(name, "decompresses to more than " + std::to_string(kIdxMaxFileBytes) + " bytes, the largest IDX file accepted");
     }
     out.resize(at + kGzChunk);
-    const int n = gzread(f.get(), out.data() + at, kGzChunk);
-    if (n < 0) {
-      int err = Z_OK;
-      const std::string msg = gz_message(f.get(), name, err);
-      // zlib fails the whole read: the fault lies somewhere in the next kGzChunk decompressed bytes, or in the
-      // stream's CRC and length trailer after them.
-      fail(name, "corrupt gzip stream (" + msg + "), past the first " + std::to_string(at) + " decompressed bytes" +
-                     (msg.find("data check") != std::string::npos ? ": the data does not match its CRC, so the file is damaged" : ""));
+    inf.z.next_out = out.data() + at, inf.z.avail_out = kGzChunk;
+    const uInt before = inf.z.avail_in;
+    const int rc = inflate(&inf.z, Z_NO_FLUSH);
+    out.resize(out.size() - inf.z.avail_out);
+    consumed += before - inf.z.avail_in;
+    if (rc == Z_STREAM_END) {
+      // Another member may follow; anything else after the stream is ignored.
+      if (inf.z.avail_in == 0 && !eof) refill();
+      if (inf.z.avail_in == 0 || inf.z.next_in[0] != 0x1f || (inf.z.avail_in > 1 && inf.z.next_in[1] != 0x8b)) break;
+      inflateReset(&inf.z);
+      inflateGetHeader(&inf.z, &inf.head);
+      continue;
     }
-    out.resize(at + static_cast<std::size_t>(n));
-    if (n == 0) break;
-  }
-  // A stream cut short ends with a short read and Z_BUF_ERROR rather than a negative return.
-  int err = Z_OK;
-  const std::string msg = gz_message(f.get(), name, err);
-  if (err != Z_OK) {
-    fail(name, std::string(err == Z_BUF_ERROR ? "truncated gzip stream" : "gzip error") + " after " +
-                   std::to_string(out.size()) + " decompressed bytes: " + msg);
+    if (rc == Z_OK || (rc == Z_BUF_ERROR && !(eof && inf.z.avail_in == 0))) continue;
+    const std::string where = "at byte " + std::to_string(consumed) + of_size;
+    const std::string why = inf.z.msg != nullptr ? inf.z.msg : zError(rc);
+    const std::string decompressed = std::to_string(out.size()) + " decompressed bytes";
+    if (rc == Z_BUF_ERROR) {
+      fail(name, "truncated gzip stream after " + decompressed + ": unexpected end of file " + where + (inf.head.done == 1 ? "" : ", in the header"));
+    }
+    if (rc == Z_MEM_ERROR) fail(name, "zlib ran out of memory after " + decompressed);
+    if (inf.head.done != 1) fail(name, "corrupt gzip header (" + why + "), found " + where);
+    if (why.find("data check") != std::string::npos || why.find("length check") != std::string::npos) {
+      fail(name, "corrupt gzip stream: the " + decompressed + " do not match its CRC and length in the trailer (" + why + "), checked " + where +
+                     "; the damage lies before that");
+    }
+    fail(name, "corrupt gzip stream (" + why + "), found " + where + " (the damage is there or a little before), after " + decompressed);
   }
   return out;
 }

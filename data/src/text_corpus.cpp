@@ -3,17 +3,25 @@
 
 #include <stealbatch/error.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <system_error>
+#include <utility>
 
 namespace stealbatch {
 
 namespace {
 
-constexpr char kMagic[8] = {'S', 'B', 'T', 'E', 'X', 'T', '0', '1'};
+constexpr char kMagic[8] = {'S', 'B', 'T', 'E', 'X', 'T', '0', '1'};  // the format, then its version
+constexpr std::size_t kFormatBytes = 6;                               // "SBTEXT": a cache of ours, of any version
 
 std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
   const auto* p = static_cast<const std::uint8_t*>(data);
@@ -51,6 +59,12 @@ std::vector<std::filesystem::path> sources(const std::vector<std::filesystem::pa
   std::vector<std::filesystem::path> files;
   for (const auto& root : roots) {
     std::error_code ec;
+    const std::filesystem::file_status st = std::filesystem::status(root, ec);
+    if (!std::filesystem::exists(st)) {
+      throw DataError("text corpus: " + root.string() + " does not exist" + (ec && ec != std::errc::no_such_file_or_directory ? " (" + ec.message() + ")" : "") +
+                      "; expected a folder of Python sources");
+    }
+    if (!std::filesystem::is_directory(st)) throw DataError("text corpus: " + root.string() + " is not a folder; expected a folder of Python sources");
     for (auto it = std::filesystem::recursive_directory_iterator(root, std::filesystem::directory_options::skip_permission_denied, ec);
          !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
       const auto& p = it->path();
@@ -84,45 +98,144 @@ std::uint64_t payload_checksum(const TextCorpus& c) {
   return fnv1a(c.bytes.data(), c.bytes.size(), h);
 }
 
-// The cached corpus when the file matches (options, sources, checksum); false otherwise (a missing, stale or corrupt
-// cache is rebuilt).
-bool read_cache(const std::filesystem::path& path, std::uint64_t fingerprint, const TextCorpusOptions& o, TextCorpus& c) {
+std::string os_reason(int err) { return std::generic_category().message(err); }
+
+// What is at the cache path: nothing (or an empty file: nothing to lose), or a cache of ours to read. A folder, or a
+// file that is not a cache of ours, is refused before anything is read or written, and left as it is.
+enum class CacheFile { kAbsent, kOurs };
+
+CacheFile inspect_cache(const std::filesystem::path& path) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(st)) {
+    if (ec && ec != std::errc::no_such_file_or_directory) throw Error("text corpus: cannot read the cache " + path.string() + ": " + ec.message());
+    return CacheFile::kAbsent;
+  }
+  if (std::filesystem::is_directory(st)) throw ConfigError("cache = '" + path.string() + "' is a folder; name a file (for example " + (path / "pystdlib.corpus").string() + ")");
+  if (!std::filesystem::is_regular_file(st)) throw ConfigError("cache = '" + path.string() + "' is not a regular file; name a file that this cache may replace");
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) throw Error("text corpus: cannot read the cache " + path.string() + ": " + ec.message());
+  if (size == 0) return CacheFile::kAbsent;
+  char magic[kFormatBytes] = {};
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("text corpus: cannot read the cache " + path.string() + ": " + os_reason(errno));
+  if (!in.read(magic, sizeof magic) || std::memcmp(magic, kMagic, sizeof magic) != 0) {
+    throw ConfigError("cache = '" + path.string() + "' is not a text corpus cache (it does not start with " + std::string(kMagic, kFormatBytes) +
+                      "); it is left as it is: name another file, or remove this one");
+  }
+  return CacheFile::kOurs;
+}
+
+// Reads the cache into c when it matches (its version, the options, the sources, its size and its checksum); else
+// returns why not, and c is to be rebuilt. Every count in the header is checked against the file's size before
+// anything is allocated for it.
+std::string read_cache(const std::filesystem::path& path, std::uint64_t fingerprint, std::size_t files, const TextCorpusOptions& o, TextCorpus& c) {
+  std::error_code ec;
+  const std::uint64_t size = std::filesystem::file_size(path, ec);
+  if (ec) return "cannot read its size: " + ec.message();
+  errno = 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "cannot open it: " + os_reason(errno);
   Header h{};
-  if (!in || !in.read(reinterpret_cast<char*>(&h), sizeof h)) return false;
-  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.fingerprint != fingerprint || h.max_len != o.max_len || h.min_len != o.min_len) return false;
-  if (h.documents > (std::uint64_t{1} << 32) || h.bytes > (std::uint64_t{1} << 34)) return false;
+  if (size < sizeof h || !in.read(reinterpret_cast<char*>(&h), sizeof h)) {
+    return std::to_string(size) + " bytes, shorter than its " + std::to_string(sizeof h) + "-byte header";
+  }
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) {
+    return "written by another version (" + std::string(h.magic, sizeof h.magic) + ", this one reads " + std::string(kMagic, sizeof kMagic) + ")";
+  }
+  if (h.fingerprint != fingerprint) return "the sources changed since it was written (their names or sizes)";
+  if (h.max_len != o.max_len || h.min_len != o.min_len) {
+    return "made with max_len " + std::to_string(h.max_len) + " and min_len " + std::to_string(h.min_len) + ", not " + std::to_string(o.max_len) + " and " +
+           std::to_string(o.min_len);
+  }
+  if (h.files != files) return "its header says " + std::to_string(h.files) + " source files, the sources are " + std::to_string(files) + " (a corrupt header)";
+  // Document ids are 32-bit; below 2^32 documents the offsets' size cannot overflow.
+  if (h.documents >= (std::uint64_t{1} << 32)) {
+    return "its header says " + std::to_string(h.documents) + " documents, more than the 2^32 - 1 a corpus holds (a corrupt header)";
+  }
+  const std::uint64_t offsets_bytes = (h.documents + 1) * sizeof(std::uint64_t), room = size - sizeof h;
+  if (h.bytes > room || offsets_bytes > room - h.bytes) {
+    return "its header says " + std::to_string(h.documents) + " documents and " + std::to_string(h.bytes) + " bytes of text, more than the file's " +
+           std::to_string(size) + " bytes hold (a corrupt header, or a file cut short)";
+  }
+  if (offsets_bytes + h.bytes != room) {
+    return "its header says " + std::to_string(h.documents) + " documents and " + std::to_string(h.bytes) + " bytes of text (" +
+           std::to_string(sizeof h + offsets_bytes + h.bytes) + " bytes in all), the file holds " + std::to_string(size) + " bytes (a corrupt header)";
+  }
   c.offsets.resize(h.documents + 1);
   c.bytes.resize(h.bytes);
-  if (!in.read(reinterpret_cast<char*>(c.offsets.data()), static_cast<std::streamsize>(c.offsets.size() * sizeof(std::uint64_t))) ||
+  if (!in.read(reinterpret_cast<char*>(c.offsets.data()), static_cast<std::streamsize>(offsets_bytes)) ||
       !in.read(reinterpret_cast<char*>(c.bytes.data()), static_cast<std::streamsize>(c.bytes.size()))) {
-    return false;
+    return "cannot read all of its " + std::to_string(size) + " bytes";
   }
-  if (in.peek() != std::char_traits<char>::eof() || payload_checksum(c) != h.checksum || c.offsets.front() != 0 || c.offsets.back() != h.bytes) return false;
-  for (std::size_t i = 0; i + 1 < c.offsets.size(); ++i) {
-    if (c.offsets[i] > c.offsets[i + 1]) return false;
+  if (payload_checksum(c) != h.checksum) return "its payload does not match its checksum (the file is damaged)";
+  if (c.offsets.front() != 0 || c.offsets.back() != h.bytes || !std::is_sorted(c.offsets.begin(), c.offsets.end())) {
+    return "its document offsets are out of order (the file is damaged)";
   }
   c.files = h.files;
-  return true;
+  return {};
 }
+
+// A file beside the cache that is written whole, then renamed over it (so that a reader never sees half a file);
+// removed on every path that does not reach the rename.
+class TempBeside {
+ public:
+  explicit TempBeside(const std::filesystem::path& path) : m_path(path) {
+    std::random_device rd;
+    for (int attempt = 0; attempt < 100 && m_fd < 0; ++attempt) {
+      char suffix[16];
+      std::snprintf(suffix, sizeof suffix, ".tmp%08x", static_cast<unsigned>(rd()));
+      m_tmp = path.string() + suffix;
+      m_fd = ::open(m_tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      if (m_fd < 0 && errno != EEXIST) fail("cannot create a file beside it (" + m_tmp + ")");
+    }
+    if (m_fd < 0) fail("cannot create a file beside it (" + m_tmp + ")");
+  }
+  ~TempBeside() {
+    if (m_fd >= 0) ::close(m_fd);
+    if (!m_renamed) ::unlink(m_tmp.c_str());
+  }
+  TempBeside(const TempBeside&) = delete;
+  TempBeside& operator=(const TempBeside&) = delete;
+
+  void write(const void* data, std::size_t n) {
+    for (const auto* p = static_cast<const char*>(data); n > 0;) {
+      const ssize_t w = ::write(m_fd, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) fail("writing " + m_tmp);
+      p += w, n -= static_cast<std::size_t>(w);
+    }
+  }
+  void rename_over() {
+    const int fd = std::exchange(m_fd, -1);
+    if (::close(fd) != 0) fail("writing " + m_tmp);
+    if (::rename(m_tmp.c_str(), m_path.c_str()) != 0) fail("renaming " + m_tmp + " over it");
+    m_renamed = true;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& doing) const {
+    const int err = errno;
+    throw Error("text corpus: cannot write the cache " + m_path.string() + ": " + doing + ": " + os_reason(err));
+  }
+
+  std::filesystem::path m_path;
+  std::string m_tmp;
+  int m_fd = -1;
+  bool m_renamed = false;
+};
 
 void write_cache(const std::filesystem::path& path, std::uint64_t fingerprint, const TextCorpusOptions& o, const TextCorpus& c) {
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   h.fingerprint = fingerprint, h.max_len = o.max_len, h.min_len = o.min_len, h.files = c.files, h.documents = c.size(), h.bytes = c.bytes.size();
   h.checksum = payload_checksum(c);
-  // Written aside and renamed, so a reader never sees half a file.
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(&h), sizeof h);
-    out.write(reinterpret_cast<const char*>(c.offsets.data()), static_cast<std::streamsize>(c.offsets.size() * sizeof(std::uint64_t)));
-    out.write(reinterpret_cast<const char*>(c.bytes.data()), static_cast<std::streamsize>(c.bytes.size()));
-    if (!out) throw DataError("text corpus: cannot write the cache " + tmp.string());
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw DataError("text corpus: cannot write the cache " + path.string() + ": " + ec.message());
+  TempBeside out(path);
+  out.write(&h, sizeof h);
+  out.write(c.offsets.data(), c.offsets.size() * sizeof(std::uint64_t));
+  out.write(c.bytes.data(), c.bytes.size());
+  out.rename_over();
 }
 
 }  // namespace
@@ -154,17 +267,23 @@ TextCorpus load_text_corpus(const TextCorpusOptions& o) {
   if (o.max_len < 16 || o.max_len > (std::size_t{1} << 20)) throw ConfigError("max_len = " + std::to_string(o.max_len) + "; valid range is [16, 1048576]");
   if (o.min_len < 1 || o.min_len > o.max_len) throw ConfigError("min_len = " + std::to_string(o.min_len) + "; valid range is [1, max_len]");
   if (!(o.validation >= 0 && o.validation <= 0.5)) throw ConfigError("validation = " + std::to_string(o.validation) + "; valid range is [0, 0.5]");
+  // A cache path that names something else is refused before the sources are read.
+  const bool cached = !o.cache.empty() && inspect_cache(o.cache) == CacheFile::kOurs;
   const std::vector<std::filesystem::path> roots = o.roots.empty() ? default_roots() : o.roots;
   std::uint64_t fingerprint = 0;
   const std::vector<std::filesystem::path> files = sources(roots, fingerprint);
   if (files.empty()) {
-    throw DataError("text corpus: no .py files under " + (roots.empty() ? std::string("/usr/lib/python3.*") : roots.front().string()) +
-                    " (Debian: apt-get install python3)");
+    if (o.roots.empty()) throw DataError("text corpus: no .py files under /usr/lib/python3.* (Debian: apt-get install python3)");
+    std::string where;
+    for (const auto& r : roots) where += (where.empty() ? "" : ", ") + r.string();
+    throw DataError("text corpus: no .py files under " + where);
   }
   TextCorpus c;
-  if (o.cache.empty() || !(c.from_cache = read_cache(o.cache, fingerprint, o, c))) {
-    c = {};
-    c.offsets.push_back(0);
+  if (cached) c.cache_rebuilt = read_cache(o.cache, fingerprint, files.size(), o, c);
+  c.from_cache = cached && c.cache_rebuilt.empty();
+  if (!c.from_cache) {
+    c.bytes.clear();
+    c.offsets.assign(1, 0);
     for (const auto& f : files) {
       std::ifstream in(f, std::ios::binary);
       if (!in) throw DataError("text corpus: cannot read " + f.string());

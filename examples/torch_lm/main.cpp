@@ -6,7 +6,8 @@
 // machine's measured times at the start), which the packer packs by and stealing cuts its chunks by.
 //
 // --plain trains the same module with plain libtorch (no stealbatch) on the same order; --export writes the run's
-// documents, orders and settings for perf/torch_lm_ref.py (PyTorch DDP on the same work).
+// documents, orders and settings for perf/torch_lm_ref.py (PyTorch DDP on the same work). Either refuses the flags
+// that only the runtime's runs read, before any data is read.
 #include "torch_trainer.hpp"
 
 #include <stealbatch/cores.hpp>
@@ -20,15 +21,23 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
+#include <new>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
+#if defined(STEALBATCH_TORCH_CUDA)
+#include <torch/cuda.h>
+#endif
 
 using namespace stealbatch;
 using namespace stealbatch::examples;
@@ -36,6 +45,117 @@ using namespace stealbatch::examples;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// torch_lm's own flags (the shared ones are TrainerFlags).
+struct LmFlags {
+  std::string order = "grouped", form = "packed", costs = "model";
+  std::string cache;        // empty: no cache
+  std::string export_path;  // empty: train
+  std::size_t validation_docs = 256;
+  bool plain = false;
+  int plain_threads = static_cast<int>(stealbatch::usable_cores());
+};
+
+// What only the runs on stealbatch's runtime read: --plain trains without the runtime and --export ends before any
+// training, so either would drop these unread. --export keeps --devices (the cost fit's threads) and --slowdown
+// (perf/torch_lm_ref.py takes the same one); --plain reads neither, nor --costs.
+constexpr std::array<const char*, 19> kRuntimeFlags = {
+    "--policy",  "--compare", "--compare-policies", "--chunk",      "--endgame",        "--chunk-sizing", "--merge-stolen",
+    "--gpu-wait", "--deterministic", "--json",       "--trace",      "--save",           "--save-every",   "--keep",
+    "--save-overwrite", "--resume", "--stop-after",  "--stall-timeout", "--heartbeat-timeout"};
+constexpr std::array<const char*, 3> kPlainAlsoDrops = {"--devices", "--slowdown", "--costs"};
+
+// A path flag given "" would be silently ignored: refused, as --save's is.
+void check_not_empty(const CLI::App& app, const char* flag, const std::string& value, const char* expected) {
+  if (app.count(flag) > 0 && value.empty()) throw ConfigError(std::string(flag + 2) + " = '': an empty path; name " + expected);
+}
+
+// An output file that cannot be written is found now, not after loading and fitting: opened for appending, and
+// removed again when it was not there.
+void check_writable(const char* flag, const std::string& path) {
+  const std::string name = std::string(flag + 2) + " = '" + path + "'";
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw ConfigError(name + " is a folder; name a file");
+  const bool existed = std::filesystem::exists(path, ec);
+  errno = 0;
+  if (!std::ofstream(path, std::ios::app)) {
+    throw ConfigError(name + (existed ? ": cannot open it for writing: " : ": cannot create it: ") + std::generic_category().message(errno));
+  }
+  if (!existed) std::filesystem::remove(path, ec);
+}
+
+// Refuses, before any data is read: flags that the mode would drop unread, path flags that cannot work, and GPU
+// devices that this build's libtorch cannot run the model on.
+void check_flags(const CLI::App& app, const TrainerFlags& f, const LmFlags& lf) {
+  const bool exporting = !lf.export_path.empty() || app.count("--export") > 0;
+  if (lf.plain && exporting) throw ConfigError("--plain with --export: --export writes the run and exits before any training; drop one of the two");
+  if (!lf.plain && app.count("--plain-threads") > 0) throw ConfigError("--plain-threads without --plain: only --plain's training reads it");
+  const auto refuse = [&](const char* flag, const char* mode, const std::string& why) {
+    if (app.count(flag) > 0) throw ConfigError(std::string(flag) + " with " + mode + ": " + why + "; drop one of the two");
+  };
+  for (const char* flag : kRuntimeFlags) {
+    if (lf.plain) refuse(flag, "--plain", std::string("--plain trains with plain libtorch, without stealbatch's runtime, and only the runtime's runs read ") + flag);
+    if (exporting) refuse(flag, "--export", std::string("--export writes the run's documents and settings and exits before any training, so nothing reads ") + flag);
+  }
+  if (lf.plain) {
+    for (const char* flag : kPlainAlsoDrops) {
+      refuse(flag, "--plain", std::string("--plain trains in one process on --plain-threads threads, with no devices, slowdowns or costs, so nothing reads ") + flag);
+    }
+  }
+  if ((lf.plain || exporting) && f.optimizer != "adam") {
+    throw ConfigError("--optimizer " + f.optimizer + " with " + (lf.plain ? "--plain" : "--export") +
+                      ": plain libtorch and perf/torch_lm_ref.py train with Adam; drop --optimizer");
+  }
+  // Deterministic mode cuts its cells by the costs, so they must not depend on timing.
+  if (f.deterministic && lf.costs == "model") {
+    throw ConfigError("--costs model with --deterministic: the model's costs are fitted to measured times, which differ from run to run, "
+                      "and deterministic cells are cut by the costs; use --costs tokens (the default with --deterministic)");
+  }
+
+  check_not_empty(app, "--data", f.data, "a folder of Python sources, or auto");
+  check_not_empty(app, "--cache", lf.cache, "a file");
+  check_not_empty(app, "--export", lf.export_path, "a file");
+  if (!lf.export_path.empty()) check_writable("--export", lf.export_path);
+  // A cache that is there is checked by load_text_corpus (a folder, or a file that is not a cache, is refused); one
+  // that is not must be creatable.
+  std::error_code ec;
+  if (!lf.cache.empty() && (std::filesystem::is_directory(lf.cache, ec) || !std::filesystem::exists(lf.cache, ec))) check_writable("--cache", lf.cache);
+
+  const DeviceSpec spec = parse_device_spec(f.devices);
+  if (spec.kind == DeviceKind::kCuda || spec.kind == DeviceKind::kVgpu) {
+#if defined(STEALBATCH_TORCH_CUDA)
+    if (!::torch::cuda::is_available()) {
+      throw ConfigError("devices = '" + f.devices + "': libtorch finds no CUDA device here (torch::cuda::is_available() is false); use --devices cpu:N");
+    }
+#else
+    throw ConfigError("devices = '" + f.devices + "': this torch_lm's libtorch is CPU-only (libtorch " TORCH_VERSION
+                      " without CUDA), so its model runs on cpu: devices only; use --devices cpu:N, or build torch_lm against a CUDA "
+                      "libtorch (PyTorch's, through torch.utils.cmake_prefix_path)");
+#endif
+  }
+}
+
+// libtorch's message for an allocation that failed, in e or in the exception nested in it (a chunk's, carried by a
+// ChunkError), without libtorch's stack trace; empty when e is no such failure.
+std::string allocation_failure(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) return "std::bad_alloc";
+  if (const auto* t = dynamic_cast<const c10::Error*>(&e)) {
+    std::string msg = t->what_without_backtrace();
+    const bool oom = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr || msg.find("can't allocate memory") != std::string::npos ||
+                     msg.find("out of memory") != std::string::npos || msg.find("not enough memory") != std::string::npos;
+    if (!oom) return {};
+    msg = msg.substr(0, msg.find('\n'));
+    if (const std::size_t at = msg.find("DefaultCPUAllocator"); at != std::string::npos) msg.erase(0, at);  // past "[enforce fail at ...] err == 0. "
+    return msg;
+  }
+  try {
+    std::rethrow_if_nested(e);
+  } catch (const std::exception& inner) {
+    return allocation_failure(inner);
+  } catch (...) {
+  }
+  return {};
+}
 
 // The training documents (the first --limit of the training split in a seeded shuffle, so a limit samples the whole
 // library) and the held-out ones evaluated, as spans into the corpus.
@@ -58,6 +178,11 @@ LmData load_data(const TrainerFlags& f, std::size_t max_len, std::size_t validat
   const std::size_t v = std::min(validation_docs, d.corpus.validation.size());
   d.validation.assign(d.corpus.validation.begin(), d.corpus.validation.begin() + static_cast<std::ptrdiff_t>(v));
   if (d.train.empty()) throw DataError("data = '" + f.data + "': no training documents");
+  if (d.validation.empty()) {
+    throw DataError("data = '" + f.data + "': none of its " + std::to_string(d.corpus.size()) +
+                    " documents is held out (the split by content holds out about 1 in 20), so there is nothing to measure validation bits per "
+                    "byte on; give --data more sources");
+  }
   return d;
 }
 
@@ -136,7 +261,7 @@ double bits_per_byte(TorchLmImpl& net, const LmData& d, libtorch::SequenceForm f
     nats += next_byte_loss(net.forward(s), s).item<double>();
     predicted += static_cast<double>(s.token_count() - static_cast<std::int64_t>(ids.size()));  // a document's first byte is not predicted
   }
-  return predicted > 0 ? nats / std::log(2.0) / predicted : 0;
+  return predicted > 0 ? nats / std::log(2.0) / predicted : std::numeric_limits<double>::quiet_NaN();  // none: not a figure
 }
 
 // The bar a model must clearly beat: a unigram model of the training documents' bytes (add-one smoothed), in bits
@@ -153,7 +278,7 @@ double unigram_bits_per_byte(const LmData& d) {
     const auto doc = d.corpus.document(v);
     for (std::size_t t = 1; t < doc.size(); ++t) bits -= std::log2(count[doc[t]] / total), ++n;
   }
-  return n > 0 ? bits / n : 0;
+  return n > 0 ? bits / n : std::numeric_limits<double>::quiet_NaN();
 }
 
 // The same module, order, batch and schedule with plain libtorch: one process, torch's own threads, one forward and
@@ -219,34 +344,131 @@ void export_run(const std::string& path, const TrainerFlags& f, const TorchLmOpt
   if (!(out << j.dump() << "\n")) throw Error("cannot write --export file '" + path + "'");
 }
 
+// Loads the data, builds the model and fits the costs, then exports, trains with plain libtorch or trains on the
+// runtime. `phase` says what it is doing, for a failure's message.
+void run_lm(const TrainerFlags& f, const TorchLmOptions& lm, const LmFlags& lf, const char*& phase) {
+  const bool grouped = lf.order == "grouped";
+  const libtorch::SequenceForm seq_form = lf.form == "packed" ? libtorch::SequenceForm::kPacked : libtorch::SequenceForm::kPadded;
+  phase = "reading the corpus";
+  const auto t_load = Clock::now();
+  const LmData data = load_data(f, static_cast<std::size_t>(lm.max_len), lf.validation_docs, lf.cache);
+  if (!data.corpus.cache_rebuilt.empty()) std::printf("# corpus cache %s rebuilt: %s\n", lf.cache.c_str(), data.corpus.cache_rebuilt.c_str());
+  std::vector<double> lens;
+  double tokens = 0;
+  for (std::uint32_t i = 0; i < data.train.size(); ++i) lens.push_back(static_cast<double>(data.length(i))), tokens += lens.back();
+  std::sort(lens.begin(), lens.end());
+  const auto pct = [&](double p) { return lens[static_cast<std::size_t>(p * static_cast<double>(lens.size() - 1))]; };
+  std::printf("# torch_lm: %zu training documents (%.0f bytes; length p10 %.0f, p50 %.0f, p90 %.0f, max %.0f) of %zu, %zu held out evaluated; "
+              "%s from %zu files in %.1f s; libtorch %s\n",
+              data.train.size(), tokens, pct(0.1), pct(0.5), pct(0.9), lens.back(), data.corpus.train.size(), data.validation.size(),
+              data.corpus.from_cache ? "cached" : "read", data.corpus.files, std::chrono::duration<double>(Clock::now() - t_load).count(), TORCH_VERSION);
+  std::printf("# model: width %lld, %lld layers, %lld heads, max length %lld; order %s, form %s; %s\n", static_cast<long long>(lm.width),
+              static_cast<long long>(lm.layers), static_cast<long long>(lm.heads), static_cast<long long>(lm.max_len), lf.order.c_str(), lf.form.c_str(),
+              describe_configuration(f).c_str());
+
+  // The cores shared among this process's devices, and among the ranks on this node under mpirun (Open MPI and
+  // MPICH say how many share it).
+  const std::size_t device_count = parse_device_spec(f.devices).count;
+  std::size_t local_ranks = 1;
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    if (const char* v = std::getenv(var); v != nullptr && std::atoi(v) > 0) local_ranks = static_cast<std::size_t>(std::atoi(v));
+  }
+  const int threads = std::max(1, static_cast<int>(stealbatch::usable_cores() / std::max<std::size_t>(1, device_count * local_ranks)));
+  phase = "building the model";
+  ::torch::manual_seed(f.seed);
+  const std::function<std::shared_ptr<TorchLmImpl>()> make = [lm] { return std::make_shared<TorchLmImpl>(lm); };
+  auto first = make();
+  const ParameterLayout layout = libtorch::layout_of(*first);
+  const std::vector<float> initial = libtorch::values_of(*first);
+
+  CostFit fit;  // costs tokens: b = e = 0, the cost is L
+  if (lf.costs == "model" && !lf.plain) {  // --plain gives no costs to anything
+    phase = "fitting the document cost";
+    fit = fit_document_cost(*first, lm.max_len, threads, seq_form);
+    // Every rank gives the same costs (the runtime checks it at each step): the ranks' fits, averaged alike on each.
+    std::array<double, 3> abe{fit.a, fit.b, fit.e};
+    const std::size_t ranks = mean_over_ranks(abe);
+    fit.a = abe[0], fit.b = abe[1], fit.e = abe[2];
+    std::printf("# document cost: b L + e L^2 (c = b/e = %.0f): one document's forward and backward on %d thread(s) took %.2f ms + %.3f us L + %.5f us L^2%s\n",
+                fit.c(), threads, fit.a * 1e3, fit.b * 1e6, fit.e * 1e6, ranks > 1 ? (" (the mean of " + std::to_string(ranks) + " ranks' fits)").c_str() : "");
+  }
+  const double c = fit.c();
+  std::printf("# unigram model on the same split: %.4f bits/byte\n", unigram_bits_per_byte(data));
+  if (!lf.export_path.empty()) {
+    phase = "writing --export";
+    export_run(lf.export_path, f, lm, data, grouped, lf.form, c);
+    std::printf("# wrote %s\n", lf.export_path.c_str());
+    return;
+  }
+  phase = "training";
+  if (lf.plain) return train_plain_lm(f, lm, data, grouped, seq_form, lf.plain_threads, initial, layout);
+
+  // A call builds its documents' Sequences once: the input function (called first, on the device's thread) keeps
+  // them for the loss, which the adapter calls next in the same call on the same thread. Nothing is reused across
+  // calls, whose sample spans may lie at the same address with other contents (a packed batch's order, say).
+  const auto of = [&data](std::uint32_t i) { return data.doc(i); };
+  struct Inputs {
+    static libtorch::Sequences& last() {
+      thread_local libtorch::Sequences s;
+      return s;
+    }
+  };
+  TrainerModel tm;
+  tm.layout = &layout;
+  tm.initial = initial;
+  tm.chunk_function = [make, of, seq_form, threads](std::size_t devices, int one) -> ChunkFunction {
+    auto chunks = std::make_shared<libtorch::ModuleChunks<TorchLmImpl, libtorch::Sequences>>(
+        make, devices,
+        [of, seq_form](std::span<const std::uint32_t> s) {
+          return Inputs::last() = libtorch::make_sequences(s, of, seq_form, libtorch::SequenceMask::kNone);
+        },
+        [](const ::torch::Tensor& out, std::span<const std::uint32_t>) { return next_byte_loss(out, libtorch::to_device(Inputs::last(), out.device())); },
+        one > 0 ? one : threads);
+    ChunkFunction fn = chunks->function();
+    return [chunks, fn](ChunkContext& ctx) { fn(ctx); };
+  };
+#if defined(STEALBATCH_TORCH_CUDA)
+  tm.chunk_function_on_gpus = true;
+#endif
+  tm.sample_cost = [&data, fit](std::uint32_t i) { return fit.cost(static_cast<double>(data.length(i))); };
+  tm.sample_units = [&data](std::uint32_t i) { return static_cast<double>(data.length(i)); };
+  tm.units = "tokens";
+  tm.order = [&data, &f, grouped](std::size_t epoch) { return lm_order(data, f, grouped, epoch); };
+  tm.metric = "validation bits/byte";
+  tm.test_accuracy = [first, &layout, &data, seq_form](std::span<const float> params) {
+    std::vector<float> scratch(layout.size());
+    libtorch::bind_module(*first, layout, params, scratch);
+    return bits_per_byte(*first, data, seq_form);
+  };
+  // The trainer's loop counts samples: the documents, by position in data.train.
+  const DenseData documents{data.train.size(), 0, {}, {}};
+  report(f, train_policies(f, tm, documents));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   TrainerFlags f{.data = "auto", .devices = "cpu:2", .epochs = 3, .batch = 64, .limit = 1024, .lr = 0.002f, .optimizer = "adam",
                  .compare_policies = "static,packer,steal-nocosts,steal"};
   TorchLmOptions lm{.width = 128, .layers = 2, .heads = 4, .max_len = 512};
-  std::string order = "grouped", form = "packed", costs = "model", cache;
-  std::size_t validation_docs = 256;
-  bool plain = false;
-  int plain_threads = static_cast<int>(stealbatch::usable_cores());
-  std::string export_path;
+  LmFlags lf;
   CLI::App app{"torch_lm: train a byte-level causal transformer on the Python standard library's sources on stealbatch (the libtorch adapter)"};
   add_trainer_options(app, f, [&](CLI::App& a) {
     a.add_option("--max-len", lm.max_len, "bytes per document at most (longer ones are cut); also the model's positions")->check(CLI::Range(16, 8192))->capture_default_str();
-    a.add_option("--order", order, "shuffled, or grouped: each batch sorted by length, longest first (a length-grouped sampler's order)")
+    a.add_option("--order", lf.order, "shuffled, or grouped: each batch sorted by length, longest first (a length-grouped sampler's order)")
         ->check(CLI::IsMember({"shuffled", "grouped"}))->capture_default_str();
-    a.add_option("--costs", costs, "each document's cost given with a step: model (b L + e L^2, fitted to measured times at the start) or tokens (L)")
+    a.add_option("--costs", lf.costs, "each document's cost given with a step: model (b L + e L^2, fitted to measured times at the start) or tokens (L)")
         ->check(CLI::IsMember({"model", "tokens"}))->capture_default_str();
-    a.add_option("--form", form, "a chunk's documents: packed (end to end, attention within each document) or padded (rows padded to the longest)")
+    a.add_option("--form", lf.form, "a chunk's documents: packed (end to end, attention within each document) or padded (rows padded to the longest)")
         ->check(CLI::IsMember({"packed", "padded"}))->capture_default_str();
     a.add_option("--width", lm.width, "model width")->check(CLI::Range(8, 4096))->capture_default_str();
     a.add_option("--layers", lm.layers, "transformer blocks")->check(CLI::Range(1, 64))->capture_default_str();
     a.add_option("--heads", lm.heads, "attention heads (a divisor of --width)")->check(CLI::Range(1, 256))->capture_default_str();
-    a.add_option("--validation-docs", validation_docs, "held-out documents evaluated at the end (bits per byte)")->check(CLI::Range(1, 1000000))->capture_default_str();
-    a.add_option("--cache", cache, "the corpus cache file (default: none, the sources are read each run)");
-    a.add_flag("--plain", plain, "train with plain libtorch instead (no stealbatch), for comparison");
-    a.add_option("--plain-threads", plain_threads, "--plain: torch's intra-op threads")->check(CLI::Range(1, 256))->capture_default_str();
-    a.add_option("--export", export_path, "write the run's documents, orders and settings as JSON for perf/torch_lm_ref.py, and exit");
+    a.add_option("--validation-docs", lf.validation_docs, "held-out documents evaluated at the end (bits per byte)")->check(CLI::Range(1, 1000000))->capture_default_str();
+    a.add_option("--cache", lf.cache, "the corpus cache file (default: none, the sources are read each run); a file there that is not one is never replaced");
+    a.add_flag("--plain", lf.plain, "train with plain libtorch instead (no stealbatch), for comparison");
+    a.add_option("--plain-threads", lf.plain_threads, "--plain: torch's intra-op threads")->check(CLI::Range(1, 256))->capture_default_str();
+    a.add_option("--export", lf.export_path, "write the run's documents, orders and settings as JSON for perf/torch_lm_ref.py, and exit");
   });
   app.get_option("--data")->description("a folder of Python sources, or auto: every /usr/lib/python3.N");
   app.get_option("--limit")->description("train on N documents, a seeded sample of the training split (0 = all)");
@@ -254,104 +476,23 @@ int main(int argc, char** argv) {
   app.get_option("--chunk")->description("chunk budget in documents of the batch's mean cost, 1 to 1048576; auto: sized from each device's measured time per call");
   if (const int rc = parse_command_line("torch_lm", app, f, argc, argv); rc >= 0) return rc;
   // Deterministic mode cuts its cells by the costs, so they must not depend on timing: the token counts.
-  if (f.deterministic && app.count("--costs") == 0) costs = "tokens";
-  if (f.deterministic && costs == "model") {
-    std::fprintf(stderr, "torch_lm: --costs model with --deterministic: the model's costs are fitted to measured times, which differ from run to run, "
-                         "and deterministic cells are cut by the costs; use --costs tokens (the default with --deterministic)\n");
-    return 2;
-  }
+  if (f.deterministic && app.count("--costs") == 0) lf.costs = "tokens";
 
   return run_reporting_errors("torch_lm", [&] {
+    check_flags(app, f, lf);
     if (lm.width % lm.heads != 0) throw ConfigError("heads = " + std::to_string(lm.heads) + ": not a divisor of --width " + std::to_string(lm.width));
-    const bool grouped = order == "grouped";
-    const libtorch::SequenceForm seq_form = form == "packed" ? libtorch::SequenceForm::kPacked : libtorch::SequenceForm::kPadded;
-    const auto t_load = Clock::now();
-    const LmData data = load_data(f, static_cast<std::size_t>(lm.max_len), validation_docs, cache);
-    std::vector<double> lens;
-    double tokens = 0;
-    for (std::uint32_t i = 0; i < data.train.size(); ++i) lens.push_back(static_cast<double>(data.length(i))), tokens += lens.back();
-    std::sort(lens.begin(), lens.end());
-    const auto pct = [&](double p) { return lens[static_cast<std::size_t>(p * static_cast<double>(lens.size() - 1))]; };
-    std::printf("# torch_lm: %zu training documents (%.0f bytes; length p10 %.0f, p50 %.0f, p90 %.0f, max %.0f) of %zu, %zu held out evaluated; "
-                "%s from %zu files in %.1f s; libtorch %s\n",
-                data.train.size(), tokens, pct(0.1), pct(0.5), pct(0.9), lens.back(), data.corpus.train.size(), data.validation.size(),
-                data.corpus.from_cache ? "cached" : "read", data.corpus.files, std::chrono::duration<double>(Clock::now() - t_load).count(), TORCH_VERSION);
-    std::printf("# model: width %lld, %lld layers, %lld heads, max length %lld; order %s, form %s; %s\n", static_cast<long long>(lm.width),
-                static_cast<long long>(lm.layers), static_cast<long long>(lm.heads), static_cast<long long>(lm.max_len), order.c_str(), form.c_str(),
-                describe_configuration(f).c_str());
-
-    // The cores shared among this process's devices, and among the ranks on this node under mpirun (Open MPI and
-    // MPICH say how many share it).
-    const std::size_t device_count = parse_device_spec(f.devices).count;
-    std::size_t local_ranks = 1;
-    for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
-      if (const char* v = std::getenv(var); v != nullptr && std::atoi(v) > 0) local_ranks = static_cast<std::size_t>(std::atoi(v));
-    }
-    const int threads = std::max(1, static_cast<int>(stealbatch::usable_cores() / std::max<std::size_t>(1, device_count * local_ranks)));
-    ::torch::manual_seed(f.seed);
-    const std::function<std::shared_ptr<TorchLmImpl>()> make = [lm] { return std::make_shared<TorchLmImpl>(lm); };
-    auto first = make();
-    const ParameterLayout layout = libtorch::layout_of(*first);
-    const std::vector<float> initial = libtorch::values_of(*first);
-
-    CostFit fit;  // costs tokens: b = e = 0, the cost is L
-    if (costs == "model") {
-      fit = fit_document_cost(*first, lm.max_len, threads, seq_form);
-      // Every rank gives the same costs (the runtime checks it at each step): the ranks' fits, averaged alike on each.
-      std::array<double, 3> abe{fit.a, fit.b, fit.e};
-      const std::size_t ranks = mean_over_ranks(abe);
-      fit.a = abe[0], fit.b = abe[1], fit.e = abe[2];
-      std::printf("# document cost: b L + e L^2 (c = b/e = %.0f): one document's forward and backward on %d thread(s) took %.2f ms + %.3f us L + %.5f us L^2%s\n",
-                  fit.c(), threads, fit.a * 1e3, fit.b * 1e6, fit.e * 1e6, ranks > 1 ? (" (the mean of " + std::to_string(ranks) + " ranks' fits)").c_str() : "");
-    }
-    const double c = fit.c();
-    std::printf("# unigram model on the same split: %.4f bits/byte\n", unigram_bits_per_byte(data));
-    if (!export_path.empty()) {
-      export_run(export_path, f, lm, data, grouped, form, c);
-      std::printf("# wrote %s\n", export_path.c_str());
-      return;
-    }
-    if (plain) return train_plain_lm(f, lm, data, grouped, seq_form, plain_threads, initial, layout);
-
-    // A call builds its documents' Sequences once: the input function (called first, on the device's thread) keeps
-    // them for the loss, which the adapter calls next in the same call on the same thread. Nothing is reused across
-    // calls, whose sample spans may lie at the same address with other contents (a packed batch's order, say).
-    const auto of = [&data](std::uint32_t i) { return data.doc(i); };
-    struct Inputs {
-      static libtorch::Sequences& last() {
-        thread_local libtorch::Sequences s;
-        return s;
+    const char* phase = "starting";
+    try {
+      run_lm(f, lm, lf, phase);
+    } catch (const std::exception& e) {
+      // One line for what ran out and what to lower, not libtorch's stack trace (exit 1).
+      if (const std::string what = allocation_failure(e); !what.empty()) {
+        throw Error("out of memory while " + std::string(phase) + " (" + what + ") with --batch " + std::to_string(f.batch) + ", --max-len " +
+                    std::to_string(lm.max_len) + ", --width " + std::to_string(lm.width) + ", --layers " + std::to_string(lm.layers) + ", --chunk " +
+                    f.chunk + ": lower one of them");
       }
-    };
-    TrainerModel tm;
-    tm.layout = &layout;
-    tm.initial = initial;
-    tm.chunk_function = [make, of, seq_form, threads](std::size_t devices, int one) -> ChunkFunction {
-      auto chunks = std::make_shared<libtorch::ModuleChunks<TorchLmImpl, libtorch::Sequences>>(
-          make, devices,
-          [of, seq_form](std::span<const std::uint32_t> s) {
-            return Inputs::last() = libtorch::make_sequences(s, of, seq_form, libtorch::SequenceMask::kNone);
-          },
-          [](const ::torch::Tensor& out, std::span<const std::uint32_t>) { return next_byte_loss(out, libtorch::to_device(Inputs::last(), out.device())); },
-          one > 0 ? one : threads);
-      ChunkFunction fn = chunks->function();
-      return [chunks, fn](ChunkContext& ctx) { fn(ctx); };
-    };
-#if defined(STEALBATCH_TORCH_CUDA)
-    tm.chunk_function_on_gpus = true;
-#endif
-    tm.sample_cost = [&data, fit](std::uint32_t i) { return fit.cost(static_cast<double>(data.length(i))); };
-    tm.sample_units = [&data](std::uint32_t i) { return static_cast<double>(data.length(i)); };
-    tm.units = "tokens";
-    tm.order = [&data, &f, grouped](std::size_t epoch) { return lm_order(data, f, grouped, epoch); };
-    tm.metric = "validation bits/byte";
-    tm.test_accuracy = [first, &layout, &data, seq_form](std::span<const float> params) {
-      std::vector<float> scratch(layout.size());
-      libtorch::bind_module(*first, layout, params, scratch);
-      return bits_per_byte(*first, data, seq_form);
-    };
-    // The trainer's loop counts samples: the documents, by position in data.train.
-    const DenseData documents{data.train.size(), 0, {}, {}};
-    report(f, train_policies(f, tm, documents));
+      if (const auto* t = dynamic_cast<const c10::Error*>(&e)) throw Error(std::string("libtorch: ") + t->what_without_backtrace());
+      throw;
+    }
   });
 }

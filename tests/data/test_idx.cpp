@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <tuple>
 #include <vector>
 
 using namespace stealbatch;
@@ -233,6 +234,67 @@ TEST_CASE("Idx.TruncatedGzip") {
   const std::string plain_msg = data_error_of([&] { read_idx_images(gz); });
   CHECK(contains(plain_msg, gz.string()));
   CHECK(contains(plain_msg, "not gzip data"));
+}
+
+// Where a .gz file is damaged, in its compressed bytes (a decompressor finds a fault a few bytes after it at most), and
+// what: its header or its data.
+TEST_CASE("Idx.CorruptGzipSaysWhereAndWhat") {
+  TempDir dir;
+  const fs::path gz = dir / "train-images-idx3-ubyte.gz";
+  write_gz(gz, images_file(10, 28, 28, image_pixels(10 * 28 * 28)));
+  const Bytes whole = read_raw(gz);
+  REQUIRE(whole.size() > 1000);
+  const std::string size = std::to_string(whole.size());
+  // The byte offset in "at byte N of", or -1.
+  const auto at_byte = [](const std::string& msg) -> long long {
+    const std::size_t at = msg.find("at byte ");
+    return at == std::string::npos ? -1 : std::stoll(msg.substr(at + 8));
+  };
+
+  // The header: an unknown compression method (byte 2), then reserved flag bits (byte 3).
+  for (const auto& [offset, value, what] : {std::tuple{2, 7, "unknown compression method"}, std::tuple{3, 0xe0, "unknown header flags set"}}) {
+    CAPTURE(offset);
+    Bytes bad = whole;
+    bad[static_cast<std::size_t>(offset)] = static_cast<std::uint8_t>(value);
+    write_plain(gz, bad);
+    const std::string msg = data_error_of([&] { read_idx_images(gz); });
+    CHECK(contains(msg, gz.string()));
+    CHECK(contains(msg, "corrupt gzip header"));
+    CHECK(contains(msg, what));
+    CHECK(contains(msg, "of " + size + " compressed bytes"));
+    CHECK(at_byte(msg) >= offset);
+    CHECK(at_byte(msg) <= 10);  // within the 10-byte fixed header
+    CHECK_FALSE(contains(msg, "decompressed bytes"));  // nothing was decompressed
+  }
+
+  // The deflate data, half way: found there, not at byte 0.
+  Bytes flipped = whole;
+  const std::size_t half = whole.size() / 2;
+  flipped[half] ^= 0xff;
+  write_plain(gz, flipped);
+  const std::string msg = data_error_of([&] { read_idx_images(gz); });
+  CHECK(contains(msg, gz.string()));
+  CHECK(contains(msg, "corrupt gzip"));
+  CHECK_FALSE(contains(msg, "past the first 0"));
+  CHECK(at_byte(msg) > static_cast<long long>(half));
+  CHECK(at_byte(msg) <= static_cast<long long>(whole.size()));
+
+  // The CRC in the trailer: every byte decompresses, and the check at the end fails.
+  Bytes crc = whole;
+  crc[whole.size() - 8] ^= 0xff;
+  write_plain(gz, crc);
+  const std::string crc_msg = data_error_of([&] { read_idx_images(gz); });
+  CHECK(contains(crc_msg, "the " + std::to_string(16 + 10 * 28 * 28) + " decompressed bytes do not match its CRC"));
+  CHECK(at_byte(crc_msg) > static_cast<long long>(whole.size()) - 8);
+
+  // Two members end to end decompress as one (gzip's concatenation), as zlib's own reader does.
+  Bytes two = whole;
+  two.insert(two.end(), whole.begin(), whole.end());
+  write_plain(gz, two);
+  Bytes expect = images_file(10, 28, 28, image_pixels(10 * 28 * 28));
+  const Bytes once = expect;
+  expect.insert(expect.end(), once.begin(), once.end());
+  CHECK(read_file_maybe_gzip(gz) == expect);
 }
 
 TEST_CASE("Idx.TruncatedPayload") {

@@ -53,7 +53,8 @@ struct Dataset {
 };
 
 // The whole file, decompressed when its name ends in ".gz" (a .gz file that is not gzip is an error, as is a
-// truncated or corrupt stream). Throws DataError naming the file.
+// truncated or corrupt stream; gzip members end to end read as one). Throws DataError naming the file and, for a
+// damaged stream, whether its header, its data or its CRC failed and at which compressed byte that was found.
 std::vector<std::uint8_t> read_file_maybe_gzip(const std::filesystem::path& path);
 
 // Parse decompressed IDX bytes. `name` only labels the error messages (a path, or "<fuzz input>"). The header must

@@ -5,8 +5,9 @@
 // blank-only ones dropped.
 //
 // The split is by each document's content (a 64-bit FNV-1a hash), so it does not depend on file order or on which
-// files exist. The documents are read once into a cache file that is checked (magic, version, the sources' fingerprint
-// and a checksum of its payload) and rebuilt whenever it does not match.
+// files exist. The documents are read once into a cache file that is checked (magic, version, the sources' fingerprint,
+// its header's counts against its size, and a checksum of its payload) and rebuilt whenever it does not match; a file
+// there that is not such a cache is never replaced.
 //
 //   const TextCorpus c = load_text_corpus({.cache = "build/pystdlib.corpus"});
 //   std::span<const std::uint8_t> doc = c.document(c.train[0]);
@@ -35,6 +36,7 @@ struct TextCorpus {
   std::vector<std::uint32_t> train, validation;  // document ids, in document order
   std::size_t files = 0;               // source files read
   bool from_cache = false;             // read from the cache file rather than the sources
+  std::string cache_rebuilt;           // why the cache file there was not used and was rebuilt; empty when it was used or absent
   std::size_t size() const noexcept { return offsets.empty() ? 0 : offsets.size() - 1; }
   std::span<const std::uint8_t> document(std::uint32_t i) const {
     return std::span<const std::uint8_t>(bytes).subspan(offsets.at(i), offsets.at(i + 1) - offsets[i]);
@@ -42,8 +44,12 @@ struct TextCorpus {
   std::size_t length(std::uint32_t i) const { return offsets.at(i + 1) - offsets.at(i); }
 };
 
-// Reads (or rebuilds and caches) the corpus. Throws DataError naming the problem: no sources found, a source that
-// cannot be read, a cache that cannot be written, options out of range (ConfigError).
+// Reads (or rebuilds and caches) the corpus. Throws, naming the path and the problem:
+//   DataError: a root that does not exist or is not a folder, no sources found, a source that cannot be read;
+//   ConfigError: options out of range, or a cache path that names a folder or a file that is not a corpus cache
+//     (refused before anything is read, the file left as it was; an empty file counts as no cache);
+//   Error: a cache that cannot be read or written, with the OS's reason. The cache is written to a temporary file
+//     beside it and renamed over it; no temporary file is left behind when that fails.
 TextCorpus load_text_corpus(const TextCorpusOptions& options);
 
 // One source file's documents, cut as above (exposed for tests).
