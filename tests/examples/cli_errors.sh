@@ -67,7 +67,7 @@ small=("${base[@]}" --epochs 1 --devices cpu:2)
 expect 3 "test images are 27x27, the training images 28x28" -- "$mlp" --data "$work/test27" --epochs 1 --devices cpu:2
 expect 3 "test images are 29x28" -- "$mlp" --data "$work/test29" --epochs 1 --devices cpu:2
 expect 3 "test images are 27x27" -- "$cnn" --data "$work/test27" --epochs 1 --devices cpu:2
-expect 3 "does not match its CRC" -- "$mlp" --data "$work/badcrc" --epochs 1 --devices cpu:2
+expect 3 "do not match its CRC" -- "$mlp" --data "$work/badcrc" --epochs 1 --devices cpu:2
 # Usage errors exit 2, whatever CLI11's own code.
 expect 2 "bogus" -- "$mlp" --bogus
 expect 2 "epochs" -- "$mlp" --epochs abc
