@@ -3,9 +3,12 @@
 PyTorch is a measuring peer: install it by hand (pip, in a virtual environment outside the repository); nothing
 in the build or the tests needs it.
 
-  torch_ref.py gpu --data DIR --json F        one GPU: MLP and CNN samples/s at batch 256, fp32 (TF32 off), SGD,
-                                              each step's batch gathered on the host and copied, as gpu_check does;
-                                              and a variant with the data resident on the GPU
+  torch_ref.py gpu --data DIR --json F        one GPU, fp32 (TF32 off), SGD: the MLP and the CNN at batch 256 and
+                                              the wide MLP (784-2048-2048-10) at batch 16384, each step run by
+                                              every peer below; samples/s of each, and the best one named
+  torch_ref.py gpu --device cpu --peers eager,compile --models mlp --steps 5
+                                              the same code on the CPU, to try it where there is no GPU (its figures
+                                              are not the device check's)
   torch_ref.py cpu --model mlp --threads 2    one process, N intra-op threads, --epochs epochs, Adam; the
                                               examples' epoch order (examples::epoch_order)
   torch_ref.py ddp --model mlp --procs 4 --slowdown 6.6,6.6,1,1
@@ -19,14 +22,36 @@ in the build or the tests needs it.
 
 cpu and ddp print one line per epoch and write --json with the epoch times, samples/s (all epochs but the first)
 and the test accuracy.
+
+gpu mode's peers (--peers, default all on cuda) are the ways a careful PyTorch user runs one training step:
+  eager_host  eager, each batch gathered on the host, pinned and copied (gpu_check's host staging);
+  eager       eager, the data set resident on the GPU, each batch gathered there by index;
+  graph       the whole step, gather and optimizer included, captured once in one CUDA graph and replayed (PyTorch's
+              whole-network capture recipe; see graph_peer). Without a CUDA device it is a usage error, never eager;
+  compile     torch.compile of the gather, forward and loss, the optimizer step compiled too.
+Its mode is "reduce-overhead" unless --compile-mode says otherwise. At batch 256 these steps are bound by kernel
+launches, not by arithmetic (on the H200, eager 174-204k samples/s against 1.32M for the same step in one CUDA
+graph): what removes launches is CUDA graphs, and reduce-overhead is Inductor's fused kernels replayed as CUDA graphs,
+the mode PyTorch's documentation gives for small batches. "max-autotune-no-cudagraphs" keeps every launch and
+benchmarks Triton templates against cuBLAS for each matmul shape while compiling, which on a cold cache costs minutes,
+beyond the device check's budget, for fp32 GEMMs with TF32 off where cuBLAS is hard to beat; it is there by hand
+(--compile-mode max-autotune-no-cudagraphs). The wide MLP at batch 16384 is bound by its GEMMs, where no mode gains
+much: it has eager, graph and compile peers all the same, so that its row is judged against the best too.
+
+Every peer trains the same model from the same seed on the same batches; its loss after the warm-up must agree with
+eager's (the #wrong column), and the best peer is the fastest of those that agree. The JSON has "models" ->
+NAME -> "peers" -> PEER (samples/s, its runs, ms/step, setup seconds, the loss check) and "best"; "errors" names each
+peer that did not run and why. Exit status 1 when a peer failed or disagrees (the JSON is written all the same).
 """
 import argparse
 import gzip
 import json
+import math
 import os
 import statistics
 import sys
 import time
+import traceback
 
 import numpy as np
 import torch
@@ -207,45 +232,337 @@ def run_ddp(a):
     return out
 
 
-def time_gpu_model(make, x_host, y_host, x_dev, y_dev, batch, warmup, steps, resident):
-    torch.manual_seed(0)
-    model = make().cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+# The gpu mode's peers: one training step (each batch gathered by index, forward, summed cross-entropy / batch,
+# backward, SGD with momentum) run each way a careful PyTorch user would run it.
+PEERS = {
+    "eager_host": "eager; each batch gathered on the host, pinned and copied (gpu_check's host staging)",
+    "eager": "eager; the data resident on the device, each batch gathered there by index",
+    "graph": "the whole step (gather, forward, backward, optimizer) captured once in one CUDA graph, replayed",
+    "compile": "torch.compile of the gather, forward and loss (--compile-mode); the optimizer step compiled too",
+}
+PEER_MODELS = {  # name: (what it is, how to make it); the batch comes from --batch, the wide MLP's from --wide-batch
+    "mlp": ("MLP 784-256-128-10", lambda: mlp()),
+    "cnn": ("CNN conv5x5x16-pool-conv5x5x32-pool-128-10", cnn),
+    "wide": ("MLP 784-2048-2048-10", lambda: mlp((2048, 2048))),
+}
+SGD_LR, SGD_MOMENTUM = 0.01, 0.9
+# PyTorch's recipe warms the step up on a side stream before capturing it ("Whole-network capture" in the CUDA
+# semantics notes); it uses 3 iterations.
+GRAPH_SIDE_STREAM_WARMUP = 3
+# Every peer trains the same model from the same seed on the same batches, so the loss of the last warm-up step
+# differs between peers only by summation order (about 1e-6 of it); a peer that dropped its updates (a replay that
+# leaves the weights as they were captured) is off by far more: over the default 20 warm-up steps the MLP's and the
+# CNN's loss fall by about 3.5% (2.300 to 2.220).
+LOSS_AGREE_REL = 1e-3
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class DeviceData:
+    """The training set on the host (pinned, on CUDA) and on the device, and each step's indices: step i of every peer
+    trains on the samples (i * batch + k) mod n, k < batch, precomputed on the device so that no step copies them."""
+
+    def __init__(self, x, y, device):
+        self.device = device
+        self.x_host = x.pin_memory() if device.type == "cuda" else x
+        self.y_host = y.pin_memory() if device.type == "cuda" else y
+        self.x, self.y = x.to(device), y.to(device)
+        self.n = x.shape[0]
+
+    def order(self, batch, total_steps):
+        return (torch.arange(total_steps * batch, device=self.device) % self.n).view(total_steps, batch)
+
+
+def make_sgd(params, device, compiled=False):
+    # Fused SGD (one kernel for every parameter) on CUDA for the eager and graph peers; the compiled optimizer is the
+    # default (foreach) one, which Inductor fuses itself (PyTorch's "torch.compile the optimizer" recipe).
+    fused = device.type == "cuda" and not compiled
+    return torch.optim.SGD(params, lr=SGD_LR, momentum=SGD_MOMENTUM, **({"fused": True} if fused else {}))
+
+
+def eager_peer(model, data, order, batch, host):
+    opt = make_sgd(model.parameters(), data.device)
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
-    n = x_host.shape[0]
-    times = []
-    for i in range(warmup + steps):
-        idx = torch.arange(i * batch, (i + 1) * batch) % n
-        t0 = time.perf_counter()
-        if resident:
-            xb, yb = x_dev[idx.cuda(non_blocking=True)], y_dev[idx.cuda(non_blocking=True)]
+    order_host = order.cpu() if host else None
+    last = [None]
+
+    def step(i):
+        if host:
+            idx = order_host[i]
+            xb = data.x_host[idx].pin_memory().to(data.device, non_blocking=True)
+            yb = data.y_host[idx].pin_memory().to(data.device, non_blocking=True)
         else:
-            xb = x_host[idx].pin_memory().cuda(non_blocking=True)
-            yb = y_host[idx].pin_memory().cuda(non_blocking=True)
+            idx = order[i]
+            xb, yb = data.x[idx], data.y[idx]
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(xb), yb) / batch
         loss.backward()
         opt.step()
-        torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    med = statistics.median(times)
-    return {"step_ms_median": med * 1e3, "samples_per_s": batch / med}
+        last[0] = loss
+
+    return step, lambda: last[0].item()
+
+
+def graph_peer(model, data, order, batch):
+    """The whole step in one CUDA graph, by PyTorch's documented recipe (CUDA semantics notes, "CUDA Graphs" >
+    "Whole-network capture": https://pytorch.org/docs/stable/notes/cuda.html#whole-network-capture): warm up on a side
+    stream, set the gradients to None so that backward allocates them from the graph's private pool, capture forward,
+    backward and optimizer.step() into static buffers, then for each batch copy its data into the static input and
+    replay. The static input is the batch's index vector: the gather from the resident data set is captured too.
+    SGD keeps no step count on the host, so it needs no capturable=True (Adam would); its momentum buffers exist
+    after the warm-up, before the capture."""
+    if data.device.type != "cuda":
+        raise RuntimeError(f"the CUDA-graph peer needs a CUDA device, not {data.device}")
+    opt = make_sgd(model.parameters(), data.device)
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    static_idx = order[0].clone()
+
+    def body():
+        xb, yb = data.x.index_select(0, static_idx), data.y.index_select(0, static_idx)
+        loss = loss_fn(model(xb), yb) / batch
+        loss.backward()
+        opt.step()
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(GRAPH_SIDE_STREAM_WARMUP):  # real batches: the warm-up steps the optimizer
+            static_idx.copy_(order[i])
+            opt.zero_grad(set_to_none=True)
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static_loss = body()
+
+    def step(i):
+        static_idx.copy_(order[i])
+        graph.replay()
+
+    return step, lambda: static_loss.item(), GRAPH_SIDE_STREAM_WARMUP
+
+
+def compile_peer(model, data, order, batch, mode):
+    """torch.compile of the gather, forward and loss, with the batch's indices in one static buffer as the graph peer
+    has them, and the optimizer step compiled by PyTorch's recipe (https://pytorch.org/tutorials/recipes/compiling_optimizer.html).
+    The data set and the index buffer are marked static, so that "reduce-overhead"'s CUDA graphs read them in place
+    rather than copying them in before each replay; each step is marked as a new iteration for those graphs."""
+    torch._dynamo.reset()  # one model's compiled code at a time, as in a user's own process
+    opt = make_sgd(model.parameters(), data.device, compiled=True)
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    static_idx = order[0].clone()
+    for t in (data.x, data.y, static_idx):
+        torch._dynamo.mark_static_address(t)
+
+    def forward_loss(idx):
+        return loss_fn(model(data.x[idx]), data.y[idx]) / batch
+
+    forward_loss = torch.compile(forward_loss, mode=mode)
+
+    @torch.compile(fullgraph=False)
+    def opt_step():
+        opt.step()
+
+    mark_step = getattr(torch.compiler, "cudagraph_mark_step_begin", lambda: None)
+    last = [None]
+
+    def step(i):
+        static_idx.copy_(order[i])
+        mark_step()
+        opt.zero_grad(set_to_none=True)
+        loss = forward_loss(static_idx)
+        loss.backward()
+        opt_step()
+        last[0] = loss
+
+    return step, lambda: last[0].item()
+
+
+def compile_precheck(device):
+    """What Inductor needs besides torch, checked before a model is traced: a C compiler, and on CUDA the Python
+    headers that Triton compiles its kernel launcher against. None when both are there, else what is missing."""
+    import shutil
+    import sysconfig
+    if not (shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")):
+        return "no C compiler (cc, gcc or clang on PATH, or $CC): Inductor compiles its kernels with one"
+    include = sysconfig.get_paths()["include"]
+    if device.type == "cuda" and not os.path.exists(os.path.join(include, "Python.h")):
+        return f"no Python.h in {include}: Triton compiles its kernel launcher against the Python headers (python3-dev)"
+    return None
+
+
+def build_peer(peer, make, data, order, batch, a):
+    """(step, loss, steps already taken): step(i) queues step i without waiting; loss() is the last step's loss."""
+    torch.manual_seed(0)
+    model = make().to(data.device)
+    if peer in ("eager", "eager_host"):
+        return (*eager_peer(model, data, order, batch, host=peer == "eager_host"), 0)
+    if peer == "graph":
+        return graph_peer(model, data, order, batch)
+    why = compile_precheck(data.device)
+    if why:
+        raise RuntimeError(why)
+    return (*compile_peer(model, data, order, batch, a.compile_mode), 0)
+
+
+def first_line(e):
+    """The exception's type and its first two non-empty lines (Inductor's errors name the failing backend first and the
+    cause next), for the JSON and the summary."""
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()][:2]
+    return f"{e.__class__.__name__}: {' | '.join(lines)}"[:300]
+
+
+def run_peers(name, data, batch, steps, a, t_start, errors):
+    """Builds each peer of one model and warms it up (capture and compilation happen there, untimed), checks that
+    every peer's loss after the warm-up agrees with eager's, then times a.repeats runs of `steps` back-to-back steps
+    of each peer, interleaved, with one sync a run (what a training loop that reads no loss does)."""
+    what, make = PEER_MODELS[name]
+    total = a.warmup + a.repeats * steps
+    order = data.order(batch, total)
+    built = {}
+    for peer in a.peer_list:
+        if peer == "eager_host" and name == "wide":
+            continue  # the wide MLP's peer is the issue's: eager with the data on the GPU
+        if peer == "compile" and a.budget_s and time.perf_counter() - t_start > a.budget_s:
+            errors[f"{name}.{peer}"] = f"not built: {time.perf_counter() - t_start:.0f} s of --budget-s {a.budget_s:.0f} used before it"
+            print(f"torch_ref: {name} {peer}: {errors[f'{name}.{peer}']}", flush=True)
+            continue
+        t0 = time.perf_counter()
+        try:
+            step, loss, taken = build_peer(peer, make, data, order, batch, a)
+            for i in range(taken, a.warmup):
+                step(i)
+            sync(data.device)
+            built[peer] = {"step": step, "loss": loss(), "setup_s": time.perf_counter() - t0}
+        except Exception as e:  # a peer that fails is reported, never replaced by another
+            errors[f"{name}.{peer}"] = first_line(e)
+            print(f"torch_ref: {name} {peer}: FAILED after {time.perf_counter() - t0:.1f} s: {errors[f'{name}.{peer}']}", flush=True)
+            print("".join(traceback.format_exc().splitlines(keepends=True)[-12:]), end="", flush=True)
+    runs = {p: [] for p in built}
+    for rep in range(a.repeats):
+        for peer, b in built.items():
+            first = a.warmup + rep * steps
+            sync(data.device)
+            t0 = time.perf_counter()
+            for i in range(first, first + steps):
+                b["step"](i)
+            sync(data.device)
+            runs[peer].append(time.perf_counter() - t0)
+    ref = built.get("eager", {}).get("loss")
+    out = {"model": what, "batch": batch, "steps": steps, "repeats": a.repeats, "warmup": a.warmup, "peers": {}}
+    for peer, b in built.items():
+        med = statistics.median(runs[peer])
+        diff = abs(b["loss"] - ref) / abs(ref) if ref is not None and ref != 0 else None
+        agrees = math.isfinite(b["loss"]) and (diff is None or diff <= LOSS_AGREE_REL)
+        out["peers"][peer] = {"samples_per_s": batch * steps / med, "samples_per_s_runs": [batch * steps / t for t in runs[peer]],
+                              "step_ms_median": med / steps * 1e3, "setup_s": b["setup_s"], "loss_after_warmup": b["loss"],
+                              "loss_rel_diff_vs_eager": diff, "agrees": agrees}
+    ok = {p: r["samples_per_s"] for p, r in out["peers"].items() if r["agrees"]}
+    if ok:
+        best = max(ok, key=ok.get)
+        out["best"] = {"peer": best, "samples_per_s": ok[best]}
+    return out
+
+
+def print_rows(name, r, errors):
+    for peer in PEERS:
+        p = r["peers"].get(peer)
+        if p is None:
+            if f"{name}.{peer}" in errors:
+                print(f"  {name:<5} {r['batch']:>6}  {peer:<10}  {'missing: ' + errors[f'{name}.{peer}']}")
+            continue
+        diff = "-" if p["loss_rel_diff_vs_eager"] is None else f"{p['loss_rel_diff_vs_eager']:.1e}"
+        runs = ",".join(f"{s:.0f}" for s in p["samples_per_s_runs"])
+        print(f"  {name:<5} {r['batch']:>6}  {peer:<10}  {p['setup_s']:>7.1f}  {p['step_ms_median']:>8.3f}  {p['samples_per_s']:>11.0f}  "
+              f"{runs:<26}  {p['loss_after_warmup']:>9.5f}  {diff:>8}  {0 if p['agrees'] else 1:>6}", flush=True)
+
+
+def gpu_header(a, device):
+    return {"mode": "gpu", "torch": torch.__version__, "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "batch": a.batch, "wide_batch": a.wide_batch, "steps": a.steps, "wide_steps": a.wide_steps, "repeats": a.repeats,
+            "warmup": a.warmup, "peers_asked": a.peer_list, "compile_mode": a.compile_mode, "precision": "fp32, TF32 off",
+            "cudnn_benchmark": device.type == "cuda", "optimizer": f"SGD lr {SGD_LR} momentum {SGD_MOMENTUM} (fused on CUDA; "
+            "compiled: foreach)", "loss": "sum cross-entropy / batch", "loss_agree_rel": LOSS_AGREE_REL,
+            "timing": "median of repeats, each steps back-to-back steps between two device syncs; warm-up untimed"}
+
+
+def usage_error(msg):
+    """Exit status 2 with one line naming what was wrong, before anything is loaded or written (as the perf tools do)."""
+    print(f"{os.path.basename(sys.argv[0])}: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_peers(a, device):
+    """Usage errors, before anything loads: the peers asked for, and the device they need."""
+    a.peer_list = [p.strip() for p in a.peers.split(",") if p.strip()] if a.peers else (
+        list(PEERS) if device.type == "cuda" else ["eager", "compile"])
+    a.model_list = [m.strip() for m in a.models.split(",") if m.strip()]
+    bad = [p for p in a.peer_list if p not in PEERS] + [m for m in a.model_list if m not in PEER_MODELS]
+    if bad or not a.peer_list or not a.model_list:
+        usage_error(f"gpu: --peers takes some of {','.join(PEERS)} and --models some of {','.join(PEER_MODELS)}; got {bad or 'none'}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        usage_error(f"gpu: no CUDA device: torch {torch.__version__} (CUDA {torch.version.cuda or 'none: a CPU-only build'}) sees none. "
+                    "The peers run on cuda; to try the eager and compile peers' code on this machine: --device cpu --peers eager,compile")
+    if device.type != "cuda" and "graph" in a.peer_list:
+        usage_error(f"gpu: --peers graph needs --device cuda, not {device}: a CUDA graph captures CUDA work only, and the peer has no "
+                    "eager stand-in")
+    if device.type != "cuda" and "eager_host" in a.peer_list:
+        usage_error(f"gpu: --peers eager_host needs --device cuda, not {device}: it copies each batch from the host to the GPU")
 
 
 def run_gpu(a):
+    try:
+        device = torch.device(a.device)
+    except RuntimeError as e:
+        usage_error(f"gpu: --device {a.device}: {first_line(e)}; cuda, cuda:N or cpu would do")
+    check_peers(a, device)
+    if not os.access(os.path.dirname(os.path.abspath(a.json)), os.W_OK):
+        usage_error(f"gpu: --json {a.json}: its folder is not writable")
+    t_start = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = device.type == "cuda"  # fixed shapes: what a careful user turns on
+    if device.type == "cpu":
+        torch.set_num_threads(a.threads)
     x, y = load(a.data, "train")
-    x_host, y_host = x.pin_memory(), y.pin_memory()
-    x_dev, y_dev = x.cuda(), y.cuda()
-    out = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0), "batch": a.batch, "steps": a.steps}
-    for name, make in (("mlp", mlp), ("cnn", cnn)):
-        for resident in (False, True):
-            r = time_gpu_model(make, x_host, y_host, x_dev, y_dev, a.batch, 20, a.steps, resident)
-            key = name + ("_resident" if resident else "")
-            out[key] = r
-            print(f"torch {key}: {r['step_ms_median']:.3f} ms/step, {r['samples_per_s']:.0f} samples/s", flush=True)
+    if a.limit:
+        x, y = x[:a.limit], y[:a.limit]
+    data = DeviceData(x, y, device)
+    out, errors = gpu_header(a, device), {}
+    out.update({"models": {}, "errors": errors})
+    print(f"# torch_ref gpu: torch {torch.__version__} on {out['gpu'] or device}; {out['precision']}; cudnn.benchmark "
+          f"{'on' if out['cudnn_benchmark'] else 'off'}; {out['optimizer']}; loss {out['loss']}")
+    for peer in a.peer_list:
+        print(f"#   {peer:<10} {PEERS[peer]}" + (f" (mode {a.compile_mode})" if peer == "compile" else ""))
+    print(f"# each peer: {a.warmup} warm-up steps (untimed: capture and compilation happen there), then {a.repeats} runs of "
+          f"{a.steps} (wide: {a.wide_steps}) back-to-back steps, peers interleaved, one sync a run; samples/s is the median run's")
+    print(f"# wrong: 1 when the loss after the warm-up differs from eager's by more than {LOSS_AGREE_REL:g} of it")
+    print(f"  {'model':<5} {'batch':>6}  {'peer':<10}  {'setup_s':>7}  {'ms/step':>8}  {'samples/s':>11}  {'runs (samples/s)':<26}  "
+          f"{'loss@warm':>9}  {'vs eager':>8}  {'#wrong':>6}", flush=True)
+
+    def write():
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=2)
+
+    for name in a.model_list:
+        wide = name == "wide"
+        r = run_peers(name, data, a.wide_batch if wide else a.batch, a.wide_steps if wide else a.steps, a, t_start, errors)
+        out["models"][name] = r
+        print_rows(name, r, errors)
+        write()  # each model's figures are kept even if a later one runs out of time
+    wrong = sum(not p["agrees"] for r in out["models"].values() for p in r["peers"].values())
+    best = "; ".join(f"{n} {r['best']['peer']} {r['best']['samples_per_s']:.0f}" for n, r in out["models"].items() if "best" in r)
+    print(f"# best peer (samples/s): {best or 'none'}")
+    print(f"# {wrong} peer(s) wrong, {len(errors)} missing{': ' + '; '.join(f'{k}: {v}' for k, v in errors.items()) if errors else ''}; "
+          f"{time.perf_counter() - t_start:.1f} s")
+    out["seconds"] = time.perf_counter() - t_start
+    a.failed = bool(wrong or errors)
     return out
 
 
@@ -264,7 +581,17 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="cpu mode: intra-op threads")
     ap.add_argument("--procs", type=int, default=4, help="ddp mode: processes (one thread each)")
     ap.add_argument("--slowdown", default="", help="ddp mode: per-process slowdown factors, e.g. 6.6,6.6,1,1")
-    ap.add_argument("--steps", type=int, default=100, help="gpu mode: timed steps")
+    ap.add_argument("--steps", type=int, default=100, help="gpu mode: timed steps a run, MLP and CNN")
+    ap.add_argument("--device", default="cuda", help="gpu mode: cuda (the default), or cpu to try the eager and compile peers' code")
+    ap.add_argument("--peers", default="", help=f"gpu mode: some of {','.join(PEERS)} (default: all on cuda, eager,compile on cpu)")
+    ap.add_argument("--models", default="mlp,cnn,wide", help=f"gpu mode: some of {','.join(PEER_MODELS)}")
+    ap.add_argument("--compile-mode", default="reduce-overhead", choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+                    help="gpu mode: torch.compile's mode for the compile peer")
+    ap.add_argument("--repeats", type=int, default=3, help="gpu mode: timed runs of each peer, interleaved")
+    ap.add_argument("--warmup", type=int, default=20, help="gpu mode: untimed steps of each peer before its runs")
+    ap.add_argument("--wide-batch", type=int, default=16384, help="gpu mode: the wide MLP's batch")
+    ap.add_argument("--wide-steps", type=int, default=20, help="gpu mode: the wide MLP's timed steps a run")
+    ap.add_argument("--budget-s", type=float, default=0, help="gpu mode: build no compile peer once this many seconds have gone (0: no limit)")
     ap.add_argument("--rank", type=int, default=-1, help="ddp mode: run this rank only, in this process (with --master)")
     ap.add_argument("--master", default="", help="ddp mode with --rank: rank 0's ADDR:PORT")
     a = ap.parse_args()
@@ -272,9 +599,14 @@ def main():
     a.batch = a.batch or (256 if a.mode == "gpu" else d["batch"])
     a.lr = a.lr or d["lr"]
     a.epochs = a.epochs or d["epochs"]
+    if min(a.steps, a.repeats, a.wide_batch, a.wide_steps, a.batch) < 1 or a.warmup < GRAPH_SIDE_STREAM_WARMUP + 2:
+        usage_error(f"--steps, --repeats, --batch, --wide-batch and --wide-steps must be at least 1, "
+                    f"--warmup at least {GRAPH_SIDE_STREAM_WARMUP + 2} (the graph peer's side-stream warm-up and two replays)")
+    a.failed = False
     out = {"gpu": run_gpu, "cpu": run_cpu, "ddp": run_ddp}[a.mode](a)
     with open(a.json, "w") as f:
         json.dump(out, f, indent=2)
+    sys.exit(1 if a.failed else 0)
 
 
 if __name__ == "__main__":

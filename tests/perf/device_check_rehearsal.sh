@@ -3,6 +3,9 @@
 #   1. every GPU step fails fast: every step still runs within the deadline, $OUT holds the three files that come
 #      back (at most 8, at most two folders down, is the device tool's limit), device_check.json parses and names
 #      every missing figure with its reason (the step's first error line);
+#   1b. gpu_check's throughput sections and torch_ref.py (stand-ins) write figures: each row against PyTorch is judged
+#      against the fastest PyTorch peer that ran and agrees with eager (eager, one CUDA graph, torch.compile), names
+#      it, and leaves out a peer whose loss disagrees or that did not run, saying why;
 #   2. one GPU test hangs: the run cuts that step at the deadline, skips every later step with a line that says so,
 #      still prints the summary naming each missing figure, and exits non-zero, all within the deadline;
 #   3. a run stopped by SIGTERM, or by SIGTERM to its whole process group, prints its summary at once.
@@ -51,7 +54,8 @@ for row in j["rows"]:
 print(f"rehearsal: device_check.json parses: {len(j['rows'])} rows, {len(missing)} missing figures, each with its reason")
 PY
 }
-ROWS=("mlp GPU vs CPU gradient" "cnn GPU vs CPU gradient" "mlp samples/s vs PyTorch" "vgpu static/steal/ideal" "NCCL allreduce" "curve"
+ROWS=("mlp GPU vs CPU gradient" "cnn GPU vs CPU gradient" "mlp samples/s vs the best PyTorch peer" "cnn samples/s vs the best PyTorch peer"
+      "wide mlp 784-2048-2048-10 samples/s vs the best PyTorch peer" "vgpu static/steal/ideal" "NCCL allreduce" "curve"
       "mlp example on cuda:0" "cnn example on cuda:0" "checkpoint cuda:0 -> cpu:2" "checkpoint cpu:2 -> cuda:0" "torch_mlp adapter on cuda:0"
       "torch_cnn adapter on cuda:0" "torch_lm adapter on cuda:0 and vgpu parts" "stealbench 16 devices" "stealbench 32 devices"
       "deterministic: one sha256 on cuda:0 and vgpu parts")
@@ -75,6 +79,94 @@ grep -q -P "^gpu_check:vgpu\texit 1\t[0-9]+\tgpu_check: no GPU here" "$WORK/out/
 check_out
 check_json "no GPU here" "mlp GPU vs CPU gradient" "cnn GPU vs CPU gradient" "vgpu static/steal/ideal" "mlp example on cuda:0" "stealbench 16 devices"
 check_json "" "${ROWS[@]}"
+rm -rf "$WORK/out"
+
+# 1b. Stand-in figures for the rows against PyTorch: ours from gpu_check's throughput sections, the PyTorch peers from
+# a stand-in torch_ref.py (as the real one writes them: mlp's best peer the CUDA graph; cnn's graph faster still but its
+# loss disagrees with eager's, so compile is the best; the wide MLP's compile peer not built, and no figure of ours).
+cp "$WORK/pack/bin/gpu_check" "$WORK/gpu_check.fails"
+cat > "$WORK/pack/bin/gpu_check" <<'SH'
+#!/bin/sh
+section= json=
+while [ $# -gt 0 ]; do case $1 in --section) section=$2; shift ;; --json) json=$2; shift ;; esac; shift; done
+case $section in
+  throughput-mlp) echo '{"throughput": {"mlp": {"batch": 256, "samples_per_s": 800000, "samples_per_s_block": 700000, "samples_per_s_auto": 806000, "auto_chunk": 96}}}' > "$json" ;;
+  throughput-cnn) echo '{"throughput": {"cnn": {"batch": 256, "samples_per_s": 310000, "samples_per_s_block": 300000, "samples_per_s_auto": 320000, "auto_chunk": 128}}}' > "$json" ;;
+  *) echo "gpu_check: no GPU here"; exit 1 ;;
+esac
+echo "gpu_check: $section (stand-in figures)"
+SH
+cat > "$WORK/torch_ref_stand_in.py" <<'PY'
+import argparse, json
+ap = argparse.ArgumentParser()
+ap.add_argument("mode")
+ap.add_argument("--json")
+ap.add_argument("--budget-s", type=float)
+a, _ = ap.parse_known_args()
+assert a.mode == "gpu" and a.budget_s, "device_check.sh runs torch_ref.py gpu with --budget-s"
+def peer(sps, loss=2.22, diff=0.0):
+    return {"samples_per_s": sps, "samples_per_s_runs": [sps] * 3, "step_ms_median": 1.0, "setup_s": 1.0, "loss_after_warmup": loss,
+            "loss_rel_diff_vs_eager": diff, "agrees": diff <= 1e-3}
+models = {
+    "mlp": {"batch": 256, "peers": {"eager_host": peer(160000), "eager": peer(175000), "graph": peer(1320000), "compile": peer(900000)}},
+    "cnn": {"batch": 256, "peers": {"eager_host": peer(158000), "eager": peer(138000), "graph": peer(2000000, 2.30, 0.036),
+                                    "compile": peer(300000)}},
+    "wide": {"batch": 16384, "peers": {"eager": peer(1470000), "graph": peer(1480000)}},
+}
+out = {"mode": "gpu", "torch": "stand-in", "peers_asked": ["eager_host", "eager", "graph", "compile"], "models": models,
+       "errors": {"wide.compile": "not built: 80 s of --budget-s 75 used before it"}}
+json.dump(out, open(a.json, "w"))
+print("torch_ref stand-in: wide compile: not built")
+raise SystemExit(1)
+PY
+start=$(date +%s)
+OUT="$WORK/out" DEVICE_CHECK_DEADLINE_S=120 DEVICE_CHECK_MIN_STEP_S=2 DEVICE_CHECK_TORCH_REF="$WORK/torch_ref_stand_in.py" \
+  bash "$REPO/perf/device_check.sh" "$WORK/pack" > "$WORK/stdout" 2>&1
+rc=$?
+took=$(( $(date +%s) - start ))
+wait_for_log "] done:" "$WORK/out/device_check.log" || fail "no summary"
+echo "rehearsal: stand-in figures against the PyTorch peers: device_check.sh exited $rc after $took s (deadline 120 s)"
+[ $rc -ne 0 ] || fail "exit status 0 although steps failed"
+[ $took -le 120 ] || fail "took $took s: the deadline did not hold"
+grep -q -P "^gpu_check:throughput-mlp\tok\t" "$WORK/out/steps.tsv" || fail "the stand-in gpu_check:throughput-mlp did not pass"
+grep -q -P "^torch_ref\texit 1\t[0-9]+\ttorch_ref stand-in: wide compile: not built" "$WORK/out/steps.tsv" || fail "steps.tsv lacks torch_ref's exit and first line"
+grep -q -E "^mlp samples/s \(chunk auto: 96\) vs the best PyTorch peer +806000 vs 1320000 \(graph\) = 0\.61x" "$WORK/out/device_check.log" ||
+  fail "the summary table does not judge mlp against the CUDA-graph peer, by name"
+check_out
+python3 - "$WORK/out/device_check.json" <<'PY' || fail "device_check.json: the rows against PyTorch, see above"
+import json, sys
+j = json.load(open(sys.argv[1]))
+rows = {r["check"]: r for r in j["rows"]}
+def row(prefix):
+    hits = [r for c, r in rows.items() if c.startswith(prefix)]
+    if len(hits) != 1:
+        sys.exit(f"{len(hits)} rows start with '{prefix}': {sorted(rows)}")
+    return hits[0]
+def expect(r, **want):
+    for k, v in want.items():
+        got = r.get(k)
+        if (abs(got - v) > 1e-9 * abs(v)) if isinstance(v, float) and isinstance(got, (int, float)) else got != v:
+            sys.exit(f"row '{r['check']}': {k} is {got!r}, not {v!r} (row: {r})")
+expect(row("mlp samples/s (chunk auto: 96) vs the best PyTorch peer"), peer="graph", verdict="FAIL", ratio=806000 / 1320000, peer_samples_per_s=1320000)
+expect(row("cnn samples/s (chunk auto: 128) vs the best PyTorch peer"), peer="compile", verdict="PASS", ratio=320000 / 300000)
+expect(row("PyTorch peers for mlp:"), verdict="PASS")
+cnn_peers = row("PyTorch peers for cnn:")
+expect(cnn_peers, verdict="FAIL")
+if "graph" not in cnn_peers["reason"] or "differs from eager" not in cnn_peers["reason"] or "graph" in cnn_peers["peers"]:
+    sys.exit(f"the cnn peers row does not leave graph out for its loss: {cnn_peers}")
+wide = row("wide mlp 784-2048-2048-10 samples/s vs the best PyTorch peer")
+expect(wide, peer="graph", verdict="FAIL")
+if not wide["figure"].startswith("missing") or "throughput.wide" not in wide["reason"]:
+    sys.exit(f"the wide row does not say that our figure is missing, and why: {wide}")
+wide_peers = row("PyTorch peers for wide mlp")
+if wide_peers["verdict"] != "FAIL" or "compile" not in wide_peers["reason"] or "budget" not in wide_peers["reason"]:
+    sys.exit(f"the wide peers row does not name the compile peer that was not built: {wide_peers}")
+best = {m: (b or {}).get("peer") for m, b in j["torch_best_peers"].items()}
+if best != {"mlp": "graph", "cnn": "compile", "wide": "graph"}:
+    sys.exit(f"torch_best_peers is {best}")
+print("rehearsal: each row against PyTorch is judged against its best peer, named: mlp graph, cnn compile (graph left out), wide graph")
+PY
+cp "$WORK/gpu_check.fails" "$WORK/pack/bin/gpu_check"
 rm -rf "$WORK/out"
 
 # 2. One GPU test hangs.
