@@ -160,7 +160,8 @@ TEST_CASE("TextCorpus.RefusesToReplaceAFileThatIsNotACache") {
   write(root / "a.py", kModule);
   const TextCorpusOptions o{.roots = {root}, .min_len = 8};
   // Text, and a checkpoint's first bytes (safetensors: an 8-byte header length, then JSON): refused, left as they were.
-  for (const std::string& text : {std::string("notes, not a cache\n"), std::string("\x40\0\0\0\0\0\0\0{\"w\":{\"dtype\":\"F32\"}}", 36)}) {
+  static constexpr char kCheckpointStart[] = "\x40\0\0\0\0\0\0\0{\"w\":{\"dtype\":\"F32\"}}";
+  for (const std::string& text : {std::string("notes, not a cache\n"), std::string(kCheckpointStart, sizeof kCheckpointStart - 1)}) {
     const auto file = tmp.path / "keep.bin";
     write(file, text);
     TextCorpusOptions to = o;
