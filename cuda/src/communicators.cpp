@@ -77,6 +77,7 @@ PartsCommunicator::PartsCommunicator(std::vector<CudaDevice*> devices) : m_devic
 }
 
 void PartsCommunicator::allreduce_sum(std::size_t device, std::span<float* const>, std::size_t) {
+  if (m_devices.size() <= 1) return;  // one part: nothing to reduce, and its update follows on its own stream
   SB_CUDA_CHECK(cudaStreamSynchronize(m_devices[device]->compute_stream()));
 }
 

@@ -386,19 +386,11 @@ RunResult PolicyRun::finish() {
   const double secs = std::accumulate(res.epoch_seconds.begin(), res.epoch_seconds.end(), 0.0);
   res.samples_per_s = secs > 0 ? static_cast<double>(res.total.samples) / secs : 0;
   res.units_per_s = secs > 0 ? units / secs : 0;
-  // The ideal: each device's chunk time at full speed (its time over its slowdown factor), spread over the devices'
-  // summed speed, plus the reduction and the update that every step pays.
-  // Across ranks a step reports every rank's devices, in rank order, as --slowdown names them.
+  // The ideal (stealbatch::ideal_seconds): each device's chunk time at full speed (its time over its slowdown
+  // factor), spread over the devices' summed speed, plus the reduction and the update that every step pays; in one
+  // process no step beats it. Across ranks a step reports every rank's devices, in rank order, as --slowdown names them.
   double ideal = 0, actual = 0;
-  for (const StepReport& r : all) {
-    double work = 0, speed = 0;
-    for (std::size_t d = 0; d < r.devices.size(); ++d) {
-      const double factor = d < ro.host.slowdown.size() ? ro.host.slowdown[d] : 1.0;
-      work += r.devices[d].compute_s / factor, speed += 1.0 / factor;
-    }
-    ideal += (speed > 0 ? work / speed : 0) + r.reduce_s + r.optimizer_s;
-    actual += r.step_s;
-  }
+  for (const StepReport& r : all) ideal += ideal_seconds(r, ro.host.slowdown), actual += r.step_s;
   res.ideal_fraction = actual > 0 ? ideal / actual : 0;
   const std::vector<float> params = rt->parameters(0);
   res.test_accuracy = model.test_accuracy(params);

@@ -125,7 +125,9 @@ struct RunResult {
   std::string metric = "test accuracy", units = "samples";
   double units_per_s = 0;  // the model's units (tokens) over the epochs' time; samples_per_s without units
   // The ideal's share of the run's time: the ideal is each step's summed chunk time over the devices (each device's
-  // time divided by its --slowdown factor, over the devices' summed speed), plus its reduction and update.
+  // time divided by its --slowdown factor, over the devices' summed speed), plus its reduction and update
+  // (stealbatch::ideal_seconds). At most 1 in one process: a device's chunk time, its drain included, lies within the
+  // chunk phase, and the reduction starts after it.
   double ideal_fraction = 0;
   std::vector<double> epoch_seconds;
   std::vector<double> epoch_loss;  // each epoch's mean training loss (this process's epochs: after --resume, from there)

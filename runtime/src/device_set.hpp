@@ -26,8 +26,10 @@ struct alignas(detail::kCacheLine) Replica {
   double loss = 0;
   std::uint64_t samples = 0;
   // How long finish_chunks() waited this step for chunks still in flight (a GPU, a simulated device): device time
-  // of this step's chunks that the worker's busy time in the chunk phase does not hold.
+  // of this step's chunks that the worker's busy time in the chunk phase does not hold. And when it returned: the
+  // device's chunks were all done then, and the chunk phase lasts until every device's were (step_report.cpp).
   Clock::duration finish{};
+  Clock::time_point drained{};
   Clock::time_point device_end{};  // the end of the device's last chunk this step, on its own timeline (if it keeps one)
   Clock::duration update{};         // its part of the fused update this step (shared host parameters)
   Clock::duration model_wait{};     // how long it slept out a modelled reduction for all (0 for all but one)
@@ -39,7 +41,9 @@ struct alignas(detail::kCacheLine) Replica {
   std::atomic<std::int64_t> chunk_started_ns{0};
   std::atomic<ChunkId> current_chunk{0};
 
-  void reset_step() noexcept { loss = 0, samples = 0, device_end = {}, live_factor = 1.0, last_ratio = 0.0, model_wait = {}; }
+  void reset_step() noexcept {
+    loss = 0, samples = 0, finish = {}, drained = {}, device_end = {}, live_factor = 1.0, last_ratio = 0.0, model_wait = {};
+  }
 };
 
 // Marks a device as busy (in chunk `what`, or kReductionPhase) for the stall watchdog, for the stamp's lifetime.

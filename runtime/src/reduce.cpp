@@ -22,13 +22,25 @@ void Runtime::Impl::update_slice(std::size_t d, std::span<const float> sum, floa
   dev.replicas[d]->update = Clock::now() - u0;
 }
 
+// The device's chunks still in flight (a GPU's stream, a simulated device's queue), waited for: device time of its
+// chunks, part of its compute_s, and the end of its chunk phase (step_report.cpp), not the reduction's start.
+void Runtime::Impl::drain(std::size_t d) {
+  Replica& r = *dev.replicas[d];
+  const auto f0 = Clock::now();
+  dev.devices[d]->finish_chunks();
+  r.drained = Clock::now();
+  r.finish = r.drained - f0;
+}
+
 // Deterministic mode on devices that sum their cells themselves (GPUs): each hands over its accumulator and its
 // tensors' largest exponents, behind its last cell, so that the verdict and the sum read them as they read a host
-// device's. A value that is not finite fails the step, naming the device and the tensor.
+// device's. A value that is not finite fails the step, naming the device and the tensor. Each drains first, so that the
+// hand-over is the reduction's and the chunks' end is timed as in reduce_within().
 void Runtime::Impl::take_device_cells() {
   std::vector<long> bad(dev.devices.size(), -1);
   sched->broadcast([&](std::size_t d) {
     const WatchStamp stamp(*dev.replicas[d], kReductionPhase, epoch);
+    drain(d);
     bad[d] = dev.devices[d]->take_cells_fixed(exact.accumulator(d), exact.largest(d));
   });
   for (std::size_t d = 0; d < bad.size(); ++d) {
@@ -52,8 +64,9 @@ StepStats Runtime::Impl::reduce_within(std::size_t batch, Reduce reduce_to, cons
     tally = RankTally(dev.host && !exact ? count : 0, ranks, t.size(), cluster.total_devices());
     if (exact) tally.use_exact(count, exact.tensors());
   }
-  // Deterministic mode on GPUs: their fixed-point sums were handed over after the chunk phase (take_device_cells());
-  // across ranks this rank's sum goes into the tally now, and finish_reduction() loads the sum into every device.
+  // Deterministic mode on GPUs: their fixed-point sums were handed over after the chunk phase (take_device_cells(),
+  // which drained them); across ranks this rank's sum goes into the tally now, and finish_reduction() loads the sum
+  // into every device.
   const bool host_sums = exact && !dev.host;
   if (host_sums && cluster) exact.sum_slice(0, count, tally.exact);
   if (reduce_to == Reduce::kUpdate && lr_pending) shared.optimizer->set_lr(options.optimizer.lr), lr_pending = false;  // set since the last update
@@ -62,8 +75,7 @@ StepStats Runtime::Impl::reduce_within(std::size_t batch, Reduce reduce_to, cons
     Replica& r = *dev.replicas[d];
     const WatchStamp stamp(r, kReductionPhase, epoch);  // the watchdog covers the reduction too
     const auto f0 = Clock::now();
-    device.finish_chunks();  // chunks still in flight (GPU, simulated device)
-    r.finish = Clock::now() - f0;
+    if (!host_sums) drain(d);
     r.loss += device.take_device_loss();
     if (host_sums) return;
     device.set_sample_count(r.samples);

@@ -269,13 +269,13 @@ StepReport Runtime::Impl::finish_step(StepReport rep, Clock::time_point t_start)
 
 void Runtime::Impl::switch_shared_params(StepReport& rep) {
   // Host devices: the update was part of the reduction phase (see reduce.cpp); its figure is the longest device's
-  // part of it.
+  // part of it, within that phase (a device may update its slice while another still drains its chunks).
   shared.commit();
   for (auto& d : dev.devices) d->set_shared_params(shared.live());
   Clock::duration longest{};
   for (const auto& r : dev.replicas) longest = std::max(longest, r->update);
-  rep.optimizer_s = seconds(longest);
-  rep.reduce_s = std::max(0.0, rep.reduce_s - rep.optimizer_s);
+  rep.optimizer_s = std::min(seconds(longest), rep.reduce_s);
+  rep.reduce_s -= rep.optimizer_s;
 }
 
 void Runtime::Impl::update_replicas(StepReport& rep, std::size_t batch) {

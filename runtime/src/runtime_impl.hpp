@@ -73,6 +73,7 @@ struct Runtime::Impl {
   void exclude_device(std::size_t position);
   // reduce.cpp: within the process (fused with the update on host devices in one process), then what crosses the
   // ranks' sum: the update from it (host devices) or the devices' own collective.
+  void drain(std::size_t d);  // on device d's worker: its chunks still in flight finished, timed (Replica::finish, drained)
   void take_device_cells();                                     // deterministic mode on GPUs (reduce.cpp)
   StepStats reduce_within(std::size_t batch, Reduce reduce_to, const ChunkTable& t, RankTally& tally);
   StepStats finish_reduction(std::size_t batch, Reduce reduce_to, RankTally& tally);

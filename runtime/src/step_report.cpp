@@ -3,12 +3,29 @@
 #include "runtime_impl.hpp"
 
 #include <algorithm>
+#include <memory>
+#include <vector>
 
 namespace stealbatch {
+
+namespace {
+
+// The end of the chunk phase: when the last device's chunks were all done. The scheduler's part ends when the last
+// chunk was launched; a device with chunks in flight (a GPU, a simulated device) finishes them in drain(), and that
+// wait is its compute (compute_s holds it), not the reduction's. So each device's compute_s lies within the chunk
+// phase, and the reduction starts where it ends: the step pays the drain once.
+Clock::time_point chunks_done(const ChunkPhase& phase, const std::vector<std::unique_ptr<Replica>>& replicas) {
+  Clock::time_point end = phase.end;
+  for (const auto& r : replicas) end = std::max(end, r->drained);
+  return end;
+}
+
+}  // namespace
 
 std::vector<DeviceReport> Runtime::Impl::device_reports(const ChunkTable& t, const ChunkPhase& phase) {
   const std::size_t n = dev.devices.size();
   const StepStats& st = phase.stats;
+  const Clock::time_point chunks_end = chunks_done(phase, dev.replicas);
   std::vector<DeviceReport> out(n);
   for (std::size_t d = 0; d < n; ++d) {
     const WorkerCounters& wc = st.workers[d];
@@ -21,13 +38,14 @@ std::vector<DeviceReport> Runtime::Impl::device_reports(const ChunkTable& t, con
     const std::optional<double> own = dev.devices[d]->step_device_seconds();
     dr.compute_s = own ? *own : seconds(wc.busy) + seconds(r.finish);
     // Waiting for the others: from its last chunk's end (on the device's own timeline when it keeps one, where the
-    // last chunk may end after the worker's last call returned) to the end of the chunk phase.
+    // last chunk may end after the worker's last call returned; else its worker's last call, then its drain) to the
+    // end of the chunk phase.
     if (wc.chunks_run == 0) {
       dr.barrier_wait_s = seconds(st.wall);
     } else if (r.device_end != Clock::time_point{}) {
-      dr.barrier_wait_s = std::max(0.0, seconds(phase.end - r.device_end));
+      dr.barrier_wait_s = std::max(0.0, seconds(chunks_end - r.device_end));
     } else {
-      dr.barrier_wait_s = std::max(0.0, seconds(st.wall - wc.last_end));
+      dr.barrier_wait_s = std::max(0.0, seconds(st.wall - wc.last_end) + seconds(chunks_end - phase.end) - seconds(r.finish));
     }
     dr.chunks_run = wc.chunks_run;
     dr.samples = r.samples;
@@ -47,18 +65,21 @@ StepReport Runtime::Impl::build_report(std::size_t batch, const ChunkTable& t, c
   const std::size_t n = dev.devices.size();
   StepReport rep;
   rep.step = ++steps;
-  rep.chunks_s = seconds(phase.end - phase.start);
-  rep.reduce_s = seconds(reduced.end - phase.end);  // step() takes the update's part out of it
+  const Clock::time_point chunks_end = chunks_done(phase, dev.replicas);
+  rep.chunks_s = seconds(chunks_end - phase.start);
+  rep.reduce_s = seconds(reduced.end - chunks_end);  // step() takes the update's part out of it
   rep.samples = batch;
   rep.chunks = t.size();
   // Busy: a device's chunks and the rest of its part of the reduction (as a GPU's utilization counts its NCCL
   // kernels). A modelled reduction counts once for every device, whichever worker slept it out.
   const double model_s = cluster ? 0.0 : comm->model_seconds();
+  const bool drained_before = exact && !dev.host;  // take_device_cells() drained the devices, outside these counters
   double loss = 0;
   for (std::size_t d = 0; d < n; ++d) {
     const Replica& r = *dev.replicas[d];
     const double in_reduction = seconds(reduced.within.workers[d].busy) + seconds(reduced.applied.workers[d].busy);
-    local[d].busy_s = local[d].compute_s + std::max(0.0, in_reduction - seconds(r.finish) - seconds(r.model_wait)) + model_s;
+    const double drain = drained_before ? 0.0 : seconds(r.finish);  // in compute_s already
+    local[d].busy_s = local[d].compute_s + std::max(0.0, in_reduction - drain - seconds(r.model_wait)) + model_s;
     loss += r.loss;
   }
   for (std::size_t c = 0; dev.kind == DeviceKind::kSim && c < t.size(); ++c) {
@@ -73,14 +94,14 @@ StepReport Runtime::Impl::build_report(std::size_t batch, const ChunkTable& t, c
     // Each device's wait for the others, from its last chunk to the barrier: the end of the chunk phase, or the end
     // of the last chunk still in flight then (on a device with its own timeline), whichever is later.
     const StepStats& st = phase.stats;
-    Clock::time_point barrier = phase.end;
+    Clock::time_point barrier = chunks_end;
     for (const auto& r : dev.replicas) barrier = std::max(barrier, std::min(r->device_end, reduced.end));
     for (std::size_t d = 0; d < n; ++d) {
       const auto last = st.workers[d].chunks_run > 0 ? st.workers[d].last_end : std::chrono::nanoseconds(0);
       const auto from = std::max(phase.start + last, std::min(dev.replicas[d]->device_end, barrier));
       trace->add({static_cast<std::uint32_t>(dev.ids[d]), 0, (from - epoch).count(), (barrier - epoch).count(), TraceKind::kBarrier});
     }
-    trace->add({static_cast<std::uint32_t>(dev.ever()), 0, (phase.end - epoch).count(), (reduced.end - epoch).count(), TraceKind::kAllReduce});
+    trace->add({static_cast<std::uint32_t>(dev.ever()), 0, (chunks_end - epoch).count(), (reduced.end - epoch).count(), TraceKind::kAllReduce});
   }
   if (cluster) {
     // Every rank's devices and loss, from the tallies; what this rank took from the others.

@@ -58,6 +58,15 @@ StepReport accumulate(std::span<const StepReport> steps) {
   return sum;
 }
 
+double ideal_seconds(const StepReport& step, std::span<const double> slowdown) {
+  double work = 0, speed = 0;
+  for (std::size_t d = 0; d < step.devices.size(); ++d) {
+    const double factor = d < slowdown.size() ? slowdown[d] : 1.0;
+    work += step.devices[d].compute_s / factor, speed += 1.0 / factor;
+  }
+  return (speed > 0 ? work / speed : 0) + step.reduce_s + step.optimizer_s;
+}
+
 std::string format_dashboard(const StepReport& r, const std::string& title) {
   constexpr int kBar = 20;
   std::string out;

@@ -2,6 +2,7 @@
 # --compare on one device, where static and steal do the same work with the same chunks: the speedup it reports must
 # read 1.0 within noise. Each policy is warmed up before anything is timed and the two alternate epoch by epoch, so
 # neither pays what the other does not (the first steps in a process, a machine whose load drifts). Run serially.
+# And no run beats its ideal: on cpu:1, and on sim:1, whose chunks in flight end each step with a drain.
 # Usage: compare_one_device.sh MLP
 set -uo pipefail
 mlp=$1
@@ -19,10 +20,16 @@ write("t10k-images-idx3-ubyte.gz", struct.pack(">IIII", 0x803, 500, 28, 28), os.
 write("t10k-labels-idx1-ubyte.gz", struct.pack(">II", 0x801, 500), bytes(b % 10 for b in os.urandom(500)))
 PY
 "$mlp" --data "$work" --compare --devices cpu:1 --chunk 128 --epochs 7 --json "$work/out.json" >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
+"$mlp" --data "$work" --devices sim:1 --chunk 128 --epochs 1 --limit 4096 --json "$work/sim.json" >"$work/sim.log" 2>&1 || { cat "$work/sim.log"; exit 1; }
 grep "steal vs static" "$work/log"
-python3 - "$work/out.json" <<'PY'
+python3 - "$work/out.json" "$work/sim.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
+for path, devices in zip(sys.argv[1:], ("cpu:1", "sim:1")):
+    for r in json.load(open(path))["runs"]:
+        print(f"{devices} {r['policy']}: {r['ideal_fraction']:.3f} of the ideal")
+        if not 0 < r["ideal_fraction"] <= 1.0 + 1e-9:
+            sys.exit(f"FAIL: {devices} {r['policy']} reads {r['ideal_fraction']} of the ideal: its steps beat their ideal")
 static, steal = (r["epoch_seconds"] for r in j["runs"])
 ratio = j["speedup_steal_vs_static"]
 print(f"epochs: static {[round(x, 3) for x in static]}, steal {[round(x, 3) for x in steal]}; ratio of medians {ratio:.3f}")

@@ -71,3 +71,16 @@ TEST_CASE("Telemetry.TraceReplacesBytesThatAreNotUtf8") {
   CHECK(j["traceEvents"][1]["args"]["name"] == "host");
   std::filesystem::remove(path);
 }
+
+TEST_CASE("Telemetry.IdealSpreadsTheDevicesComputeOverTheirSummedSpeed") {
+  // Two devices, the second slowed 2-fold: 1 s and 3 s of chunks are 1 + 1.5 s of work at full speed, over a summed
+  // speed of 1.5 devices; the reduction and the update are paid as they came.
+  StepReport r;
+  r.reduce_s = 0.25, r.optimizer_s = 0.125;
+  r.devices.resize(2);
+  r.devices[0].compute_s = 1.0, r.devices[1].compute_s = 3.0;
+  const std::vector<double> slowdown = {1.0, 2.0};
+  CHECK(ideal_seconds(r, slowdown) == doctest::Approx(2.5 / 1.5 + 0.375));
+  CHECK(ideal_seconds(r) == doctest::Approx(2.0 + 0.375));  // no factors: the mean
+  CHECK(ideal_seconds(StepReport{}) == 0.0);
+}

@@ -44,7 +44,8 @@ class PartsCommunicator final : public Communicator {
  public:
   // On the runtime's thread, with GPU devices[0]->gpu()'s primary context current there (cudaSetDevice).
   explicit PartsCommunicator(std::vector<CudaDevice*> devices);
-  // On part d's worker, after its sample count was enqueued: waits for its stream, so the sum reads final buffers.
+  // On part d's worker, after its sample count was enqueued: waits for its stream, so the sum reads final buffers
+  // (with one part there is no sum, and nothing to wait for).
   void allreduce_sum(std::size_t device, std::span<float* const>, std::size_t) override;
   void allreduce_all(std::span<float* const> buffers, std::size_t count) override;
 

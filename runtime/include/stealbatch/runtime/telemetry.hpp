@@ -13,7 +13,8 @@ namespace stealbatch {
 
 struct DeviceReport {
   std::string name;
-  double compute_s = 0;       // its chunks' time: the device's own figure (chunks in flight), or its worker's
+  double compute_s = 0;       // its chunks' time: the device's own figure (chunks in flight), or its worker's calls
+                              // plus its wait for the chunks still in flight when they ended (a GPU's drain)
   double busy_s = 0;          // running chunks, its part of the AllReduce and its optimizer update (a slowed-down
                               // device counts its idling as busy: it emulates compute)
   double idle_s = 0;          // step_s - busy_s
@@ -29,8 +30,8 @@ struct DeviceReport {
 struct StepReport {
   std::uint64_t step = 0;     // 1-based count of steps run by this runtime
   double step_s = 0;          // the whole step: chunks, reduction and optimizer
-  double chunks_s = 0;        // the chunk phase (scheduler wall time)
-  double reduce_s = 0;        // the AllReduce
+  double chunks_s = 0;        // the chunk phase: until every device's chunks were done, its drain included
+  double reduce_s = 0;        // the AllReduce, from there (with one device: nothing to reduce, about 0)
   double optimizer_s = 0;     // the update on every replica
   std::uint64_t samples = 0;
   std::uint64_t chunks = 0;
@@ -56,6 +57,18 @@ struct StepReport {
 
 // Sums step reports into one (an epoch): times and counts add, utilization is recomputed from the sums.
 StepReport accumulate(std::span<const StepReport> steps);
+
+// The step's ideal time: its devices' chunk time spread over their summed speed, as if perfectly balanced, plus the
+// reduction and the update it paid,
+//   (sum_d compute_s_d / f_d) / (sum_d 1 / f_d) + reduce_s + optimizer_s,
+// where f_d is device d's slowdown factor (`slowdown[d]`, 1 where it names none): a device slowed f-fold ran its
+// chunks in f times their work. The balanced term is a weighted mean of the compute_s, at most the largest, and each
+// compute_s lies within the chunk phase, which the reduction and the update do not overlap: in one process a step
+// never takes less than its ideal. (Across ranks a rank's reduce_s also holds its wait for the other ranks' chunks.)
+//
+//   double ideal = 0, actual = 0;
+//   for (const StepReport& r : steps) ideal += ideal_seconds(r), actual += r.step_s;  // ideal / actual <= 1
+double ideal_seconds(const StepReport& step, std::span<const double> slowdown = {});
 
 // A fixed-width table with one bar per device, in the spirit of nvidia-smi:
 //   dev    util  |bar                 |  busy(s)  wait(s)  chunks  stolen  samples  chunk (the latest step's own chunk size)
