@@ -117,6 +117,8 @@ TrainerModel torch_trainer_model(libtorch::ModuleChunks<Net>& first, const std::
   };
 #if defined(STEALBATCH_TORCH_CUDA)
   tm.chunk_function_on_gpus = true;  // the adapter runs on GPU devices, on the device's copy of the training set
+#else
+  tm.no_gpu_reason = "this program's libtorch is CPU-only (libtorch " TORCH_VERSION " without CUDA): its modules run on cpu: devices only";
 #endif
   tm.test_accuracy = [&first, &test](std::span<const float> params) {
     return first.with_parameters(params, [&](Net& net) { return torch_accuracy(net, test); });

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -27,6 +28,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <system_error>
 
 #include <unistd.h>
 
@@ -282,7 +284,7 @@ PolicyRun::PolicyRun(const TrainerFlags& flags, const PolicyChoice& policy, cons
     std::fprintf(stderr, "note: CUDA_DEVICE_MAX_CONNECTIONS is unset (8 hardware queues): vgpu parts may wait on each other; set it to 32\n");
   }
   if (gpu && !model.chunk_function_on_gpus) {
-    if (!model.gpu_chunk) throw ConfigError("devices = '" + f.devices + "': this program was built without the CUDA backend (STEALBATCH_CUDA=OFF)");
+    if (!model.gpu_chunk) throw ConfigError("devices = '" + f.devices + "': " + model.no_gpu_reason);
     // A GPU chunk's samples travel as rows of features + label, gathered on the host into pinned staging.
     ro.gpu.input_bytes = gpu_input_bytes(train_set);
     ro.gpu.gather = [&set = train_set](std::uint32_t s, std::byte* dst) { gather_sample(set, s, dst); };
@@ -658,6 +660,8 @@ void report(const TrainerFlags& f, const std::vector<RunResult>& runs) {
     std::ofstream out(f.json);
     if (!out) throw Error("cannot write --json file '" + f.json + "'");
     out << j.dump(2) << "\n";
+    out.close();  // a full disk shows here: the figures were not written, and the exit status says so
+    if (!out) throw Error("writing --json file '" + f.json + "' failed: " + std::generic_category().message(errno));
   }
 }
 

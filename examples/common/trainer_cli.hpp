@@ -88,6 +88,8 @@ struct TrainerModel {
   std::function<double(std::span<const float>)> test_accuracy;
   // The chunk function on GPU devices (cuda:, vgpu:); empty in a build without CUDA.
   ChunkFunction gpu_chunk{};
+  // Why GPU devices cannot run this model, when neither gpu_chunk nor chunk_function_on_gpus serves them.
+  std::string no_gpu_reason = "this program was built without the CUDA backend (STEALBATCH_CUDA=OFF)";
   // chunk_function() also runs on GPU devices and reads its inputs there itself (the libtorch adapter built against
   // a CUDA libtorch): used in place of gpu_chunk, and no inputs are gathered for it.
   bool chunk_function_on_gpus = false;

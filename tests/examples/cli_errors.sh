@@ -90,6 +90,14 @@ mkdir "$work/empty"
 expect 4 "no checkpoint" -- "$mlp" "${small[@]}" --resume "$work/empty"
 expect 2 "json = .*cannot open it for writing" -- "$mlp" "${small[@]}" --json "$work/no-such-dir/out.json"
 expect 2 "trace = .*no-such-dir/t.json'.*cannot open it for writing" -- "$mlp" "${small[@]}" --trace "$work/no-such-dir/t.json"
+# A --json whose write fails at the end (a full disk) is an error, not a silent exit 0.
+out=$("$mlp" "${small[@]}" --json /dev/full 2>&1)
+rc=$?
+if [ "$rc" -ne 1 ] || ! grep -q "writing --json file '/dev/full' failed: No space left on device" <<<"$out"; then
+  echo "FAIL: --json /dev/full exited $rc (want 1, naming the failed write):"; sed 's/^/  | /' <<<"$out" | tail -4; fails=$((fails + 1))
+else
+  echo "ok: 1 /writing --json file '/dev/full' failed/"
+fi
 expect 2 "trace = .*no-such-dir/t.json.static.json'.*cannot open it for writing" -- "$mlp" "${small[@]}" --compare --trace "$work/no-such-dir/t.json"
 # Numbers past their type's range are usage errors, not an abort; so are settings the runtime would refuse later, and
 # flags that would be silently ignored.
@@ -147,6 +155,8 @@ kill "$live" 2>/dev/null; wait "$live" 2>/dev/null
 expect 0 "training is diverging" -- "$mlp" "${ck[@]}" --epochs 2 --lr 10 --optimizer sgd --schedule constant
 if [ -n "$torch_mlp" ]; then
   expect 2 "cpu:N" -- "$torch_mlp" "${base[@]}" --epochs 1 --plain --devices cpu:0
+  # GPU devices with Debian's CPU-only libtorch: the true reason, not a build without CUDA.
+  expect 2 "devices = 'cuda:all': this program's libtorch is CPU-only" -- "$torch_mlp" "${base[@]}" --epochs 1 --devices cuda:all
 fi
 lm_base=(--limit 16 --batch 8 --epochs 1 --width 16 --layers 1 --heads 2 --validation-docs 4 --devices cpu:1)
 lm=("${lm_base[@]}" --max-len 64)
