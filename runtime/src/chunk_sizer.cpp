@@ -1,13 +1,29 @@
-// ChunkSizer: a ladder of chunk sizes explored upward per device, and the smallest good-enough rung chosen.
+// ChunkSizer: a first step that fits each device's call time, a start at the rung that line predicts, and a ladder
+// explored from there where it does not hold.
 #include <stealbatch/runtime/detail/chunk_sizer.hpp>
 
 #include <stealbatch/stats.hpp>
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <span>
 
 namespace stealbatch::detail {
+
+namespace {
+
+// Samples/s of a chunk of m samples by the line a + b m.
+double line_rate(const CallFit::Line& l, std::size_t m) noexcept {
+  const double x = static_cast<double>(m), t = l.per_call + l.per_unit * x;
+  return t > 0 ? x / t : 0;
+}
+
+// Whether the device's calls tell a fixed part a > 0 from the per-sample one. Without one (a curve flat from 8, or
+// times that grow faster than the samples: no line fits them) there is nothing to start from but the first rung.
+bool has_fixed_part(const CallFit& f) noexcept { return f.separates() && f.line().per_call > 0; }
+
+}  // namespace
 
 void ChunkSizer::Rung::add(double seconds_per_sample, std::size_t weight) noexcept {
   per_sample[entries++ % kWindow] = seconds_per_sample;
@@ -24,33 +40,71 @@ double ChunkSizer::Rung::samples_per_s() const noexcept {
 
 void ChunkSizer::reset(std::size_t devices) { m_devices.assign(devices, State{}); }
 
+void ChunkSizer::set_choice(Choice c) noexcept {
+  m_choice = c;
+  for (State& s : m_devices) {
+    const bool measured = std::any_of(s.rungs.begin(), s.rungs.end(), [](const Rung& g) { return g.entries > 0; });
+    if (!s.exploring && measured) s.at = choose(s);
+  }
+}
+
 void ChunkSizer::erase(std::size_t device) { m_devices.erase(m_devices.begin() + static_cast<std::ptrdiff_t>(device)); }
 
+std::size_t ChunkSizer::top_rung(std::size_t share) noexcept {
+  std::size_t r = 0;
+  while (r + 1 < kRungs && rung_size(r + 1) <= share) ++r;
+  return r;
+}
+
+bool ChunkSizer::probing(std::size_t device) const noexcept {
+  const State& s = m_devices[device];
+  return m_timing == Timing::kByChunk && s.exploring && s.steps == 0;
+}
+
+void ChunkSizer::probe_sizes(std::size_t share, std::vector<std::uint32_t>& out) {
+  out.clear();
+  std::size_t rungs = 0, each = 0;
+  for (std::size_t k = 2; k <= kRungs; ++k) {
+    const std::size_t times = 1 + (CallFit::kMinCalls + k - 1) / k;
+    if (times * kFirstRung * ((std::size_t{1} << k) - 1) > share) break;  // grows with k
+    rungs = k, each = times;
+  }
+  std::size_t used = 0;
+  for (std::size_t r = 0; r < rungs; ++r) {
+    for (std::size_t i = 0; i < each; ++i) out.push_back(static_cast<std::uint32_t>(rung_size(r))), used += rung_size(r);
+  }
+  if (rungs > 0 && used < share) out.push_back(static_cast<std::uint32_t>(share - used));
+}
+
 std::size_t ChunkSizer::size(std::size_t device, std::size_t share) const noexcept {
-  return std::max<std::size_t>(1, std::min(share, rung_size(m_devices[device].at)));
+  const State& s = m_devices[device];
+  // Timed by the step, a device without thieves runs its first step at its start (see start()): no faster at 8.
+  const bool first = m_timing == Timing::kByStep && m_choice == Choice::kFastest && s.exploring && s.steps == 0;
+  const std::size_t r = first ? top_rung(share) : s.at;
+  return std::max<std::size_t>(1, std::min(share, rung_size(r)));
 }
 
 void ChunkSizer::observe_chunk(std::size_t device, std::size_t samples, double seconds) noexcept {
   if (samples < kFirstRung || !std::has_single_bit(samples) || !(seconds > 0)) return;
   const auto r = static_cast<std::size_t>(std::countr_zero(samples) - std::countr_zero(kFirstRung));
-  if (r >= kRungs || m_devices[device].steps == 0) return;  // the device's first step: see the header
-  Rung& g = m_devices[device].rungs[r];
+  if (r >= kRungs) return;
+  State& s = m_devices[device];
+  Rung& g = s.rungs[r];
+  const double per_sample = seconds / static_cast<double>(samples);
   if (!g.warm) {
-    g.warm = true;
+    g.warm = true, g.first = per_sample;
     return;
   }
-  g.add(seconds / static_cast<double>(samples), 1);
+  s.fit.add(static_cast<double>(samples), seconds);
+  if (s.steps == 0) return;  // the device's first step: only the line (see the header)
+  g.add(per_sample, 1);
 }
 
 void ChunkSizer::observe_step(std::size_t device, std::size_t samples, double seconds) noexcept {
   State& s = m_devices[device];
-  if (!s.exploring || samples == 0 || !(seconds > 0) || s.steps == 0) return;
-  Rung& g = s.rungs[s.at];
-  if (!g.warm) {
-    g.warm = true;
-    return;
-  }
-  g.add(seconds / static_cast<double>(samples), (kMinChunks + kMinSteps - 1) / kMinSteps);  // kMinSteps steps suffice
+  // A step that ran no chunk of the rung (its share was smaller) says nothing of it.
+  if (!s.exploring || samples < rung_size(s.at) || !(seconds > 0) || s.steps == 0) return;
+  s.rungs[s.at].add(seconds / static_cast<double>(samples), kMinChunks);  // every step counts: one measures the rung
 }
 
 std::size_t ChunkSizer::choose(const State& s) const noexcept {
@@ -63,11 +117,65 @@ std::size_t ChunkSizer::choose(const State& s) const noexcept {
   return 0;
 }
 
+std::size_t ChunkSizer::predict(const State& s, std::size_t top) const noexcept {
+  const CallFit::Line l = s.fit.line();
+  const double bar = (m_choice == Choice::kFastest ? 1 / kFlat : kGoodEnough) * line_rate(l, rung_size(top));
+  std::size_t r = 0;
+  while (r < top && line_rate(l, rung_size(r)) < bar) ++r;
+  return r;
+}
+
+void ChunkSizer::start(State& s, std::size_t share) const noexcept {
+  const std::size_t top = top_rung(share);
+  s.phase = Phase::kClimb;
+  if (m_timing == Timing::kByStep) {
+    s.at = m_choice == Choice::kFastest ? top : 0;
+  } else if (has_fixed_part(s.fit)) {
+    s.at = predict(s, top);
+    s.expected = line_rate(s.fit.line(), rung_size(s.at));
+    s.phase = Phase::kVerify;
+  } else {
+    s.at = 0;
+  }
+}
+
+bool ChunkSizer::verify(State& s, std::size_t share) const noexcept {
+  const Rung& g = s.rungs[s.at];
+  const std::size_t top = top_rung(share);
+  // Only the rung's first chunk so far: it may have paid one-time costs, but where it lies on the line it did not.
+  const double seen = g.entries > 0 ? g.samples_per_s() : g.first > 0 ? 1 / g.first : 0;
+  const double off = seen > 0 && s.expected > 0 ? seen / s.expected - 1 : -1;
+  // A rung on its line confirms it; so does the largest rung running faster than its line (a line fitted to smaller
+  // chunks, whose time is more than a + b n, puts b too high). The fastest rung's choice is then made. The smallest
+  // good-enough rung's needs the best measured, as the line may overrate the large rungs it never saw (a CPU's curve
+  // flattens where the line's rises on): the largest rung, then the rungs below the choice, down to one that falls
+  // short (descend()).
+  if (std::abs(off) <= kFitted || (off > 0 && s.at == top)) {
+    if (m_choice == Choice::kFastest) {
+      settle(s, s.at);
+      return true;
+    }
+    s.phase = Phase::kDescend;
+    if (s.at == top) return false;  // measured: descend now
+    s.at = top;
+    return true;
+  }
+  if (g.entries == 0) return true;  // the next step counts its chunks
+  // Off the line: once, the line again, with this step's chunks in it; then the ladder, from here.
+  const std::size_t again = has_fixed_part(s.fit) ? predict(s, top) : s.at;
+  if (!s.predicted_again && again != s.at && s.rungs[again].entries == 0) {
+    s.predicted_again = true;
+    s.at = again;
+    s.expected = line_rate(s.fit.line(), rung_size(again));
+    return true;
+  }
+  s.phase = Phase::kClimb;
+  return false;
+}
+
 void ChunkSizer::stop_exploring(std::size_t device) noexcept {
   State& s = m_devices[device];
-  if (!s.exploring) return;
-  s.exploring = false;
-  s.at = choose(s);
+  if (s.exploring) settle(s, choose(s));
 }
 
 void ChunkSizer::end_step(std::size_t device, std::size_t share) noexcept {
@@ -77,12 +185,30 @@ void ChunkSizer::end_step(std::size_t device, std::size_t share) noexcept {
     return;
   }
   if (!s.exploring) return;
-  if (rung_size(s.at) > share) {  // the rung no longer fits the share (its share shrank as speeds were measured)
-    stop_exploring(device);
+  const std::size_t top = top_rung(share);
+  const bool measured_below = std::any_of(s.rungs.begin(), s.rungs.begin() + static_cast<std::ptrdiff_t>(top + 1), [](const Rung& g) { return g.entries > 0; });
+  // After the first step; or, where the share shrank below the rung (as speeds were measured) and below every rung
+  // measured, again for the share it has now.
+  if (s.steps == 1 || (rung_size(s.at) > share && !measured_below)) {
+    start(s, share);
     return;
   }
-  if (s.rungs[s.at].count < kMinChunks && s.steps < kMaxExploreSteps) return;
-  // The rung is measured: stop where the next one cannot be cut from the share, at the top, or on a flat curve.
+  if (rung_size(s.at) > share || s.steps >= kMaxExploreSteps) {
+    settle(s, choose(s));
+    return;
+  }
+  if (s.phase == Phase::kVerify && verify(s, share)) return;
+  // Climbing, a rung is measured by kMinChunks chunks; checking a line's choice, by as many as one step holds, up to
+  // kMinChunks (the share's largest rung: one).
+  const std::size_t needed = s.phase == Phase::kClimb ? kMinChunks : std::clamp<std::size_t>(share / rung_size(s.at), 1, kMinChunks);
+  if (s.rungs[s.at].count < needed) return;
+  if (s.phase == Phase::kClimb && climb(s, share)) return;
+  descend(s);
+}
+
+bool ChunkSizer::climb(State& s, std::size_t share) const noexcept {
+  // The rung is measured: climb on, unless the next one cannot be cut from the share, this is the top, or the curve
+  // has flattened.
   auto best_below = [&](std::size_t r) {
     double b = 0;
     for (std::size_t i = 0; i < r; ++i) b = std::max(b, s.rungs[i].samples_per_s());
@@ -90,11 +216,23 @@ void ChunkSizer::end_step(std::size_t device, std::size_t share) noexcept {
   };
   bool flat = s.at >= kFlatRungs;
   for (std::size_t r = s.at + 1 - std::min(s.at + 1, kFlatRungs); flat && r <= s.at; ++r) flat = s.rungs[r].samples_per_s() < kFlat * best_below(r);
-  if (s.at + 1 >= kRungs || rung_size(s.at + 1) > share || flat || s.steps >= kMaxExploreSteps) {
-    stop_exploring(device);
+  if (s.at + 1 < kRungs && rung_size(s.at + 1) <= share && !flat) {
+    ++s.at;
+    return true;
+  }
+  s.phase = Phase::kDescend;
+  return false;
+}
+
+void ChunkSizer::descend(State& s) const noexcept {
+  // The choice, once the rung below it is measured and falls short (or it is the first rung). A GPU timed by the step
+  // that takes its fastest rung keeps the largest: its time per call only falls with fewer calls.
+  const std::size_t c = choose(s);
+  if (c > 0 && s.rungs[c - 1].entries == 0 && (m_timing == Timing::kByChunk || m_choice == Choice::kSmallestGoodEnough)) {
+    s.at = c - 1;
     return;
   }
-  ++s.at;
+  settle(s, c);
 }
 
 double ChunkSizer::relative_speed(std::size_t a, std::size_t b) const noexcept {

@@ -119,17 +119,23 @@ Shares to_shares(const std::vector<ChunkRange>& r) {
   return s;
 }
 
+// How a share is cut: into whole chunks of its size; finer at its end; or, a device's first step with automatic
+// sizes, into the chunk sizer's probe (detail::ChunkSizer::probe_sizes).
+enum class Cut : std::uint8_t { kWhole, kFiner, kProbe };
+
 // Cuts each share (a device's, or across ranks a rank's) into chunks: whole ones of its size to the share's end, or (cut finer) sixths of what is
 // left down to `floor` at the end, so the owner ends its share, and thieves (who take from the high end) start, on
-// small chunks (detail::cut_share). Fills the spans and each share's range of chunk ids.
-void cut_shares(const Shares& share, const std::vector<double>& target, const std::vector<double>& floor, const std::vector<bool>& finer,
+// small chunks (detail::cut_share), or the sizer's probe. Fills the spans and each share's range of chunk ids.
+void cut_shares(const Shares& share, const std::vector<double>& target, const std::vector<double>& floor, const std::vector<Cut>& cut,
                 std::span<const double> position_cost, ChunkTable& t, std::vector<ChunkRange>& ranges) {
   std::vector<std::uint32_t> sizes;
   for (std::size_t d = 0; d < share.size(); ++d) {
     ranges[d].begin = static_cast<ChunkId>(t.spans.size());
     sizes.clear();
-    if (finer[d]) {
+    if (cut[d] == Cut::kFiner) {
       detail::cut_share(share[d].first, share[d].second, target[d], floor[d], position_cost, sizes);
+    } else if (cut[d] == Cut::kProbe) {
+      detail::ChunkSizer::probe_sizes(share[d].second - share[d].first, sizes);
     } else {
       const auto whole = static_cast<std::uint32_t>(std::max(1.0, target[d]));
       for (std::uint32_t at = share[d].first; at < share[d].second; at += whole) sizes.push_back(std::min(whole, share[d].second - at));
@@ -170,15 +176,20 @@ void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& 
     }
   }
   std::vector<double> target(n), floor(n);
-  std::vector<bool> finer(n);
+  std::vector<Cut> cut(n, Cut::kWhole);
+  std::vector<std::uint32_t> probe;
   for (std::size_t d = 0; d < n; ++d) {
     t.share_len[d] = share[d].second - share[d].first;
     t.own_size[d] = std::min<std::size_t>(t.own_size[d], std::max<std::uint32_t>(1, t.share_len[d]));
+    if (speed.chunk_sizer.probing(d)) {  // its first step: chunks of several sizes, for its call-time line
+      detail::ChunkSizer::probe_sizes(t.share_len[d], probe);
+      if (!probe.empty()) cut[d] = Cut::kProbe, t.own_size[d] = *std::max_element(probe.begin(), probe.end());
+    }
     t.own_cost[d] = target[d] = static_cast<double>(t.own_size[d]);
     floor[d] = std::max(1.0, target[d] / 4);
-    finer[d] = p.finer_ends && !speed.chunk_sizer.exploring(d);  // an exploring device's chunks are all of its rung
+    if (p.finer_ends && !speed.chunk_sizer.exploring(d)) cut[d] = Cut::kFiner;  // an exploring device's chunks are all of its rung
   }
-  cut_shares(share, target, floor, finer, p.position_cost, t, t.ranges);
+  cut_shares(share, target, floor, cut, p.position_cost, t, t.ranges);
   t.full_chunk = static_cast<double>(*std::max_element(t.own_size.begin(), t.own_size.end()));
 }
 
@@ -199,7 +210,7 @@ void Runtime::Impl::cut_by_speed(std::size_t batch, const StepPlan& p, ChunkTabl
   }
   const std::vector<double> weights = detail::speed_share_weights(p.rate, speed.history, t.own_size, batch);
   const Shares share = p.by_cost() ? detail::split_by_cost(p.position_cost, weights) : to_shares(place_proportional(batch, weights));
-  cut_shares(share, t.own_cost, floor, std::vector<bool>(n, true), p.position_cost, t, t.ranges);
+  cut_shares(share, t.own_cost, floor, std::vector<Cut>(n, Cut::kFiner), p.position_cost, t, t.ranges);
 }
 
 // Packed (PlacementPolicy::kPacked): each device's packed samples lie together (GivenCosts::take()); each share is cut
@@ -211,7 +222,7 @@ void Runtime::Impl::cut_packed(const StepPlan& p, ChunkTable& t) {
   for (std::size_t d = 0; d < n; ++d) share[d] = {at, at + costs.packed_len[d]}, at += costs.packed_len[d];
   const std::vector<double> target(n, p.cost_chunk);
   for (std::size_t d = 0; d < n; ++d) t.own_size[d] = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(p.cost_chunk))), t.own_cost[d] = p.cost_chunk;
-  cut_shares(share, target, /*floor: whole chunks*/ target, std::vector<bool>(n, true), p.position_cost, t, t.ranges);
+  cut_shares(share, target, /*floor: whole chunks*/ target, std::vector<Cut>(n, Cut::kFiner), p.position_cost, t, t.ranges);
 }
 
 // Fixed sizes, placed by count: the batch cut into chunks of chunk_size (the last may hold fewer), placed equally,
@@ -253,7 +264,7 @@ void Runtime::Impl::cut_rank_shares(std::size_t batch, StepPlan& p, ChunkTable& 
       floor[r] = costs.packed() ? rs.chunk[r] : p.by_cost() ? rs.chunk[r] / 4 : std::max(1.0, std::floor(rs.chunk[r] / 4));
     }
     rs.share.assign(ranks, {});
-    cut_shares(share, rs.chunk, floor, std::vector<bool>(ranks, true), p.position_cost, t, rs.share);
+    cut_shares(share, rs.chunk, floor, std::vector<Cut>(ranks, Cut::kFiner), p.position_cost, t, rs.share);
   }
   t.ranges.assign(dev.devices.size(), {});  // the devices claim chunks from the share words as they go
   const auto whole = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(rs.chunk[rs.me])));

@@ -61,6 +61,7 @@ class SimBackend final : public DeviceBackend {
       // A simulated device's speed is its spec'd speed divided by its slowdown factor.
       auto d = std::make_unique<SimDevice>(i, spec.speeds[i] / slow[i], o.sim.sample_seconds, o.sim.sample_cost);
       d->set_link(o.sim.bytes_per_sample, o.sim.link_bw, o.sim.link_latency);
+      d->set_call_seconds(o.sim.call_seconds);
       d->set_in_flight(o.gpu.in_flight, o.sim.launch_lead);
       if (o.sim.speed_factor) d->set_speed_factor([f = o.sim.speed_factor, i](std::uint64_t step, double t) { return f(i, step, t); });
       if (o.schedule.deterministic) d->set_one_thread();

@@ -1,4 +1,4 @@
-// SimDevice: the chunk's simulated duration is samples * sample_seconds / speed, slept out after the real work.
+// SimDevice: the chunk's simulated duration is call_seconds + samples * sample_seconds / speed, slept out after the real work.
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/detail/timer_slack.hpp>
 #include <stealbatch/runtime/sim_device.hpp>
@@ -40,6 +40,11 @@ void SimDevice::begin_step(std::uint64_t step, std::chrono::steady_clock::time_p
   m_step_seconds = 0;
 }
 
+void SimDevice::set_call_seconds(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0 || seconds > 1) throw ConfigError("sim.call_seconds = " + std::to_string(seconds) + " s; valid range is [0, 1]");
+  m_call_seconds = seconds;
+}
+
 void SimDevice::set_in_flight(std::size_t k, double lead) {
   check_in_flight(k);
   if (!std::isfinite(lead) || lead < 0 || lead > 1) throw ConfigError("sim.launch_lead = " + std::to_string(lead) + " s; valid range is [0, 1]");
@@ -66,7 +71,7 @@ ChunkTiming SimDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
     work = 0;
     for (std::uint32_t s : ctx.samples) work += m_sample_cost(s);
   }
-  double seconds = work * m_sample_seconds / speed;
+  double seconds = m_call_seconds + work * m_sample_seconds / speed;
   if (ctx.home_device != m_index && m_bytes_per_sample > 0) {
     seconds += m_bytes_per_sample * static_cast<double>(ctx.samples.size()) / m_link_bw + m_latency;
   }

@@ -22,8 +22,11 @@ void SpeedModel::reset(std::size_t n, std::size_t window, bool static_policy, bo
   call_fit.assign(n, {});
   m_idle_steps.assign(n, 0);
   chunk_sizer.reset(n);
-  // No thieves under the static policy: each device's fastest rung, not the smallest good-enough one.
-  chunk_sizer.set_choice(static_policy ? detail::ChunkSizer::Choice::kFastest : detail::ChunkSizer::Choice::kSmallestGoodEnough);
+  // No thieves under the static policy, nor for a lone device: each device's fastest rung, not the smallest
+  // good-enough one.
+  chunk_sizer.set_choice(static_policy || n == 1 ? detail::ChunkSizer::Choice::kFastest : detail::ChunkSizer::Choice::kSmallestGoodEnough);
+  // A GPU's chunks run asynchronously, and its worker's calls do not time them: the step does (learn_from_step()).
+  chunk_sizer.set_timing(host ? detail::ChunkSizer::Timing::kByChunk : detail::ChunkSizer::Timing::kByStep);
   cost_profile.reset();
   m_pending = {};
   m_window = window, m_host = host, m_learn_later = learn_later;
@@ -64,6 +67,7 @@ void SpeedModel::drop_device(std::size_t position) {
   at(history), at(stolen_slowness), at(m_idle_steps), at(cost_rate), at(call_fit);
   cost_profile.reset();  // indexed by the devices as they were
   chunk_sizer.erase(position);
+  if (history.size() == 1) chunk_sizer.set_choice(detail::ChunkSizer::Choice::kFastest);  // the survivor has no thieves left
   m_pending.ready = false;
 }
 

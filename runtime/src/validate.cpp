@@ -74,6 +74,7 @@ void validate(const GpuOptions& o) {
 
 void validate(const SimOptions& o) {
   check("sim.sample_seconds", o.sample_seconds, 0, 1, " s");
+  check("sim.call_seconds", o.call_seconds, 0, 1, " s");
   check("sim.bytes_per_sample", o.bytes_per_sample, 0, 1e9);
   check("sim.link_bw", o.link_bw, 1, 1e15);
   check("sim.link_latency", o.link_latency, 0, 1, " s");

@@ -37,6 +37,8 @@ TEST_CASE("Config.EveryFieldOutsideItsRangeNamesFieldAndValue") {
       {"throughput_window", "0", [](RuntimeOptions& o) { o.schedule.throughput_window = 0; }},
       {"throughput_window", "101", [](RuntimeOptions& o) { o.schedule.throughput_window = 101; }},
       {"sim.sample_seconds", "2", [](RuntimeOptions& o) { o.devices = "sim:1,1", o.sim.sample_seconds = 2; }},
+      {"sim.call_seconds", "-0.001", [](RuntimeOptions& o) { o.sim.call_seconds = -1e-3; }},
+      {"sim.call_seconds", "nan", [nan](RuntimeOptions& o) { o.sim.call_seconds = nan; }},
       {"sim.bytes_per_sample", "-1", [](RuntimeOptions& o) { o.sim.bytes_per_sample = -1; }},
       {"sim.link_bw", "0", [](RuntimeOptions& o) { o.sim.link_bw = 0; }},
       {"sim.link_latency", "nan", [nan](RuntimeOptions& o) { o.sim.link_latency = nan; }},

@@ -55,10 +55,13 @@ enum class EndGame { kOn, kOff };
 // the step's gradient is still exact, and later steps run on the survivors (StepReport::excluded_devices).
 enum class OnDeviceFailure { kFail, kExclude };
 
-// Simulated devices: a chunk takes sample_seconds x (the sum of its samples' costs) / speed, slept out on the host,
-// while the chunk function computes the real gradient.
+// Simulated devices: a chunk takes call_seconds + sample_seconds x (the sum of its samples' costs) / speed, slept out
+// on the host, while the chunk function computes the real gradient.
 struct SimOptions {
   double sample_seconds = 100e-6;                      // seconds per sample at speed 1, [0, 1]
+  // What each call costs whatever it holds, at any speed: a GPU's kernel launches and their latency, an eager
+  // framework's dispatch. 0: a chunk's time is its samples'. Seconds, [0, 1].
+  double call_seconds = 0;
   std::function<double(std::uint32_t)> sample_cost{};  // a sample's relative cost (default 1)
   // A stolen chunk's inputs cross a link first: bytes_per_sample * samples / link_bw + link_latency seconds. The
   // AllReduce of allreduce_bytes follows the ring model 2 (n - 1) / n * bytes / busbw + link_latency
@@ -82,8 +85,9 @@ struct SimOptions {
 struct ScheduleOptions {
   // Samples per chunk, [1, 1048576] (on the fastest device, with kBySpeed sizing); or 0: each device's chunk is
   // the smallest size that reaches 95% of its best measured throughput (detail::ChunkSizer): large enough for its
-  // kernels, as small as that allows for the step's tail; under kStatic, which has no tail to share, its best.
-  // StepReport's DeviceReport::chunk_samples tells the sizes.
+  // kernels, as small as that allows for the step's tail; alone or under kStatic, with no tail to share, its best.
+  // A device's first step runs chunks of several sizes, whose times give its fixed cost per call, and the sizer
+  // starts from the size that predicts. StepReport's DeviceReport::chunk_samples tells the sizes.
   std::size_t chunk_size = 0;
   SchedulePolicy policy = SchedulePolicy::kSteal;  // kStatic: no stealing (the DDP baseline)
   PlacementPolicy placement = PlacementPolicy::kAuto;

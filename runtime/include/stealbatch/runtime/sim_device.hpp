@@ -11,10 +11,10 @@
 
 namespace stealbatch {
 
-// A chunk takes sample_seconds * (the sum of its samples' relative costs, 1 each by default) / speed of simulated
-// time, measured from the chunk's start: the device sleeps (burning no CPU) for whatever the chunk function's own
-// host time left of it. The gradient is the
-// chunk function's real one, so a run on simulated devices is as exact as one on CPU devices.
+// A chunk takes call_seconds (0 unless set) + sample_seconds * (the sum of its samples' relative costs, 1 each by
+// default) / speed of simulated time, measured from the chunk's start: the device sleeps (burning no CPU) for whatever
+// the chunk function's own host time left of it. The gradient is the chunk function's real one, so a run on simulated
+// devices is as exact as one on CPU devices.
 //
 //   SimDevice slow(3, /*speed=*/0.25, /*sample_seconds=*/100e-6);   // 400 us per sample
 class SimDevice final : public Device {
@@ -33,6 +33,9 @@ class SimDevice final : public Device {
   void set_link(double bytes_per_sample, double link_bw, double latency) {
     m_bytes_per_sample = bytes_per_sample, m_link_bw = link_bw, m_latency = latency;
   }
+  // A fixed cost of every call, whatever it holds and at any speed (a GPU's kernel launches): seconds, [0, 1]. Set
+  // before the runtime runs.
+  void set_call_seconds(double seconds);
   // Chunks launched and not yet finished, as on a GPU stream (1: each run_chunk() returns when its chunk is done).
   // The device runs its chunks back to back on a timeline of its own: a chunk starts when it is launched or when
   // the one before it ends, whichever is later, so a worker that wakes late (timer overshoot, a busy core) costs
@@ -55,6 +58,7 @@ class SimDevice final : public Device {
   double m_sample_seconds;
   std::function<double(std::uint32_t)> m_sample_cost;
   std::function<double(std::uint64_t, double)> m_factor;
+  double m_call_seconds = 0;
   double m_bytes_per_sample = 0, m_link_bw = 1, m_latency = 0;
   std::size_t m_in_flight = 1;
   std::chrono::steady_clock::duration m_lead{};

@@ -2,7 +2,8 @@
 // (an eager framework's dispatch, a kernel launch, the autograd graph), b, the seconds per unit of the trainer's
 // sample cost (Runtime::step's `cost`). Least squares over the device's last kWindow calls, with a >= 0: where the
 // unconstrained fit puts a below 0, the line through the origin. Calls of one cost cannot separate a from b: then
-// a = 0 and b is their mean time over their mean cost.
+// a = 0 and b is their mean time over their mean cost (separates() tells). The chunk sizer fits the same line to a
+// device's chunk times against their samples (detail::ChunkSizer).
 //
 // The chunk budget follows from it: a call of cost c spends a / (a + b c) of its time on its fixed part, which is at
 // most 1 - e where c >= e / (1 - e) * a / b (overhead_cost()).
@@ -37,19 +38,22 @@ class CallFit {
   // The fit; {0, 0} until known().
   Line line() const noexcept {
     if (!known()) return {};
-    double sc = 0, st = 0, scc = 0, sct = 0;
-    for (std::size_t i = 0; i < m_count; ++i) {
-      const auto [c, t] = m_calls[i];
-      sc += c, st += t, scc += c * c, sct += c * t;
-    }
-    const double n = static_cast<double>(m_count), mc = sc / n, mt = st / n;
-    const double var = scc / n - mc * mc, cov = sct / n - mc * mt;
-    if (var > 1e-9 * mc * mc) {
+    const Sums s = sums();
+    const double n = static_cast<double>(m_count), mc = s.c / n, mt = s.t / n;
+    const double var = s.cc / n - mc * mc, cov = s.ct / n - mc * mt;
+    if (var > kSpread * mc * mc) {
       const double b = cov / var, a = mt - b * mc;
       if (a >= 0 && b > 0) return {a, b};
-      if (a < 0) return {0, sct / scc};  // through the origin
+      if (a < 0) return {0, s.ct / s.cc};  // through the origin
     }
-    return {0, st / sc};  // one cost, or time falling with cost (noise): no fixed part to tell
+    return {0, s.t / s.c};  // one cost, or time falling with cost (noise): no fixed part to tell
+  }
+  // Whether the calls' costs differ enough to tell a from b (calls of one cost cannot: line() then puts a at 0).
+  bool separates() const noexcept {
+    if (!known()) return false;
+    const Sums s = sums();
+    const double n = static_cast<double>(m_count), mc = s.c / n;
+    return s.cc / n - mc * mc > kSpread * mc * mc;
   }
   // The smallest call cost whose fixed part is at most 1 - efficiency of its time (0 without a fixed part, or unknown).
   double overhead_cost(double efficiency) const noexcept {
@@ -59,9 +63,21 @@ class CallFit {
   }
 
  private:
+  static constexpr double kSpread = 1e-9;  // the costs' variance over their squared mean below which they are one cost
   struct Call {
     double cost = 0, seconds = 0;
   };
+  struct Sums {
+    double c = 0, t = 0, cc = 0, ct = 0;
+  };
+  Sums sums() const noexcept {
+    Sums s;
+    for (std::size_t i = 0; i < m_count; ++i) {
+      const auto [c, t] = m_calls[i];
+      s.c += c, s.t += t, s.cc += c * c, s.ct += c * t;
+    }
+    return s;
+  }
   std::array<Call, kWindow> m_calls{};
   std::size_t m_count = 0, m_next = 0;
 };
