@@ -420,7 +420,7 @@ void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<voi
   const CLI::Validator a_path([](const std::string& v) { return v.empty() ? std::string("an empty path; name a file or folder") : std::string(); }, "PATH");
   count("--epochs", f.epochs, "epochs to train", 1, 1000);
   count("--batch", f.batch, "samples per step (mini-batch)", 1, 1 << 20);
-  app.add_option("--chunk", f.chunk, "samples per chunk, 1 to 1048576; auto: each device's chunk is the smallest size that reaches 95% of its best measured throughput")
+  app.add_option("--chunk", f.chunk, "samples per chunk, 1 to 1048576; auto: each device measures its chunk time (a fixed cost per call plus a cost per sample) in its first step and runs the smallest size within 95% of its best throughput; alone or with --policy static, its fastest size")
       ->check([](const std::string& v) {
         // At most 7 digits before stoull: a longer number is out of range, and stoull would throw on one past 2^64.
         const bool size = !v.empty() && v.size() <= 7 && v.find_first_not_of("0123456789") == std::string::npos && std::stoull(v) >= 1 && std::stoull(v) <= (1u << 20);
