@@ -479,15 +479,10 @@ int parse_command_line(const char* program, CLI::App& app, const TrainerFlags& f
     }
     if (!f.save.empty()) check_save_folder(f.save);
     (void)parse_device_spec(f.devices);  // also where a variant (--plain) never builds a runtime from it
-    // An unwritable output is found now, not after the training: opened for appending, and no file left behind.
-    const auto writable = [](const char* flag, const std::string& path) {
-      const bool existed = std::filesystem::exists(path);
-      if (!std::ofstream(path, std::ios::app)) throw ConfigError(std::string(flag) + " = '" + path + "': cannot open it for writing");
-      if (!existed) std::filesystem::remove(path);
-    };
-    if (!f.json.empty()) writable("json", f.json);
+    // An unwritable output is found now, not after the training.
+    if (!f.json.empty()) check_output_file("--json", f.json);
     // --trace with --compare writes FILE.POLICY.json, one a policy: the first policy's name stands for them all.
-    if (!f.trace.empty()) writable("trace", f.compare ? f.trace + "." + f.compare_policies.substr(0, f.compare_policies.find(',')) + ".json" : f.trace);
+    if (!f.trace.empty()) check_output_file("--trace", f.compare ? f.trace + "." + f.compare_policies.substr(0, f.compare_policies.find(',')) + ".json" : f.trace);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "%s: bad configuration: %s\n", program, e.what());
     return 2;
@@ -501,6 +496,16 @@ int parse_command_line(const char* program, CLI::App& app, const TrainerFlags& f
     g_shared_flags.emplace_back(name, o->count() > 0 ? value : o->get_default_str());
   }
   return -1;
+}
+
+void check_output_file(const char* flag, const std::string& path) {
+  const std::string name = std::string(flag + 2) + " = '" + path + "'";
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw ConfigError(name + " is a folder; name a file");
+  const bool existed = std::filesystem::exists(path, ec);
+  errno = 0;
+  if (!std::ofstream(path, std::ios::app)) throw ConfigError(name + ": cannot open it for writing: " + std::generic_category().message(errno));
+  if (!existed) std::filesystem::remove(path, ec);
 }
 
 TrainingData::TrainingData(const TrainerFlags& f)

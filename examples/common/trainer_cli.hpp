@@ -68,6 +68,11 @@ void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<voi
 //   if (const int rc = parse_command_line("mlp", app, f, argc, argv); rc >= 0) return rc;
 int parse_command_line(const char* program, CLI::App& app, const TrainerFlags& f, int argc, char** argv);
 
+// That the output file `path` (named by `flag`, "--json") can be written, found before anything loads or trains: a
+// folder is refused; else the file is opened for appending (nothing in it lost) and removed again when it was not
+// there. ConfigError naming the flag, the path and the system's reason.
+void check_output_file(const char* flag, const std::string& path);
+
 // Fashion-MNIST from --data, the training set cut to --limit. Not movable: train and test view the Datasets.
 struct TrainingData {
   explicit TrainingData(const TrainerFlags& f);

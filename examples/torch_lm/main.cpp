@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -70,20 +69,6 @@ void check_not_empty(const CLI::App& app, const char* flag, const std::string& v
   if (app.count(flag) > 0 && value.empty()) throw ConfigError(std::string(flag + 2) + " = '': an empty path; name " + expected);
 }
 
-// An output file that cannot be written is found now, not after loading and fitting: opened for appending, and
-// removed again when it was not there.
-void check_writable(const char* flag, const std::string& path) {
-  const std::string name = std::string(flag + 2) + " = '" + path + "'";
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw ConfigError(name + " is a folder; name a file");
-  const bool existed = std::filesystem::exists(path, ec);
-  errno = 0;
-  if (!std::ofstream(path, std::ios::app)) {
-    throw ConfigError(name + (existed ? ": cannot open it for writing: " : ": cannot create it: ") + std::generic_category().message(errno));
-  }
-  if (!existed) std::filesystem::remove(path, ec);
-}
-
 // Refuses, before any data is read: flags that the mode would drop unread, path flags that cannot work, and GPU
 // devices that this build's libtorch cannot run the model on.
 void check_flags(const CLI::App& app, const TrainerFlags& f, const LmFlags& lf) {
@@ -115,11 +100,11 @@ void check_flags(const CLI::App& app, const TrainerFlags& f, const LmFlags& lf) 
   check_not_empty(app, "--data", f.data, "a folder of Python sources, or auto");
   check_not_empty(app, "--cache", lf.cache, "a file");
   check_not_empty(app, "--export", lf.export_path, "a file");
-  if (!lf.export_path.empty()) check_writable("--export", lf.export_path);
+  if (!lf.export_path.empty()) check_output_file("--export", lf.export_path);
   // A cache that is there is checked by load_text_corpus (a folder, or a file that is not a cache, is refused); one
   // that is not must be creatable.
   std::error_code ec;
-  if (!lf.cache.empty() && (std::filesystem::is_directory(lf.cache, ec) || !std::filesystem::exists(lf.cache, ec))) check_writable("--cache", lf.cache);
+  if (!lf.cache.empty() && (std::filesystem::is_directory(lf.cache, ec) || !std::filesystem::exists(lf.cache, ec))) check_output_file("--cache", lf.cache);
 
   const DeviceSpec spec = parse_device_spec(f.devices);
   if (spec.kind == DeviceKind::kCuda || spec.kind == DeviceKind::kVgpu) {

@@ -71,8 +71,8 @@ mkdir -p "$work/dir"
 refused 2 "is a folder" "${small[@]}" --cache "$work/dir"
 ls "$work" | grep -q "^dir\." && fail "a folder as --cache left $(ls "$work" | grep "^dir\.")"
 refused 2 "is a folder" "${small[@]}" --export "$work/dir"
-refused 2 "cannot create it" "${small[@]}" --export "$work/none/x.json"
-refused 2 "cannot create it" "${small[@]}" --cache "$work/none/corpus"
+refused 2 "export = .*none/x.json.: cannot open it for writing: No such file" "${small[@]}" --export "$work/none/x.json"
+refused 2 "cache = .*none/corpus.: cannot open it for writing: No such file" "${small[@]}" --cache "$work/none/corpus"
 [ -e "$work/none" ] && fail "an unwritable path was created"
 
 # A file that is not a corpus cache is never replaced: text, and a checkpoint's first bytes.

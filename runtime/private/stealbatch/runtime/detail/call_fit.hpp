@@ -41,7 +41,7 @@ class CallFit {
     const Sums s = sums();
     const double n = static_cast<double>(m_count), mc = s.c / n, mt = s.t / n;
     const double var = s.cc / n - mc * mc, cov = s.ct / n - mc * mt;
-    if (var > kSpread * mc * mc) {
+    if (spread(s)) {
       const double b = cov / var, a = mt - b * mc;
       if (a >= 0 && b > 0) return {a, b};
       if (a < 0) return {0, s.ct / s.cc};  // through the origin
@@ -50,10 +50,7 @@ class CallFit {
   }
   // Whether the calls' costs differ enough to tell a from b (calls of one cost cannot: line() then puts a at 0).
   bool separates() const noexcept {
-    if (!known()) return false;
-    const Sums s = sums();
-    const double n = static_cast<double>(m_count), mc = s.c / n;
-    return s.cc / n - mc * mc > kSpread * mc * mc;
+    return known() && spread(sums());
   }
   // The smallest call cost whose fixed part is at most 1 - efficiency of its time (0 without a fixed part, or unknown).
   double overhead_cost(double efficiency) const noexcept {
@@ -77,6 +74,11 @@ class CallFit {
       s.c += c, s.t += t, s.cc += c * c, s.ct += c * t;
     }
     return s;
+  }
+  // The costs' variance over their squared mean above kSpread: more than one cost among the calls.
+  bool spread(const Sums& s) const noexcept {
+    const double n = static_cast<double>(m_count), mc = s.c / n;
+    return s.cc / n - mc * mc > kSpread * mc * mc;
   }
   std::array<Call, kWindow> m_calls{};
   std::size_t m_count = 0, m_next = 0;
