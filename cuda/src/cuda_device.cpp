@@ -25,11 +25,21 @@ namespace stealbatch::cuda {
 struct CudaDevice::Slot {
   PinnedBuffer<std::byte> staging;
   DeviceBuffer<std::byte> input;
-  Event copied;  // the H2D copy is done: compute may read `input`
-  Event done;    // the chunk's kernels are done: the slot may be reused
+  Event copied;   // the H2D copy is done: compute may read `input`
+  Event started;  // the compute stream reached the chunk: its inputs are there and the chunk before it is done
+  Event done;     // the chunk's kernels are done: the slot may be reused
   bool busy = false;
   ChunkId chunk = 0;
+  std::uint32_t chunks = 1;  // the call's chunks (merged stolen ones)
 };
+
+namespace {
+
+// Gathers of at most this many bytes run on the worker's thread: fanning 16 samples out to the TBB pool costs more
+// than copying them.
+constexpr std::size_t kInlineGatherBytes = std::size_t{256} << 10;
+
+}  // namespace
 
 CudaDevice::CudaDevice(std::size_t index, int gpu, Options options, std::shared_ptr<Partition> part)
     : m_index(index), m_gpu(gpu), m_o(std::move(options)), m_part(std::move(part)) {
@@ -102,13 +112,16 @@ void CudaDevice::bind() {
   // A part's kernels run on its SMs only: plan grids for those, not for the whole GPU.
   // (Not in deterministic mode: the GEMMs are then planned alike on every part and on the whole GPU.)
   if (m_part && !m_o.deterministic) SB_CUBLAS_CHECK(cublasSetSmCountTarget(m_blas.get(), m_sms));
-  const unsigned wait_flags = cudaEventDisableTiming | (m_o.wait == GpuWait::kBlock ? cudaEventBlockingSync : 0u);
+  const unsigned block = m_o.wait == GpuWait::kBlock ? cudaEventBlockingSync : 0u;
+  const unsigned wait_flags = cudaEventDisableTiming | block;
   for (std::size_t i = 0; i < m_o.in_flight; ++i) {
     auto s = std::make_unique<Slot>();
     s->copied = make_event();
-    s->done = make_event(wait_flags);
+    s->started = make_event(cudaEventDefault);  // timed: the call's time on the device is done - started
+    s->done = make_event(cudaEventDefault | block);
     m_slots.push_back(std::move(s));
   }
+  m_times.reserve(1024);
   m_synced = make_event(wait_flags);
   m_loss = DeviceBuffer<float>(1);
   m_loss_host = PinnedBuffer<float>(1);
@@ -215,6 +228,11 @@ void CudaDevice::reserve(std::size_t max_chunk_samples) {
   for (auto& s : m_slots) grow_staging(*s, bytes);
 }
 
+void CudaDevice::begin_step(std::uint64_t /*step*/, std::chrono::steady_clock::time_point /*start*/) {
+  m_times.clear();  // between steps: every slot is free (finish_chunks() waited for them, or a failed step's did not count)
+  m_step_seconds = 0;
+}
+
 void CudaDevice::wait_slot(Slot& s) {
   if (!s.busy) return;
   const cudaError_t e = cudaEventSynchronize(s.done.get());
@@ -223,6 +241,16 @@ void CudaDevice::wait_slot(Slot& s) {
     (void)cudaGetLastError();
     fail("chunk " + std::to_string(s.chunk), std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
   }
+  // Both events have completed: the call's time on the device. A timing that fails (it should not) loses the figure,
+  // never the chunk; its error is cleared so that the next launch check does not report it.
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, s.started.get(), s.done.get()) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  const double seconds = static_cast<double>(ms) * 1e-3;
+  m_times.push_back({.first = s.chunk, .chunks = s.chunks, .seconds = seconds});
+  m_step_seconds += seconds;
 }
 
 ChunkTiming CudaDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
@@ -237,9 +265,14 @@ ChunkTiming CudaDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
     std::byte* dst = s.staging.data();
     const auto samples = ctx.samples;
     const std::size_t row = m_o.input_bytes;
-    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, samples.size(), 16), [&](const tbb::blocked_range<std::size_t>& r) {
+    const auto gather = [&](const tbb::blocked_range<std::size_t>& r) {
       for (std::size_t i = r.begin(); i != r.end(); ++i) m_o.gather(samples[i], dst + i * row);
-    });
+    };
+    if (bytes <= kInlineGatherBytes) {
+      gather(tbb::blocked_range<std::size_t>(0, samples.size()));
+    } else {
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, samples.size(), 16), gather);
+    }
     SB_CUDA_CHECK(cudaMemcpyAsync(s.input.data(), dst, bytes, cudaMemcpyHostToDevice, m_copy.get()));
     SB_CUDA_CHECK(cudaEventRecord(s.copied.get(), m_copy.get()));
     SB_CUDA_CHECK(cudaStreamWaitEvent(compute, s.copied.get(), 0));
@@ -248,17 +281,19 @@ ChunkTiming CudaDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   ctx.stream = compute;
   ctx.blas = m_blas.get();
   ctx.device_loss = m_loss.data();
+  SB_CUDA_CHECK(cudaEventRecord(s.started.get(), compute));  // behind the input's copy and the chunk before
   fn(ctx);
   const cudaError_t launch = cudaGetLastError();
   if (launch != cudaSuccess) fail("chunk " + std::to_string(ctx.chunk), std::string("launch failed: ") + cudaGetErrorName(launch) + ": " + cudaGetErrorString(launch));
   SB_CUDA_CHECK(cudaEventRecord(s.done.get(), compute));
   s.busy = true;
   s.chunk = ctx.chunk;
+  s.chunks = static_cast<std::uint32_t>(std::max<std::size_t>(ctx.chunks.size(), 1));
   m_last_chunk = ctx.chunk;
   m_next_slot = (m_next_slot + 1) % m_slots.size();
   // Leave a slot free before taking the next chunk: with every slot busy, wait for the oldest chunk.
   wait_slot(*m_slots[m_next_slot]);
-  return {};  // its time is the step's (step_device_seconds()), not the call's
+  return {};  // its time is the events' (call_device_times(), once its slot is waited for), not the call's
 }
 
 void CudaDevice::finish_chunks() {

@@ -366,10 +366,11 @@ ChunkTable Runtime::Impl::cut_and_place(std::size_t batch, StepPlan& p) {
   t.runs.assign(chunks, 0);
   t.took_s.assign(p.learn_costs ? chunks : 0, 0.0);
   t.compute_s.assign(p.sized() ? chunks : 0, 0.0);
-  // Given costs: each chunk's in the trainer's units, and on host devices each call's time against it.
+  // Given costs: each chunk's in the trainer's units, and each call's time against it where calls are timed (host
+  // devices as they return; devices that time them on their own clock after the chunk phase, take_call_times()).
   t.given_cost.assign(costs.given() ? chunks : 0, 0.0);
   for (std::size_t c = 0; c < t.given_cost.size(); ++c) t.given_cost[c] = costs.trainer_cost(t.spans[c].begin, t.spans[c].size);
-  t.calls.assign(costs.given() && dev.host ? n : 0, {});
+  t.calls.assign(costs.given() && (dev.host || dev.times_calls) ? n : 0, {});
   for (auto& calls : t.calls) calls.reserve(chunks);  // a worker's record_call() appends without allocating
   return t;
 }

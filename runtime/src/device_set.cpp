@@ -3,6 +3,7 @@
 
 #include <stealbatch/error.hpp>
 
+#include <algorithm>
 #include <utility>
 
 namespace stealbatch {
@@ -12,6 +13,7 @@ void DeviceSet::adopt(DeviceKind k, std::shared_ptr<DeviceBackend> b, std::vecto
   backend = std::move(b);
   devices = std::move(made);
   host = backend->shares_host_memory();
+  times_calls = !host && std::all_of(devices.begin(), devices.end(), [](const auto& d) { return d->times_calls(); });
   leaves_cores_idle = backend->leaves_cores_idle();
   replicas.clear(), ids.clear();
   for (std::size_t i = 0; i < devices.size(); ++i) replicas.push_back(std::make_unique<Replica>()), ids.push_back(i);

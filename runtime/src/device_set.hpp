@@ -68,6 +68,8 @@ struct DeviceSet {
   std::vector<std::unique_ptr<Device>> lost;  // excluded devices
   // CPU or simulated devices: one address space with the host, and a chunk's time is known when its call returns.
   bool host = false;
+  // Devices that time each call on their own clock (GPUs, by events): a chunk's time is known after the chunk phase.
+  bool times_calls = false;
   // Devices that sleep through their chunks (simulated): the host's cores are free while they run.
   bool leaves_cores_idle = false;
 

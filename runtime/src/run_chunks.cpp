@@ -132,13 +132,34 @@ void Runtime::Impl::record_call(std::size_t w, std::span<const ChunkId> chunks, 
     if (!t.took_s.empty()) t.took_s[id] = took * part;
     if (!t.compute_s.empty()) t.compute_s[id] = chunks.size() > 1 ? 0.0 : timing.compute_seconds > 0 ? timing.compute_seconds : took;
   }
-  if (!t.calls.empty()) {  // this device's own list: only its worker writes it
+  if (!t.calls.empty() && !dev.times_calls) {  // this device's own list: only its worker writes it
     double given = 0;
     for (ChunkId id : chunks) given += t.given_cost[id];
     t.calls[w].emplace_back(given, took);
   }
   if (plan.watch_speed) watch_live_speed(w, chunks, took * plan.rate[w] / cost, took, t, plan);
   if (trace) trace->push(w, {static_cast<std::uint32_t>(dev.ids[w]), c, (begin - epoch).count(), (end - epoch).count(), TraceKind::kChunk});
+}
+
+// Devices that time their calls on their own clock (GPUs): each call's time replaces its launch's, which is all its
+// worker saw, in what the speed model learns from (the chunk sizer, the call line). Their chunks are done: after the
+// reduction's drain, or take_device_cells()'s.
+void Runtime::Impl::take_call_times(ChunkTable& t) {
+  if (!dev.times_calls) return;
+  for (std::size_t d = 0; d < dev.devices.size(); ++d) {
+    for (const DeviceCallTime& call : dev.devices[d]->call_device_times()) {
+      const std::size_t first = call.first, end = std::min<std::size_t>(first + std::max<std::uint32_t>(call.chunks, 1), t.size());
+      if (first >= end || t.ran_on[first] != d) continue;  // not a chunk this step ran there (a failed attempt's)
+      double cost = 0, given = 0;
+      for (std::size_t id = first; id < end; ++id) cost += t.chunk_cost[id], given += t.given_cost.empty() ? 0.0 : t.given_cost[id];
+      for (std::size_t id = first; id < end; ++id) {
+        const double part = end - first == 1 || !(cost > 0) ? 1.0 / static_cast<double>(end - first) : t.chunk_cost[id] / cost;
+        if (!t.took_s.empty()) t.took_s[id] = call.seconds * part;
+        if (!t.compute_s.empty()) t.compute_s[id] = end - first > 1 ? 0.0 : call.seconds;  // a merged call is no chunk's size
+      }
+      if (!t.calls.empty()) t.calls[d].emplace_back(given, call.seconds);
+    }
+  }
 }
 
 void Runtime::Impl::watch_live_speed(std::size_t w, std::span<const ChunkId> chunks, double ratio, double took, ChunkTable& t, const StepPlan& plan) {

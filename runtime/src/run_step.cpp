@@ -37,6 +37,7 @@ StepReport Runtime::Impl::run_step(std::span<const std::uint32_t> batch_samples,
     if (exact && !cluster && !exact.settle(exact.exponents())) continue;
     Reduced reduced;
     reduced.within = reduce_within(batch, reduce_to, table, reduced.tally);  // reduce.cpp
+    take_call_times(table);                                                 // run_chunks.cpp: GPUs' event times
     std::vector<DeviceReport> local = device_reports(table, phase);        // step_report.cpp
     if (cluster && !sum_across_ranks(table, phase, local, reduced.tally)) continue;  // cluster_step.cpp
     reduced.applied = finish_reduction(batch, reduce_to, reduced.tally);   // reduce.cpp

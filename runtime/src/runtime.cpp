@@ -107,7 +107,8 @@ Runtime::Impl::Impl(RuntimeOptions o) : options(std::move(o)), epoch(Clock::now(
     throw ConfigError("placement_weights has " + std::to_string(options.schedule.placement_weights.size()) + " values; expected one per device (" +
                       std::to_string(n) + ")");
   }
-  speed.reset(n, options.schedule.throughput_window, options.schedule.policy == SchedulePolicy::kStatic, dev.host, dev.leaves_cores_idle);
+  speed.reset(n, options.schedule.throughput_window, options.schedule.policy == SchedulePolicy::kStatic, dev.host || dev.times_calls,
+              dev.leaves_cores_idle);
   make_communicator();
   if (!options.trace_path.empty()) {
     std::vector<std::string> names;

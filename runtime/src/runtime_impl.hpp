@@ -63,6 +63,7 @@ struct Runtime::Impl {
                 const StepPlan& plan);
   ChunkTiming run_guarded(std::size_t w, std::span<const ChunkId> chunks, ChunkContext& ctx, const ChunkFunction& fn);  // faults, and errors named
   void record_call(std::size_t w, std::span<const ChunkId> chunks, const ChunkTiming& timing, Clock::time_point t0, ChunkTable& t, const StepPlan& plan);
+  void take_call_times(ChunkTable& t);
   void watch_live_speed(std::size_t w, std::span<const ChunkId> chunks, double ratio, double took, ChunkTable& t, const StepPlan& plan);
   // How many of `more` (stolen after `first`, in the victim's order) run with it in one call on device w: those that
   // continue its span downward, up to w's own chunk size and `largest` (what the devices reserved for).

@@ -15,7 +15,7 @@ constexpr std::size_t kSlownessWindow = 16;
 
 }  // namespace
 
-void SpeedModel::reset(std::size_t n, std::size_t window, bool static_policy, bool host, bool learn_later) {
+void SpeedModel::reset(std::size_t n, std::size_t window, bool static_policy, bool by_chunk, bool learn_later) {
   history.assign(n, {});
   stolen_slowness.assign(n, {});
   cost_rate.assign(n, {});
@@ -25,11 +25,12 @@ void SpeedModel::reset(std::size_t n, std::size_t window, bool static_policy, bo
   // No thieves under the static policy, nor for a lone device: each device's fastest rung, not the smallest
   // good-enough one.
   chunk_sizer.set_choice(static_policy || n == 1 ? detail::ChunkSizer::Choice::kFastest : detail::ChunkSizer::Choice::kSmallestGoodEnough);
-  // A GPU's chunks run asynchronously, and its worker's calls do not time them: the step does (learn_from_step()).
-  chunk_sizer.set_timing(host ? detail::ChunkSizer::Timing::kByChunk : detail::ChunkSizer::Timing::kByStep);
+  // A GPU's chunks run asynchronously, and its worker's calls do not time them: its events do, or else the step
+  // (learn_from_step()).
+  chunk_sizer.set_timing(by_chunk ? detail::ChunkSizer::Timing::kByChunk : detail::ChunkSizer::Timing::kByStep);
   cost_profile.reset();
   m_pending = {};
-  m_window = window, m_host = host, m_learn_later = learn_later;
+  m_window = window, m_by_chunk = by_chunk, m_learn_later = learn_later;
 }
 
 namespace {
@@ -76,8 +77,8 @@ void SpeedModel::learn_from_step(std::size_t batch, const ChunkTable& t, const S
   const std::size_t n = history.size();
   for (std::size_t d = 0; d < n; ++d) {
     const DeviceReport& dr = local[d];
-    // A GPU's chunks run asynchronously, and its worker's calls do not time them: while it explores, the step does.
-    if (plan.sized() && !m_host) chunk_sizer.observe_step(d, dr.samples, dr.compute_s);
+    // A GPU without per-call events: its worker's calls do not time its chunks; while it explores, the step does.
+    if (plan.sized() && !m_by_chunk) chunk_sizer.observe_step(d, dr.samples, dr.compute_s);
     auto& h = history[d];
     if (dr.compute_s > 0 && dr.samples > 0) {
       push_window(h, static_cast<double>(dr.samples) / dr.compute_s, m_window);
@@ -92,12 +93,12 @@ void SpeedModel::learn_from_step(std::size_t batch, const ChunkTable& t, const S
       m_idle_steps[d] = 0;
     }
   }
-  // Each call's time against the given cost it held (host devices, where the call's time is the chunk's).
+  // Each call's time against the given cost it held (where calls are timed: host devices, GPUs' events).
   for (std::size_t d = 0; d < n && d < t.calls.size(); ++d) {
     for (const auto& [cost, seconds] : t.calls[d]) call_fit[d].add(cost, seconds);
   }
   if (plan.sized()) {
-    if (m_host) {
+    if (m_by_chunk) {
       for (std::size_t c = 0; c < t.size(); ++c) chunk_sizer.observe_chunk(t.ran_on[c], t.spans[c].size, t.compute_s[c]);
     }
     for (std::size_t d = 0; d < n; ++d) chunk_sizer.end_step(d, t.share_len[d]);

@@ -19,10 +19,11 @@
 namespace stealbatch {
 
 struct SpeedModel {
-  // n devices; `window` steps in each device's median; a static run sizes chunks for speed alone (no thieves); host
-  // devices time each chunk when its call returns; `learn_later`: devices that leave the cores idle, so the profile
+  // n devices; `window` steps in each device's median; a static run sizes chunks for speed alone (no thieves);
+  // `by_chunk`: each chunk's time is known (host devices when its call returns, GPUs by their events after the chunk
+  // phase), else only each step's; `learn_later`: devices that leave the cores idle, so the profile
   // learns from a step while the next one's chunks run (learn_pending()).
-  void reset(std::size_t n, std::size_t window, bool static_policy, bool host, bool learn_later);
+  void reset(std::size_t n, std::size_t window, bool static_policy, bool by_chunk, bool learn_later);
   // Each device's samples/s: its median over the window, pooled where the devices differ no more than their noise
   // (detail::pooled_speeds); empty until every device has a figure.
   std::vector<double> estimates() const;
@@ -56,7 +57,7 @@ struct SpeedModel {
   } m_pending;
   std::vector<std::size_t> m_idle_steps;  // per device, consecutive steps in which it ran nothing
   std::size_t m_window = 5;
-  bool m_host = false, m_learn_later = false;
+  bool m_by_chunk = false, m_learn_later = false;
 };
 
 }  // namespace stealbatch

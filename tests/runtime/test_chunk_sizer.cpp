@@ -567,6 +567,95 @@ TEST_CASE("Runtime.AutoChunkSizeOnAnH200RunsEfficientChunksFromTheSecondStep") {
   CHECK(curve.size() <= 2);  // no ladder climbed from 8 samples
 }
 
+namespace {
+
+// A device in its own memory whose calls return before their chunks run and are timed afterwards on its own clock, a
+// + b n each, as a GPU's events time them (Device::call_device_times(), read after the chunk phase).
+struct EventTimedDevice final : Device {
+  std::size_t index;
+  std::function<double(std::size_t)> seconds;
+  std::vector<DeviceCallTime> times;
+  EventTimedDevice(std::size_t i, std::function<double(std::size_t)> s) : index(i), seconds(std::move(s)) {}
+  std::string name() const override { return "events" + std::to_string(index); }
+  void begin_step(std::uint64_t, std::chrono::steady_clock::time_point) override { times.clear(); }
+  ChunkTiming run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override {
+    fn(ctx);
+    times.push_back({ctx.chunk, static_cast<std::uint32_t>(std::max<std::size_t>(ctx.chunks.size(), 1)), seconds(ctx.samples.size())});
+    return {};  // what a GPU's launch knows: nothing yet
+  }
+  bool times_calls() const noexcept override { return true; }
+  std::span<const DeviceCallTime> call_device_times() const override { return times; }
+  std::optional<double> step_device_seconds() const override {
+    double sum = 0;
+    for (const DeviceCallTime& t : times) sum += t.seconds;
+    return sum;
+  }
+};
+
+struct EventTimedBackend final : DeviceBackend {
+  std::function<double(std::size_t)> seconds;
+  std::vector<double> slower;
+  EventTimedBackend(std::function<double(std::size_t)> s, std::vector<double> factors) : seconds(std::move(s)), slower(std::move(factors)) {}
+  std::size_t available() const noexcept override { return slower.size(); }
+  std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec&, const RuntimeOptions&) override {
+    std::vector<std::unique_ptr<Device>> out;
+    for (std::size_t i = 0; i < slower.size(); ++i) {
+      out.push_back(std::make_unique<EventTimedDevice>(i, [s = seconds, f = slower[i]](std::size_t m) { return f * s(m); }));
+    }
+    return out;
+  }
+  std::unique_ptr<Communicator> make_communicator(std::span<Device* const>) override { return std::make_unique<InProcessCommunicator>(); }
+};
+
+}  // namespace
+
+TEST_CASE("Runtime.AutoChunkSizeOnAGpuTimedByEventsFitsItsFirstStep") {
+  // The H200 MLP's chunk times on a device that times each call on its own clock after the chunk phase (a GPU's
+  // events): its first step probes several sizes and fits a + b n, as a host device's does, and from the second step
+  // on it runs within 0.9x of its best rung. Timed only by the step, it could measure nothing but the rung it ran.
+  const RestoreCudaBackend restore;
+  register_device_backend(DeviceKind::kCuda, std::make_shared<EventTimedBackend>(&H200Mlp::seconds, std::vector<double>{1.0}));
+  Runtime rt({.devices = "cuda:all"});
+  constexpr std::size_t kBatch = 4096;
+  const std::vector<std::size_t> sizes = sizes_over_steps(rt, kBatch, 8);
+  MESSAGE("chunk sizes by step: " << joined(sizes));
+  for (std::size_t step = 1; step < sizes.size(); ++step) {
+    CAPTURE(step);
+    CHECK(H200Mlp::rate(sizes[step]) >= 0.9 * H200Mlp::best(kBatch));
+  }
+  CHECK(sizes.back() == kBatch);
+  CHECK(sizes.front() < kBatch);  // the probe: several sizes in the first step
+  CHECK(rt.chunk_curve(0).size() >= 1);
+}
+
+TEST_CASE("Runtime.CallCostOfAGpuComesFromItsEventTimes") {
+  // Given costs on devices timed by events: each call's device time against the cost it held gives the line a + b
+  // cost, exactly (the times are exact here), where the launches' wall times would give a GPU's launch overhead.
+  const RestoreCudaBackend restore;
+  const Curve c{2e-4, 1e-6};
+  register_device_backend(DeviceKind::kCuda,
+                          std::make_shared<EventTimedBackend>([c](std::size_t m) { return c.seconds(m); }, std::vector<double>{1.0, 2.0}));
+  Runtime rt({.devices = "cuda:all", .schedule = {.chunk_size = 64}});
+  ParameterLayout layout;
+  layout.add("p", 1);
+  rt.register_parameters(layout, std::vector<float>(1, 0.0f));
+  std::vector<std::uint32_t> batch(1000);  // 64s and a shorter tail: calls of several costs
+  std::iota(batch.begin(), batch.end(), 0u);
+  const std::vector<double> cost(batch.size(), 1.0);
+  for (int step = 0; step < 6; ++step) {
+    const StepReport r = rt.step(batch, [](ChunkContext& ctx) { ctx.grad[0] += static_cast<float>(ctx.samples.size()); }, cost);
+    REQUIRE(r.samples == batch.size());
+  }
+  for (std::size_t d = 0; d < 2; ++d) {
+    CAPTURE(d);
+    const Runtime::CallCost k = rt.call_cost(d);
+    REQUIRE(k.calls > 0);
+    const double f = d == 0 ? 1.0 : 2.0;
+    CHECK(k.per_call == doctest::Approx(f * c.a).epsilon(0.02));
+    CHECK(k.per_unit == doctest::Approx(f * c.b).epsilon(0.02));
+  }
+}
+
 TEST_CASE("Runtime.AutoChunkSizeOnAGpuTimedByTheStepStartsAtItsShare") {
   // The same curve on a device whose chunks are timed only by the step (a GPU without per-chunk events): one step
   // cannot tell the fixed cost from the per-sample one, so it starts at its share's largest rung, which, alone (no

@@ -7,10 +7,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -51,6 +54,11 @@ class CudaDevice final : public Device {
   void bind() override;
   void reserve(std::size_t max_chunk_samples) override;
   ChunkTiming run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override;
+  void begin_step(std::uint64_t step, std::chrono::steady_clock::time_point start) override;
+  // Each call is timed by a pair of events on the compute stream, read as its slot comes free.
+  bool times_calls() const noexcept override { return true; }
+  std::span<const DeviceCallTime> call_device_times() const override { return m_times; }
+  std::optional<double> step_device_seconds() const override { return m_step_seconds; }
   void init_replica(std::span<const float> initial, const OptimizerOptions& options) override;
   std::span<const float> params() const override { return {m_params.data(), m_count}; }
   std::span<float> grad() override { return {m_grad.data(), m_count}; }
@@ -109,6 +117,9 @@ class CudaDevice final : public Device {
   OptimizerOptions m_opt;
   std::uint64_t m_t = 0;
   ChunkId m_last_chunk = 0;
+  // This step's calls timed on the device (begin_step() clears them), and their sum: the device's busy time.
+  std::vector<DeviceCallTime> m_times;
+  double m_step_seconds = 0;
 };
 
 }  // namespace stealbatch::cuda

@@ -67,6 +67,14 @@ struct ChunkTiming {
   std::chrono::steady_clock::time_point device_begin{}, device_end{};
 };
 
+// A call's time on the device's own clock (a GPU's CUDA events), known only once the call's work is done: a device
+// whose run_chunk() returns before its chunk has run reports it after the chunk phase (Device::call_device_times()).
+struct DeviceCallTime {
+  ChunkId first = 0;         // the call's chunk: ChunkContext::chunk (the first, when it ran several merged)
+  std::uint32_t chunks = 1;  // how many contiguous chunks the call ran (ChunkContext::chunks.size())
+  double seconds = 0;        // from the start of its first kernel to the end of its last, on the device
+};
+
 using ChunkFunction = std::function<void(ChunkContext&)>;
 
 // Chunks a device with its own queue (a GPU stream, a simulated device) may have launched and not finished.
@@ -135,6 +143,12 @@ class Device {
   // chunks in flight knows it better than its worker's time in run_chunk() does. Empty: the runtime measures the
   // device by its worker (busy time in the chunk phase plus the wait in finish_chunks()).
   virtual std::optional<double> step_device_seconds() const { return std::nullopt; }
+  // Whether the device times each call on its own clock (true: call_device_times() holds every call of a step). Fixed
+  // for the device's life: the runtime reads it once, to choose how its chunk sizes and costs are learnt.
+  virtual bool times_calls() const noexcept { return false; }
+  // This step's calls in the order they ran, each with its time on the device, read after finish_chunks() and valid
+  // until the next begin_step(). Empty for a device that does not time them (times_calls() false).
+  virtual std::span<const DeviceCallTime> call_device_times() const { return {}; }
   virtual void* workspace(std::size_t bytes);
 
   // Deterministic mode on a device whose gradient lives in its own memory (a GPU; host devices leave it to the
