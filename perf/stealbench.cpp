@@ -48,6 +48,10 @@ struct Scenario {
   std::function<double(std::uint32_t)> tokens{};
   // A factor on a device's speed at (step, seconds into the step); empty: constant speeds.
   std::function<double(std::size_t, std::uint64_t, double)> speed_factor{};
+  // A fixed cost of every call, whatever it holds and whatever the device's speed, in sample times at speed 1 (a
+  // GPU's launches and waits); 0: none. Chunk sizes are then the runtime's own (chunk_size = 0, every policy), as
+  // a fixed --chunk would be a choice no user makes on such a device.
+  double call_samples = 0;
 };
 
 std::vector<double> repeat(const std::vector<double>& pattern, std::size_t n) {
@@ -100,14 +104,23 @@ Scenario make_scenario(const std::string& name, std::size_t n, std::size_t batch
     sc.tokens = [len](std::uint32_t s) { return (*len)[s % len->size()]; };
     return sc;
   }
+  if (name == "launch-bound") {
+    // The H200's parts 64,16,16,16 as the MLP runs on them: every call costs 180 us at the default time scale (1.8
+    // samples of cost 1), and a sample 1/256 of that on the fastest part, so that a call must hold about 5,000 samples
+    // before its fixed cost is 5% of it.
+    constexpr double kCall = 1.8;
+    Scenario sc{name, repeat({1.0, 0.25, 0.25, 0.25}, n), [](std::uint32_t) { return kCall / 256; }};
+    sc.call_samples = kCall;
+    return sc;
+  }
   if (name == "slowdown") {
     // Equal devices; every third step, device 0 drops to 30% of its speed a third of the way into the step.
     return {name, std::vector<double>(n, 1.0)};
   }
-  throw ConfigError("scenario = '" + name + "': expected seed-slow, seed-skew, hetero, varcost, doclen, doclen-grouped, slowdown or scale");
+  throw ConfigError("scenario = '" + name + "': expected seed-slow, seed-skew, hetero, varcost, doclen, doclen-grouped, launch-bound, slowdown or scale");
 }
 
-const std::vector<std::string> kScenarios{"seed-slow", "seed-skew", "hetero", "varcost", "doclen", "doclen-grouped", "slowdown", "scale"};
+const std::vector<std::string> kScenarios{"seed-slow", "seed-skew", "hetero", "varcost", "doclen", "doclen-grouped", "launch-bound", "slowdown", "scale"};
 const std::vector<std::string> kPolicies{"static", "oracle", "lbbsp", "central", "steal", "steal-adaptive", "steal-cost", "packer", "packer-steal"};
 
 // The policies that take each sample's cost, which only the doclen scenarios give.
@@ -198,7 +211,7 @@ int main(int argc, char** argv) {
              "chunk with empty chunk functions on real devices (stealbench --chunk-overhead --help).\n"
              "Exit status: 0 every row exact and the outputs written; 1 a row's #wrong is not 0, or an output could not be written at the "
              "end; 2 a usage error (a flag, its value, an unwritable --json or --trace-dir), found before anything runs.");
-  app.add_option("--scenario", scenarios_arg, "seed-slow,seed-skew,hetero,varcost,doclen,doclen-grouped,slowdown,scale or all (all: not the doclen ones)")->capture_default_str();
+  app.add_option("--scenario", scenarios_arg, "seed-slow,seed-skew,hetero,varcost,doclen,doclen-grouped,launch-bound,slowdown,scale or all (all: not the doclen ones nor launch-bound)")->capture_default_str();
   app.add_option("--policy", policies_arg, "static,oracle,lbbsp,central,steal,steal-adaptive,steal-cost,packer,packer-steal or all (the last three: doclen scenarios)")->capture_default_str();
   app.add_option("--devices", devices, "simulated devices (scale uses 4 to 64)")->check(CLI::Range(2, 1024))->capture_default_str();
   app.add_option("--steps", steps, "timed steps per row")->check(CLI::Range(1, 100000))->capture_default_str();
@@ -260,7 +273,7 @@ int main(int argc, char** argv) {
                                       : split(scenarios_arg);
   for (const std::string& s : scen) {
     if (std::find(kScenarios.begin(), kScenarios.end(), s) == kScenarios.end()) {
-      return refuse("--scenario = '" + s + "': expected seed-slow, seed-skew, hetero, varcost, doclen, doclen-grouped, slowdown or scale, "
+      return refuse("--scenario = '" + s + "': expected seed-slow, seed-skew, hetero, varcost, doclen, doclen-grouped, launch-bound, slowdown or scale, "
                     "comma-separated, or all");
     }
   }
@@ -437,7 +450,8 @@ int main(int argc, char** argv) {
             auto global = sc.speed_factor;  // the scenario indexes the job's devices
             ps.options.sim.speed_factor = [global, d0](std::size_t d, std::uint64_t step, double t) { return global(d0 + d, step, t); };
           }
-          ps.options.schedule.chunk_size = chunk;
+          ps.options.schedule.chunk_size = sc.call_samples > 0 ? 0 : chunk;
+          ps.options.sim.call_seconds = sc.call_samples * sample_seconds;
           ps.options.sim.sample_seconds = sample_seconds;
           ps.options.sim.sample_cost = sc.cost;
           if (!cluster) ps.options.sim.speed_factor = sc.speed_factor;
@@ -493,8 +507,20 @@ int main(int argc, char** argv) {
             // A step change sets device 0's speed from its step on (and so what a drop takes from it).
             const double speed0_now = sc.speeds[0] * (!step_change.empty() && i + 1 > static_cast<std::size_t>(step_change[0]) + warmup ? step_change[1] : 1.0);
             const double speeds_now = speed_sum - sc.speeds[0] + speed0_now;
-            ideal_s.push_back(finish_time(work * sample_seconds, speeds_now, speed0_now, drop_step(i)) + t_ar + t_reduce);
-            {
+            // A fixed cost a call: every device runs its share in one call and all end together, a + W / S (a device
+            // left idle would leave the others more).
+            const double t_call = sc.call_samples * sample_seconds;
+            ideal_s.push_back(t_call + finish_time(work * sample_seconds, speeds_now, speed0_now, drop_step(i)) + t_ar + t_reduce);
+            if (t_call > 0) {
+              // The static split at its best: an equal share per device, each in one call.
+              double worst = 0;
+              for (std::size_t d = 0; d < n; ++d) {
+                double w = 0;
+                for (std::size_t s = d * step_batch / n; s < (d + 1) * step_batch / n; ++s) w += sc.cost ? sc.cost(samples[s]) : 1.0;
+                worst = std::max(worst, t_call + w * sample_seconds / sc.speeds[d]);
+              }
+              ideal_static_s.push_back(worst + t_ar + t_reduce);
+            } else {
               // The static split at its best: an equal share of the chunks per device, each at its true speed.
               const std::size_t nchunks = (step_batch + chunk - 1) / chunk;
               const std::vector<ChunkRange> share = place_equal(nchunks, n);
@@ -521,7 +547,7 @@ int main(int argc, char** argv) {
           }
           if (!quiet) std::fprintf(stderr, "\r%60s\r", "");
           Row row;
-          row.scenario = sname, row.policy = pname, row.devices = n, row.chunk = chunk, row.steps = steps;
+          row.scenario = sname, row.policy = pname, row.devices = n, row.chunk = ps.options.schedule.chunk_size, row.steps = steps;
           row.step_ms_per_step = median(step_s) * 1e3;
           if (drops) {
             // Means over whole periods (each holds exactly one drop step), then the median over the periods.
@@ -554,7 +580,7 @@ int main(int argc, char** argv) {
             // steps then take only what the runtime itself spends (dispatch, steals, wake-ups, the reduction's
             // bookkeeping, the step's set-up).
             RuntimeOptions zo = ps.options;
-            zo.sim.sample_seconds = 0, zo.sim.bytes_per_sample = 0, zo.sim.allreduce_bytes = 0, zo.sim.speed_factor = {}, zo.trace_path.clear();
+            zo.sim.sample_seconds = 0, zo.sim.call_seconds = 0, zo.sim.bytes_per_sample = 0, zo.sim.allreduce_bytes = 0, zo.sim.speed_factor = {}, zo.trace_path.clear();
             Runtime zr(zo);
             ParameterLayout zl;
             zl.add("counts", 1);

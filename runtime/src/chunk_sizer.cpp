@@ -81,6 +81,9 @@ std::size_t ChunkSizer::size(std::size_t device, std::size_t share) const noexce
   // Timed by the step, a device without thieves runs its first step at its start (see start()): no faster at 8.
   const bool first = m_timing == Timing::kByStep && m_choice == Choice::kFastest && s.exploring && s.steps == 0;
   const std::size_t r = first ? top_rung(share) : s.at;
+  // The fastest choice at the share's largest rung takes the share whole: what is left past the rung would be one
+  // more call, for less than a rung.
+  if (m_choice == Choice::kFastest && (first || !s.exploring) && r == top_rung(share)) return share;
   return std::max<std::size_t>(1, std::min(share, rung_size(r)));
 }
 
@@ -180,11 +183,16 @@ void ChunkSizer::stop_exploring(std::size_t device) noexcept {
 
 void ChunkSizer::end_step(std::size_t device, std::size_t share) noexcept {
   State& s = m_devices[device];
+  if (has_fixed_part(s.fit)) s.line = s.fit.line();
   if (++s.steps >= kRefreshSteps) {  // devices change (a throttled GPU, a noisy neighbour): measure again
     s = State{};
     return;
   }
   if (!s.exploring) return;
+  if (s.steps == 1 && m_timing == Timing::kByChunk && !s.fit.known() && s.probes + 1 < kMaxProbeSteps) {
+    ++s.probes, s.steps = 0;  // too few of its probe's chunks ran here to fit a line: probe again
+    return;
+  }
   const std::size_t top = top_rung(share);
   const bool measured_below = std::any_of(s.rungs.begin(), s.rungs.begin() + static_cast<std::ptrdiff_t>(top + 1), [](const Rung& g) { return g.entries > 0; });
   // After the first step; or, where the share shrank below the rung (as speeds were measured) and below every rung

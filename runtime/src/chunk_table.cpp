@@ -10,6 +10,30 @@
 
 namespace stealbatch {
 
+namespace {
+
+// Each device's call line a_d + b_d n (seconds, n samples) where every device's chunks have told its fixed part from its
+// per-sample one (detail::ChunkSizer::line()), and that part matters: on some device it is at least kFixedMatters
+// of the time of the device's whole share (in proportion to b) in one call. Empty otherwise: the measured speeds
+// decide, as where costs are in proportion to samples they tell the same, and are measured over whole steps.
+std::vector<detail::CallFit::Line> call_lines(const detail::ChunkSizer& sizer, std::size_t n, std::size_t batch) {
+  constexpr double kFixedMatters = 0.01;
+  std::vector<detail::CallFit::Line> lines(n);
+  double inv = 0;
+  for (std::size_t d = 0; d < n; ++d) {
+    lines[d] = sizer.line(d);
+    if (!(lines[d].per_call > 0) || !(lines[d].per_unit > 0)) return {};
+    inv += 1 / lines[d].per_unit;
+  }
+  const double whole = static_cast<double>(batch) / inv;  // each device's share time, fixed parts apart
+  for (const detail::CallFit::Line& l : lines) {
+    if (l.per_call >= kFixedMatters * (l.per_call + whole)) return lines;
+  }
+  return {};
+}
+
+}  // namespace
+
 StepPlan Runtime::Impl::plan_step(std::size_t batch) {
   const std::size_t n = dev.devices.size();
   StepPlan p;
@@ -54,6 +78,9 @@ StepPlan Runtime::Impl::plan_step(std::size_t batch) {
   }
   if (costs.given()) plan_given_costs(batch, p);
   if (options.schedule.deterministic) p.cutting = Cutting::kCells, p.finer_ends = false;  // placed as planned, cut in cells
+  if (p.cutting == Cutting::kSized && n > 1 && p.placement != Placement::kEqualOrGiven && options.schedule.placement != PlacementPolicy::kGiven) {
+    p.lines = call_lines(speed.chunk_sizer, n, batch);
+  }
   return p;
 }
 
@@ -146,18 +173,57 @@ void cut_shares(const Shares& share, const std::vector<double>& target, const st
   }
 }
 
+// Shares by the cost model t(n) = a_d + b_d n: the batch split so that every device, running its share in one call,
+// ends at the same time T = a_d + b_d share_d. A device whose fixed cost alone is past T gets nothing. Returned as
+// weights in samples (they sum to the batch).
+std::vector<double> line_shares(std::span<const detail::CallFit::Line> lines, std::size_t batch) {
+  const std::size_t n = lines.size();
+  std::vector<bool> in(n, true);
+  std::vector<double> w(n, 0.0);
+  for (std::size_t round = 0; round < n; ++round) {
+    double inv = 0, fixed = 0;
+    for (std::size_t d = 0; d < n; ++d) {
+      if (in[d]) inv += 1 / lines[d].per_unit, fixed += lines[d].per_call / lines[d].per_unit;
+    }
+    const double t_end = (static_cast<double>(batch) + fixed) / inv;
+    bool dropped = false;
+    for (std::size_t d = 0; d < n; ++d) {
+      w[d] = in[d] ? (t_end - lines[d].per_call) / lines[d].per_unit : 0.0;
+      if (in[d] && w[d] <= 0) in[d] = false, dropped = true;
+    }
+    if (!dropped) break;
+  }
+  for (double& x : w) x = std::max(0.0, x);
+  return w;
+}
+
 }  // namespace
 
 // Sized (chunk_size = 0): shares in samples (by speed or cost once measured, else equal or given), each cut into
 // chunks of its device's size: a rung of its ladder while it explores, its chosen rung after that.
+//
+// Where every device's call line a_d + b_d n is known (its chunks timed one by one: host devices, GPUs by their
+// events), the cost model decides instead of the measured speeds: shares that end together with one call each
+// (line_shares()), and no chunk below the device's efficient size, where a_d is at most kFixedShare of its time. A
+// share smaller than that runs in one call; a slower device gets fewer chunks, not smaller ones.
 void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& t) {
+  constexpr double kFixedShare = 0.05;
   const std::size_t n = dev.devices.size();
+  const std::vector<detail::CallFit::Line>& lines = p.lines;
+  const std::vector<double> rate = lines.empty() ? p.rate : line_shares(lines, batch);
   const std::vector<ChunkRange> plain = options.schedule.placement == PlacementPolicy::kGiven ? place_proportional(batch, options.schedule.placement_weights)
-                                        : p.placement != Placement::kEqualOrGiven      ? place_proportional(batch, p.rate)
+                                        : p.placement != Placement::kEqualOrGiven      ? place_proportional(batch, rate)
                                                                                        : place_equal(batch, n);
   Shares share = to_shares(plain);
   for (std::size_t d = 0; d < n; ++d) t.own_size[d] = speed.chunk_sizer.size(d, std::max<std::size_t>(1, plain[d].end - plain[d].begin));
-  if (p.finer_ends) {
+  std::vector<std::size_t> efficient(n, 1);
+  for (std::size_t d = 0; d < lines.size(); ++d) {
+    efficient[d] = static_cast<std::size_t>(std::ceil((1 - kFixedShare) / kFixedShare * lines[d].per_call / lines[d].per_unit));
+    t.own_size[d] = std::max(t.own_size[d], efficient[d]);
+  }
+  if (p.finer_ends && !lines.empty()) {
+    share = p.by_cost() ? detail::split_by_cost(p.position_cost, rate) : to_shares(place_proportional(batch, rate));
+  } else if (p.finer_ends) {
     // Plus a margin for slower devices whose speed is uncertain (see speed_share_weights()).
     const std::vector<double> weights = detail::speed_share_weights(p.rate, speed.history, t.own_size, batch);
     share = p.by_cost() ? detail::split_by_cost(p.position_cost, weights) : to_shares(place_proportional(batch, weights));
@@ -186,7 +252,7 @@ void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& 
       if (!probe.empty()) cut[d] = Cut::kProbe, t.own_size[d] = *std::max_element(probe.begin(), probe.end());
     }
     t.own_cost[d] = target[d] = static_cast<double>(t.own_size[d]);
-    floor[d] = std::max(1.0, target[d] / 4);
+    floor[d] = std::max({1.0, target[d] / 4, static_cast<double>(efficient[d])});
     if (p.finer_ends && !speed.chunk_sizer.exploring(d)) cut[d] = Cut::kFiner;  // an exploring device's chunks are all of its rung
   }
   cut_shares(share, target, floor, cut, p.position_cost, t, t.ranges);
@@ -399,6 +465,7 @@ std::vector<ChunkId> ChunkTable::drop_device(std::size_t dead) {
 void Runtime::Impl::set_endgame_costs(ChunkTable& t, StepPlan& p) {
   // Across ranks only with stealing: a rank's devices that declined its own share's chunks would leave them to no one.
   if (!p.known || options.schedule.endgame != EndGame::kOn || (cluster && options.schedule.policy != SchedulePolicy::kSteal)) {
+    sched->set_own_always(false);
     sched->set_chunk_costs({});
     sched->set_chunk_weights({});
     sched->set_outside_rate(0);
@@ -414,10 +481,18 @@ void Runtime::Impl::set_endgame_costs(ChunkTable& t, StepPlan& p) {
     // so it keeps taking work instead of idling as a "slow" device. Placed by cost, the speeds are already apart
     // from the costs.
     const double slowness = p.by_cost() ? 1.0 : detail::data_slowness(speed.stolen_slowness[d]);
+    if (!p.lines.empty() && !p.by_cost()) {
+      // The cost model: a call's fixed part, then its samples. No data slowness: it is measured against costs in
+      // proportion to samples, and a fixed cost a call makes small stolen chunks look like slow data.
+      own[d] = p.lines[d].per_call + p.lines[d].per_unit * t.own_cost[d];
+      stolen[d] = std::max(own[d], p.lines[d].per_call + p.lines[d].per_unit * t.full_chunk);
+      continue;
+    }
     own[d] = t.own_cost[d] / p.rate[d];
     stolen[d] = std::max(own[d], t.full_chunk / (p.rate[d] * slowness));  // a stolen chunk is at most a full one
   }
   sched->set_chunk_costs(std::move(own), std::move(stolen));
+  sched->set_own_always(!p.lines.empty() && !p.by_cost());  // shares that end together by the cost model
   // What is left is weighed in full chunks, the unit of the stolen costs: a step ends on the small pieces of the
   // shares' ends, and a slow device that counted each as a full chunk of the others' time would start one of its
   // own chunks with little left, and end the step late. (A step from the ranks' share words counts what they hold
@@ -425,6 +500,13 @@ void Runtime::Impl::set_endgame_costs(ChunkTable& t, StepPlan& p) {
   std::vector<double> weight(cluster ? 0 : t.size());
   const double full = std::max(t.full_chunk, p.by_cost() ? 1e-9 : 1.0);
   for (std::size_t c = 0; c < weight.size(); ++c) weight[c] = std::max(t.chunk_cost[c], 1e-9) / full;
+  if (!p.lines.empty() && !p.by_cost()) {
+    // The cost model: a chunk weighs its time on the fastest device over a full chunk's there, its call's fixed part
+    // included, so that the small pieces at the shares' ends count the calls they cost.
+    const auto fast = std::min_element(p.lines.begin(), p.lines.end(), [](const auto& x, const auto& y) { return x.per_unit < y.per_unit; });
+    const double full_s = fast->per_call + fast->per_unit * full;
+    for (std::size_t c = 0; c < weight.size(); ++c) weight[c] = (fast->per_call + fast->per_unit * t.chunk_cost[c]) / full_s;
+  }
   sched->set_chunk_weights(std::move(weight));
   // What the shares still hold across ranks, the other ranks' devices take too, at their ranks' measured speeds: so a
   // device that slowed down leaves the job's last chunks to the job, not to its rank's other device alone.

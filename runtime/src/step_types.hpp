@@ -2,6 +2,8 @@
 // step's phases (run_step.cpp and the files it names) and the parts of the runtime that learn from a step.
 #pragma once
 
+#include <stealbatch/runtime/detail/call_fit.hpp>
+
 #include <stealbatch/runtime/cluster.hpp>
 #include <stealbatch/runtime/telemetry.hpp>
 #include <stealbatch/scheduler/scheduler.hpp>
@@ -72,6 +74,9 @@ enum class Cutting { kFixed, kSized, kBySpeed, kRankShares, kPacked, kCells };
 struct StepPlan {
   std::vector<double> speeds;  // samples/s per device; empty until measured
   std::vector<double> rate;    // each device's speed in cost units per second (samples/s, or the profile's speeds)
+  // kSized on 2+ devices placed by measure: each device's call line a_d + b_d n (seconds, n samples), where every
+  // device's is known; the shares, chunk sizes and end game then follow it (cut_sized(), set_endgame_costs()).
+  std::vector<detail::CallFit::Line> lines;
   std::span<const double> position_cost;  // kByCost: each batch position's cost (read before the chunk phase only)
   double cost_chunk = 0;       // given costs: a full chunk's cost, in the units of position_cost (mean 1 a sample)
   bool known = false;          // every device has a measured speed

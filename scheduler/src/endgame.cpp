@@ -106,7 +106,7 @@ bool Scheduler::worth_taking(std::size_t w, Source from) noexcept {
   // One that has not slowed down takes either way, so it needs no cost and no count of what is left: the worker
   // loop's common case stops here.
   const bool fastest = m_endgame.fastest(w);
-  if (fastest && me.live_factor <= 1.0) return !me.left_takers;
+  if ((fastest || (m_own_always && from == Source::kOwn)) && me.live_factor <= 1.0) return !me.left_takers;
   const bool worth = worth_by_rule(me, from);
   if (!fastest) return worth;
   if (worth) return !me.left_takers;

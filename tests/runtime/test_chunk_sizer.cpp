@@ -247,6 +247,33 @@ TEST_CASE("ChunkSizer.TheProbeHoldsTheShareAndEnoughCallsForALine") {
   }
 }
 
+TEST_CASE("ChunkSizer.AProbeWhoseChunksWereStolenIsRunAgain") {
+  // Thieves took most of a device's probe (the large chunks at its share's end): too few calls ran on it to fit its
+  // line, so its next step probes again, instead of climbing a ladder from 8 samples on a device whose calls may each
+  // cost hundreds of microseconds. After kMaxProbeSteps probes it goes on without a line.
+  const Curve c{1e-3, 1e-5};
+  ChunkSizer s(1);
+  for (std::size_t probe = 0; probe < ChunkSizer::kMaxProbeSteps; ++probe) {
+    CAPTURE(probe);
+    REQUIRE(s.probing(0));
+    for (std::size_t m : {8, 8, 16}) s.observe_chunk(0, m, c.seconds(m));  // the rest of the probe ran elsewhere
+    s.end_step(0, 4096);
+    CHECK(!s.fit(0).known());
+  }
+  CHECK(!s.probing(0));
+  CHECK(s.line(0).per_call == 0);
+
+  // Enough of its probe ran on it: one probe, a line, and its start from that line.
+  ChunkSizer t(1);
+  std::vector<std::uint32_t> probe;
+  ChunkSizer::probe_sizes(4096, probe);
+  for (std::uint32_t m : probe) t.observe_chunk(0, m, c.seconds(m));
+  t.end_step(0, 4096);
+  CHECK(!t.probing(0));
+  CHECK(t.line(0).per_call == doctest::Approx(c.a).epsilon(1e-6));
+  CHECK(t.line(0).per_unit == doctest::Approx(c.b).epsilon(1e-6));
+}
+
 TEST_CASE("ChunkSizer.ALineStartsAtItsChoiceAndSettlesInAFewSteps") {
   // Chunk times a + b n: the first step's chunks give a and b, and the second step runs the rung the line says the
   // rule chooses, the same rung a ladder climbed from 8 chooses. The fastest rung's choice is then made; the smallest
@@ -688,6 +715,40 @@ TEST_CASE("Runtime.AutoChunkSizeOnASimDeviceWithACallCost") {
     CAPTURE(step);
     CHECK(sizes[step] == 2048);
   }
+}
+
+TEST_CASE("Runtime.LaunchBoundDevicesRunEfficientChunksInSharesThatEndTogether") {
+  // Simulated parts of one GPU as 64,16,16,16 SMs, every call costing 1 ms whatever it holds and a sample 4 us on the
+  // fastest (the fixed cost is 250 samples' time there). Once each device's line a + b n is known, the cost model
+  // places the shares so that each ends at the same time (the fastest part gets 4/7 of the batch, not its 4/7 of
+  // the speed minus its calls), and cuts no chunk below the device's efficient size (the fixed cost at most 5%: 4,750
+  // samples on the fastest, 1,188 on the others), a share smaller than that in one call. The chunk table is the
+  // plan's, from lines fitted to the devices' own timelines: the machine's load moves none of it.
+  RuntimeOptions o{.devices = "sim:1,0.25,0.25,0.25"};
+  o.sim.call_seconds = 1e-3;
+  o.sim.sample_seconds = 4e-6;
+  Runtime rt(o);
+  ParameterLayout layout;
+  layout.add("p", 1);
+  rt.register_parameters(layout, std::vector<float>(1, 0.0f));
+  std::vector<std::uint32_t> batch(8192);
+  std::iota(batch.begin(), batch.end(), 0u);
+  StepReport r;
+  for (int step = 0; step < 8; ++step) {
+    r = rt.step(batch, [](ChunkContext& ctx) { ctx.grad[0] += static_cast<float>(ctx.samples.size()); });
+    REQUIRE(r.samples == batch.size());
+  }
+  // T = a + b_d share_d for all d: shares in proportion to speed here (one fixed cost for all), 4/7 and 1/7 each.
+  REQUIRE(r.devices.size() == 4);
+  const double fast_share = 8192.0 * 4 / 7, slow_share = 8192.0 / 7;
+  MESSAGE("chunks " << r.chunks << "; sizes " << r.devices[0].chunk_samples << " " << r.devices[1].chunk_samples);
+  CHECK(r.devices[0].chunk_samples == static_cast<std::size_t>(std::lround(fast_share)));  // one call: under 4,750
+  for (std::size_t d = 1; d < 4; ++d) {
+    CAPTURE(d);
+    CHECK(r.devices[d].chunk_samples >= static_cast<std::size_t>(slow_share) - 1);  // one call each: below 1,188
+  }
+  CHECK(r.chunks == 4);
+  CHECK(rt.chunk_curve(0).size() <= 3);  // no ladder climbed from 8 samples
 }
 
 TEST_CASE("Runtime.AutoChunkSizeOfALoneDeviceIsItsFastestRung") {

@@ -473,6 +473,33 @@ TEST_CASE("Scheduler.EndGameLeavesTheTailToFastWorkers") {
   for (const auto& wc : st2.workers) CHECK(wc.endgame_declines == 0);
 }
 
+TEST_CASE("Scheduler.OwnAlwaysKeepsASlowWorkersOwnChunk") {
+  // Worker 0 is 10x slower and holds one chunk, worker 1 another: by the rule, 2 chunks left at 1 unit each for the
+  // others is less than worker 0's 10, so it declines its own and worker 1 runs both (whenever worker 0 decides: with
+  // one chunk left it declines too). With set_own_always (shares placed by a cost model to end together) it runs its
+  // own: worker 1 holds its chunk until worker 0 is inside its own (5 s at most), so it cannot steal it first.
+  for (const bool own_always : {false, true}) {
+    CAPTURE(own_always);
+    Scheduler sched({.workers = 2});
+    sched.set_chunk_costs({10, 1});
+    sched.set_own_always(own_always);
+    std::vector<std::atomic<int>> runs(2);
+    std::atomic<bool> w0_started{false};
+    const StepStats st = sched.run(place_equal(2, 2), [&](std::size_t w, ChunkId c) {
+      runs[c].fetch_add(1);
+      if (w == 0) {
+        w0_started = true;
+        return;
+      }
+      if (own_always) (void)wait_for([&] { return w0_started.load(); }, 5000ms);
+    });
+    CHECK(runs[0].load() == 1);
+    CHECK(runs[1].load() == 1);
+    CHECK(st.workers[0].chunks_run == (own_always ? 1u : 0u));
+    CHECK(st.workers[1].chunks_stolen == (own_always ? 0u : 1u));
+  }
+}
+
 TEST_CASE("Scheduler.AWeightedEndGameCountsWhatIsLeftByWeight") {
   // Three equal workers; worker 0's first chunk reports that it now runs `factor` times slower, and it decides on
   // its second with the other two inside their first chunks: its first chunk ends only once both are inside theirs,

@@ -168,6 +168,12 @@ class Scheduler {
   // As above, with separate costs for a chunk from the worker's own deque and for one it steals. Throws ConfigError
   // unless own[w] <= stolen[w].
   void set_chunk_costs(std::vector<double> own, std::vector<double> stolen);
+  // Whether a worker that has not slowed down in this step (its live factor) always takes its own chunks, the rule
+  // weighing only what it steals. For shares placed to end together, each a few calls with a fixed cost (a cost
+  // model a + b n): the rule's fluid estimate of what the others would take to finish the rest ignores their calls'
+  // fixed costs, and would leave an own chunk to a thief that starts it only after its own. Off by default. Call
+  // between steps.
+  void set_own_always(bool on) noexcept { m_own_always = on; }
   // A sourced step whose `pending` counts chunks that workers outside this scheduler also take (every rank's share,
   // which the other ranks' devices steal from): their summed chunk rate, in chunks per unit of the costs above. The
   // end game's check on what the source holds then weighs a chunk against the time everyone, these workers and
@@ -333,6 +339,7 @@ class Scheduler {
   const ChunkSource* m_source = nullptr;  // set for a sourced step
   const std::function<std::uint64_t()>* m_pending = nullptr;  // a sourced step's chunks not yet given (may be null)
   EndGameRule m_endgame;                       // inactive: no end-game rule
+  bool m_own_always = false;                   // set_own_always()
   double m_outside_rate = 0;                   // set_outside_rate()
   std::vector<std::uint64_t> m_weight_units;   // set_chunk_weights(), each in units of 1 / kWeightUnit
   bool m_weighted = false;                     // this step's end game counts m_left_units, not m_remaining

@@ -59,6 +59,9 @@ class ChunkSizer {
   static constexpr double kFitted = 0.1;
   static constexpr std::uint64_t kRefreshSteps = 1000;
   static constexpr std::uint64_t kMaxExploreSteps = 48;  // a device whose chunks are always stolen stops exploring
+  // Probe steps a device timed by chunk runs at most while its line is not known (fewer than CallFit::kMinCalls of
+  // its probe's chunks ran on it: thieves took the rest).
+  static constexpr std::size_t kMaxProbeSteps = 3;
 
   // What a device's exploration ends on: the smallest rung within kGoodEnough of the best (a step's tail, which
   // thieves share, is then short), or the fastest rung (no thieves: a static split or a lone device, where a smaller
@@ -85,7 +88,8 @@ class ChunkSizer {
   // rungs as the share holds, then what is left in one chunk. Empty where the share holds fewer than two rungs so: it
   // is then cut into size()'s chunks.
   static void probe_sizes(std::size_t share, std::vector<std::uint32_t>& out);
-  // The chunk size for device d this step, whose share holds `share` samples (at least 1).
+  // The chunk size for device d this step, whose share holds `share` samples (at least 1): its rung, or the whole
+  // share where the fastest rung is chosen and it is the largest the share holds.
   std::size_t size(std::size_t device, std::size_t share) const noexcept;
   bool exploring(std::size_t device) const noexcept { return m_devices[device].exploring; }
   // A chunk of `samples` that took `seconds` on the device (host devices: the call). Only rung-sized chunks count.
@@ -104,6 +108,9 @@ class ChunkSizer {
   std::vector<std::pair<std::size_t, double>> curve(std::size_t device) const;
   // The device's call time against its chunk's samples, from its rung-sized chunks (Timing::kByChunk).
   const CallFit& fit(std::size_t device) const noexcept { return m_devices[device].fit; }
+  // The device's last line that told a fixed part a > 0 from b > 0 ({0, 0} until one did). Kept while its calls no
+  // longer tell them apart: a device that runs one size for 128 calls still has the line it was cut by.
+  CallFit::Line line(std::size_t device) const noexcept { return m_devices[device].line; }
 
  private:
   struct Rung {
@@ -127,6 +134,8 @@ class ChunkSizer {
     bool predicted_again = false;  // kVerify: the line was corrected once already
     double expected = 0;           // kVerify: the line's samples/s at the rung, as predicted
     std::uint64_t steps = 0;
+    std::size_t probes = 0;        // probe steps run again: thieves took too many of the chunks to fit a line
+    CallFit::Line line;            // line(): the last that told a from b
   };
   static std::size_t rung_size(std::size_t r) noexcept { return kFirstRung << r; }
   static std::size_t top_rung(std::size_t share) noexcept;  // the largest rung that fits the share (0 if none does)
