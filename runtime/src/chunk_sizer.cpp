@@ -183,7 +183,9 @@ void ChunkSizer::stop_exploring(std::size_t device) noexcept {
 
 void ChunkSizer::end_step(std::size_t device, std::size_t share) noexcept {
   State& s = m_devices[device];
-  if (has_fixed_part(s.fit)) s.line = s.fit.line();
+  // The line the cost model cuts by: one that tells a fixed part and holds the calls' times (within kFitted); calls
+  // of one size keep the last, calls that scatter about it (costs that vary by position) drop it.
+  if (has_fixed_part(s.fit) || (s.fit.separates() && s.fit.scatter() > kFitted)) s.line = s.fit.scatter() <= kFitted ? s.fit.line() : CallFit::Line{};
   if (++s.steps >= kRefreshSteps) {  // devices change (a throttled GPU, a noisy neighbour): measure again
     s = State{};
     return;

@@ -78,7 +78,8 @@ StepPlan Runtime::Impl::plan_step(std::size_t batch) {
   }
   if (costs.given()) plan_given_costs(batch, p);
   if (options.schedule.deterministic) p.cutting = Cutting::kCells, p.finer_ends = false;  // placed as planned, cut in cells
-  if (p.cutting == Cutting::kSized && n > 1 && p.placement != Placement::kEqualOrGiven && options.schedule.placement != PlacementPolicy::kGiven) {
+  // The cost model of launch-bound devices: placed by speed (placed by cost, a chunk's samples do not say its cost).
+  if (p.cutting == Cutting::kSized && n > 1 && p.placement == Placement::kBySpeed) {
     p.lines = call_lines(speed.chunk_sizer, n, batch);
   }
   return p;
@@ -222,7 +223,7 @@ void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& 
     t.own_size[d] = std::max(t.own_size[d], efficient[d]);
   }
   if (p.finer_ends && !lines.empty()) {
-    share = p.by_cost() ? detail::split_by_cost(p.position_cost, rate) : to_shares(place_proportional(batch, rate));
+    share = to_shares(place_proportional(batch, rate));  // no margin for uncertain speeds: the lines give the times
   } else if (p.finer_ends) {
     // Plus a margin for slower devices whose speed is uncertain (see speed_share_weights()).
     const std::vector<double> weights = detail::speed_share_weights(p.rate, speed.history, t.own_size, batch);
@@ -481,8 +482,8 @@ void Runtime::Impl::set_endgame_costs(ChunkTable& t, StepPlan& p) {
     // so it keeps taking work instead of idling as a "slow" device. Placed by cost, the speeds are already apart
     // from the costs.
     const double slowness = p.by_cost() ? 1.0 : detail::data_slowness(speed.stolen_slowness[d]);
-    if (!p.lines.empty() && !p.by_cost()) {
-      // The cost model: a call's fixed part, then its samples. No data slowness: it is measured against costs in
+    if (!p.lines.empty()) {
+      // The cost model (placed by speed): a call's fixed part, then its samples. No data slowness: it is measured against costs in
       // proportion to samples, and a fixed cost a call makes small stolen chunks look like slow data.
       own[d] = p.lines[d].per_call + p.lines[d].per_unit * t.own_cost[d];
       stolen[d] = std::max(own[d], p.lines[d].per_call + p.lines[d].per_unit * t.full_chunk);
@@ -492,7 +493,7 @@ void Runtime::Impl::set_endgame_costs(ChunkTable& t, StepPlan& p) {
     stolen[d] = std::max(own[d], t.full_chunk / (p.rate[d] * slowness));  // a stolen chunk is at most a full one
   }
   sched->set_chunk_costs(std::move(own), std::move(stolen));
-  sched->set_own_always(!p.lines.empty() && !p.by_cost());  // shares that end together by the cost model
+  sched->set_own_always(!p.lines.empty());  // shares that end together by the cost model
   // What is left is weighed in full chunks, the unit of the stolen costs: a step ends on the small pieces of the
   // shares' ends, and a slow device that counted each as a full chunk of the others' time would start one of its
   // own chunks with little left, and end the step late. (A step from the ranks' share words counts what they hold
@@ -500,7 +501,7 @@ void Runtime::Impl::set_endgame_costs(ChunkTable& t, StepPlan& p) {
   std::vector<double> weight(cluster ? 0 : t.size());
   const double full = std::max(t.full_chunk, p.by_cost() ? 1e-9 : 1.0);
   for (std::size_t c = 0; c < weight.size(); ++c) weight[c] = std::max(t.chunk_cost[c], 1e-9) / full;
-  if (!p.lines.empty() && !p.by_cost()) {
+  if (!p.lines.empty()) {
     // The cost model: a chunk weighs its time on the fastest device over a full chunk's there, its call's fixed part
     // included, so that the small pieces at the shares' ends count the calls they cost.
     const auto fast = std::min_element(p.lines.begin(), p.lines.end(), [](const auto& x, const auto& y) { return x.per_unit < y.per_unit; });

@@ -5,6 +5,7 @@
 #include <stealbatch/runtime/sim_device.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <string>
@@ -25,6 +26,19 @@ std::vector<double> slowdowns(const RuntimeOptions& o, std::size_t n) {
   return o.host.slowdown;
 }
 
+// Several CPU devices: the BLAS library's one pool to a thread, so that each device's products run on its own
+// thread (set_blas_pool_threads()); said once a process when a BLAS is loaded whose pool cannot be set.
+void share_blas_pool() {
+  if (set_blas_pool_threads(1) != BlasPool::kUnknown) return;
+  static std::once_flag said;
+  std::call_once(said, [] {
+    std::fprintf(stderr,
+                 "stealbatch: warning: this process's BLAS has a thread pool the runtime cannot size (neither OpenBLAS, BLIS nor MKL): "
+                 "several CPU devices calling into it at once may contend for its threads; set its thread count to 1 "
+                 "(OPENBLAS_NUM_THREADS=1 or the library's own setting)\n");
+  });
+}
+
 class CpuBackend final : public DeviceBackend {
  public:
   std::size_t available() const noexcept override { return cores(); }
@@ -36,6 +50,7 @@ class CpuBackend final : public DeviceBackend {
     const int threads = o.schedule.deterministic      ? 1
                         : o.host.threads_per_device > 0 ? o.host.threads_per_device
                                                         : std::max(1, static_cast<int>(cores() / static_cast<unsigned>(n)));
+    if (n > 1) share_blas_pool();
     std::vector<std::unique_ptr<Device>> out;
     for (std::size_t i = 0; i < n; ++i) {
       auto d = std::make_unique<CpuDevice>(i, threads, slow[i]);

@@ -94,6 +94,15 @@ TEST_CASE("GivenCosts.CallFitRecoversALineAndItsBudget") {
   // Its fixed part at most a tenth of a call: c >= 9 a / b = 18,000 units.
   CHECK(f.overhead_cost(0.9) == doctest::Approx(9 * l.per_call / l.per_unit));
   CHECK(f.overhead_cost(0.9) == doctest::Approx(18000).epsilon(0.15));
+  CHECK(f.scatter() < 0.02);  // 1% noise about the line
+  // Calls whose cost is not their size (8 samples at the long end of a length-grouped batch take 4x those at the
+  // short end): the line they give does not hold them, and scatter() says so.
+  detail::CallFit varied;
+  for (int i = 0; i < 40; ++i) {
+    const double n = 8.0 * static_cast<double>(1 + i % 4);
+    varied.add(n, (i % 2 == 0 ? 4.0 : 1.0) * 1e-3 * n);
+  }
+  CHECK(varied.scatter() > 0.3);
   // Calls of one cost: no fixed part to tell, time over cost.
   detail::CallFit one;
   for (int i = 0; i < 10; ++i) one.add(100, 0.5);

@@ -1,5 +1,6 @@
 // The libtorch adapter's layout, binding and data helpers.
 #include <stealbatch/error.hpp>
+#include <stealbatch/runtime/cpu_device.hpp>
 #include <stealbatch/torch.hpp>
 
 #if defined(STEALBATCH_TORCH_CUDA)
@@ -8,21 +9,12 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <string>
 
 namespace stealbatch::libtorch {
 
-bool set_blas_threads(int threads) noexcept {
-  using SetThreads = void (*)(int);
-  // Looked up, not linked: libtorch may be built on another BLAS, or on one without a pool of its own.
-  static const auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (set == nullptr) return false;
-  set(std::max(1, threads));
-  return true;
-}
+bool set_blas_threads(int threads) noexcept { return set_blas_pool_threads(threads) == BlasPool::kSet; }
 
 namespace {
 

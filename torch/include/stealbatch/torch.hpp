@@ -49,7 +49,8 @@ void settle(::torch::nn::Module& module, const ParameterLayout& layout, std::spa
 // thread pool of its own (OpenBLAS, which Debian's libtorch uses: openblas_set_num_threads, found at run time);
 // returns whether there was one. Its pool is one for the process: several devices calling into it at once queue
 // on its lock while its threads spin (a CNN on cpu:2 ran 3.7x slower), so with more than one device each product
-// must run on its caller's thread alone. ModuleChunks calls it.
+// must run on its caller's thread alone. ModuleChunks calls it, and a runtime with two or more CPU devices sets it to
+// 1 as it makes them (set_blas_pool_threads(), which this calls), so a raw chunk function needs nothing more.
 bool set_blas_threads(int threads) noexcept;
 // The rows of `data` (first dimension) at the chunk's sample ids, on data's device: a chunk's input or targets from a
 // tensor dataset.

@@ -42,4 +42,14 @@ class CpuDevice final : public Device {
   bool m_compute_time = false;
 };
 
+// The BLAS library of this process, where it keeps one pool of threads for the whole process (OpenBLAS, BLIS), set to
+// `threads` threads. Found at run time (dlsym): the runtime links no BLAS. Several CPU devices calling into one such
+// pool at once queue on its lock while its threads spin (a raw libtorch chunk function on cpu:2, Debian's libtorch on
+// OpenBLAS, ran up to 1.9x slower with stealing than static), so a runtime with two or more CPU devices sets it to 1
+// as it makes them. kSet: set; kNone: no BLAS is loaded, or one whose threads follow the calling thread (MKL's
+// OpenMP, which torch::set_num_threads sets per thread); kUnknown: a BLAS is loaded (sgemm_ resolves) whose pool no
+// call the runtime knows sets.
+enum class BlasPool { kSet, kNone, kUnknown };
+BlasPool set_blas_pool_threads(int threads) noexcept;
+
 }  // namespace stealbatch

@@ -52,6 +52,20 @@ class CallFit {
   bool separates() const noexcept {
     return known() && spread(sums());
   }
+  // How far the calls' times lie from the line: the root mean square of their residuals over their mean time (0 until
+  // known()). Large where a call's cost is not what its size says (samples that cost more at one end of a batch).
+  double scatter() const noexcept {
+    if (!known()) return 0;
+    const Line l = line();
+    double r2 = 0, t = 0;
+    for (std::size_t i = 0; i < m_count; ++i) {
+      const auto [c, s] = m_calls[i];
+      const double r = s - (l.per_call + l.per_unit * c);
+      r2 += r * r, t += s;
+    }
+    const double n = static_cast<double>(m_count);
+    return t > 0 ? std::sqrt(r2 / n) / (t / n) : 0;
+  }
   // The smallest call cost whose fixed part is at most 1 - efficiency of its time (0 without a fixed part, or unknown).
   double overhead_cost(double efficiency) const noexcept {
     const Line l = line();

@@ -108,8 +108,9 @@ class ChunkSizer {
   std::vector<std::pair<std::size_t, double>> curve(std::size_t device) const;
   // The device's call time against its chunk's samples, from its rung-sized chunks (Timing::kByChunk).
   const CallFit& fit(std::size_t device) const noexcept { return m_devices[device].fit; }
-  // The device's last line that told a fixed part a > 0 from b > 0 ({0, 0} until one did). Kept while its calls no
-  // longer tell them apart: a device that runs one size for 128 calls still has the line it was cut by.
+  // The device's last line that told a fixed part a > 0 from b > 0 and held its calls' times within kFitted ({0, 0}
+  // until one did, and again once its calls scatter about it). Kept while its calls no longer tell a from b: a device
+  // that runs one size for 128 calls still has the line it was cut by.
   CallFit::Line line(std::size_t device) const noexcept { return m_devices[device].line; }
 
  private:
