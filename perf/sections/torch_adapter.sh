@@ -14,6 +14,11 @@ section_torch_adapter() {
       printf '%s --devices cpu:2, default epochs: ' "$e"
       "$ex/$e" --devices cpu:2 2>/dev/null | sed -n 's/^test accuracy //p'
     done
+    # A raw ChunkFunction client: the BLAS pool as the runtime sets it, then shared by the devices (2 threads).
+    if [ -x "$build/perf/raw_torch_client" ]; then
+      "$build/perf/raw_torch_client" --epochs 3 --cache "$out/pystdlib.corpus" 2>/dev/null
+      "$build/perf/raw_torch_client" --epochs 3 --blas-threads 2 --cache "$out/pystdlib.corpus" 2>/dev/null
+    fi
   } | tee "$out/torch_adapter.txt"
 }
 
