@@ -182,7 +182,7 @@ Figures check(const char* name, const std::function<std::shared_ptr<Net>()>& mak
 // TorchLm's documents: synthetic bytes (printable ASCII) of long-tailed lengths.
 constexpr std::int64_t kLmMaxLen = 512;
 constexpr std::size_t kDocs = 4096, kLmBatch = 64;  // kDocs a multiple of kLmBatch
-const char* const kLmParts = "vgpu:32,32,32,32";
+const char* const kLmParts = "vgpu:4";  // four equal parts of what the driver can partition (24 SMs each on an H200)
 
 struct Docs {
   std::vector<std::vector<std::uint8_t>> bytes;

@@ -25,7 +25,7 @@ class Backend final : public DeviceBackend {
     const CudaDevice::Options co{o.gpu.in_flight, o.gpu.input_bytes, o.gpu.gather, o.gpu.wait, o.schedule.deterministic};
     std::vector<std::unique_ptr<Device>> out;
     if (m_parts) {
-      const auto parts = make_partitions(0, spec.ids);
+      const auto parts = make_partitions(0, spec);
       for (std::size_t i = 0; i < parts.size(); ++i) out.push_back(std::make_unique<CudaDevice>(i, 0, co, parts[i]));
       return out;
     }

@@ -6,6 +6,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -168,6 +169,61 @@ std::vector<std::size_t> assign_sm_groups(const std::vector<unsigned>& group_sms
     at += k;
   }
   return out;
+}
+
+std::vector<int> vgpu_sm_counts(const DeviceSpec& spec, const std::vector<unsigned>& group_sms, int total) {
+  const std::size_t groups = group_sms.size();
+  unsigned usable = 0;
+  for (unsigned g : group_sms) usable += g;
+  const unsigned each = groups > 0 ? usable / static_cast<unsigned>(groups) : 0;
+  const auto refuse = [&](const std::string& why) {
+    const std::size_t four = std::min<std::size_t>(4, groups);
+    throw ConfigError("devices = '" + spec.text + "': " + why + ". The GPU can be partitioned into " + std::to_string(groups) + " groups of " +
+                      std::to_string(each) + " SMs (" + std::to_string(usable) + " of its " + std::to_string(total) + "); what fits: vgpu:N for N up to " +
+                      std::to_string(groups) + (four > 0 ? " (vgpu:" + std::to_string(four) + ": " + std::to_string(groups / four * each) + " SMs a part)" : "") +
+                      ", shares of at least " + std::to_string(groups > 0 ? (100 + groups - 1) / groups : 100) + "% each (vgpu:50%,25%,25%), or SM counts that add up to at most " +
+                      std::to_string(usable) + " in whole groups");
+  };
+  if (spec.parts == DeviceSpec::Parts::kSms) {
+    if (assign_sm_groups(group_sms, spec.ids).empty()) refuse("too few SMs to give each part at least its count");
+    return spec.ids;
+  }
+  const std::size_t n = spec.count;
+  if (n == 0 || n > groups) refuse(std::to_string(n) + " parts of " + std::to_string(groups) + " groups");
+  std::vector<std::size_t> take(n, groups / n);
+  if (spec.parts == DeviceSpec::Parts::kShares) {
+    std::size_t sum = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      take[i] = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(spec.shares[i] * static_cast<double>(groups))));
+      sum += take[i];
+    }
+    while (sum > groups) {  // rounding asked for more than there are: the largest give way (each keeps at least one)
+      --*std::max_element(take.begin(), take.end()), --sum;
+    }
+  }
+  std::vector<int> sms;
+  std::size_t at = 0;
+  for (std::size_t k : take) {
+    unsigned got = 0;
+    for (std::size_t i = 0; i < k; ++i) got += group_sms[at++];
+    sms.push_back(static_cast<int>(got));
+  }
+  return sms;
+}
+
+std::vector<std::shared_ptr<Partition>> make_partitions(int gpu, const DeviceSpec& spec) {
+  CUdevice dev{};
+  const CUdevResource all = device_sms(gpu, dev);
+  const unsigned granule = granule_of(all, gpu);
+  unsigned groups = 0;
+  CUdevResource whole = all;
+  check(driver().split(nullptr, &groups, &whole, nullptr, 0, granule), "cuDevSmResourceSplitByCount (query)");
+  std::vector<CUdevResource> pieces(groups);
+  CUdevResource rest{};
+  check(driver().split(pieces.data(), &groups, &whole, &rest, 0, granule), "cuDevSmResourceSplitByCount");
+  std::vector<unsigned> group_sms;
+  for (std::size_t i = 0; i < groups; ++i) group_sms.push_back(pieces[i].sm.smCount);
+  return make_partitions(gpu, vgpu_sm_counts(spec, group_sms, static_cast<int>(all.sm.smCount)));
 }
 
 std::vector<std::shared_ptr<Partition>> make_partitions(int gpu, const std::vector<int>& sm_counts) {

@@ -56,7 +56,8 @@ std::vector<double> parse_number_list(std::string_view list, std::string_view fi
 
 DeviceSpec parse_device_spec(std::string_view spec) {
   constexpr std::string_view kRule =
-      "expected cpu:N (1..256), cuda:all, cuda:local, cuda:I[,J...], vgpu:SM1[,SM2...] (SM counts >= 1) or sim:S1[,S2...] (speeds in [0.001, 1e+06])";
+      "expected cpu:N (1..256), cuda:all, cuda:local, cuda:I[,J...], vgpu:N (N equal parts), vgpu:SM1,SM2[,...] (SM counts >= 1), "
+      "vgpu:P1%[,P2%...] (shares) or sim:S1[,S2...] (speeds in [0.001, 1e+06])";
   DeviceSpec out;
   out.text = std::string(spec);
   const auto colon = spec.find(':');
@@ -87,13 +88,38 @@ DeviceSpec parse_device_spec(std::string_view spec) {
     }
   } else if (kind == "vgpu") {
     out.kind = DeviceKind::kVgpu;
-    for (std::string_view piece : split(rest)) {
+    const std::vector<std::string_view> pieces = split(rest);
+    if (pieces.size() > 64) bad("devices", spec, "at most 64 virtual GPUs");
+    const bool shares = !pieces.empty() && !pieces.front().empty() && pieces.front().back() == '%';
+    for (std::string_view piece : pieces) {
+      if (shares) {
+        double pct = 0;
+        const std::string_view num = piece.empty() || piece.back() != '%' ? std::string_view{} : piece.substr(0, piece.size() - 1);
+        const auto r = std::from_chars(num.data(), num.data() + num.size(), pct);
+        if (num.empty() || r.ec != std::errc() || r.ptr != num.data() + num.size() || !(pct > 0 && pct <= 100)) {
+          bad("devices", spec, cat("'", piece, "': shares are percentages in (0, 100], each with its %, as vgpu:50%,25%,25%"));
+        }
+        out.shares.push_back(pct / 100);
+        continue;
+      }
       long long sms = 0;
       if (!parse_int(piece, sms) || sms < 1 || sms > 100000) bad("devices", spec, kRule);
       out.ids.push_back(static_cast<int>(sms));
     }
-    if (out.ids.size() > 64) bad("devices", spec, "at most 64 virtual GPUs");
-    out.count = out.ids.size();
+    if (shares) {
+      out.parts = DeviceSpec::Parts::kShares;
+      double sum = 0;
+      for (double f : out.shares) sum += f;
+      if (sum > 1 + 1e-9) bad("devices", spec, cat("the shares add up to ", std::to_string(std::lround(sum * 100)), "%; at most 100%"));
+      out.count = out.shares.size();
+    } else if (out.ids.size() == 1) {
+      out.parts = DeviceSpec::Parts::kEqual;  // vgpu:N: N equal parts
+      if (out.ids.front() > 64) bad("devices", spec, "at most 64 virtual GPUs");
+      out.count = static_cast<std::size_t>(out.ids.front());
+      out.ids.clear();
+    } else {
+      out.count = out.ids.size();
+    }
   } else if (kind == "sim") {
     out.kind = DeviceKind::kSim;
     try {

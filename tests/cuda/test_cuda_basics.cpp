@@ -2,10 +2,12 @@
 #include <stealbatch/cuda/device_info.hpp>
 #include <stealbatch/cuda/green.hpp>
 #include <stealbatch/cuda/handles.hpp>
+#include <stealbatch/runtime/device_spec.hpp>
 
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <string>
 #include <vector>
 
 using namespace stealbatch;
@@ -77,4 +79,31 @@ TEST_CASE("Vgpu.PartsTakeGroupsUntilTheirCountIsReached") {
   CHECK(cuda::assign_sm_groups({16, 16, 8, 8, 4}, {20, 8, 12}) == V{2, 1, 2});
   CHECK(cuda::assign_sm_groups({16, 16, 8, 8, 4}, {20, 8, 13}).empty());
   CHECK_THROWS_AS(cuda::assign_sm_groups(h200, {0}), ConfigError);
+}
+
+// vgpu specs in their three forms against the groups the H200's driver offered (15 of 8 SMs: 120 of 132): SM counts
+// as given; N equal parts of whole groups; shares of the groups, rounded to whole ones. What does not fit is refused,
+// naming what does (no GPU needed).
+TEST_CASE("Vgpu.EqualPartsAndSharesFitTheGroupsTheDriverOffers") {
+  using V = std::vector<int>;
+  const std::vector<unsigned> h200(15, 8);
+  const auto sms = [&](const char* spec) { return cuda::vgpu_sm_counts(parse_device_spec(spec), h200, 132); };
+  CHECK(sms("vgpu:64,16,16,16") == V{64, 16, 16, 16});
+  CHECK(sms("vgpu:4") == V{24, 24, 24, 24});  // 3 groups each; 3 left
+  CHECK(sms("vgpu:2") == V{56, 56});
+  CHECK(sms("vgpu:15") == V(15, 8));
+  CHECK(sms("vgpu:50%,25%,25%") == V{56, 32, 32});  // 7.5 -> 8 groups, 3.75 -> 4, 4: one too many, the largest gives way
+  CHECK(sms("vgpu:10%,10%") == V{16, 16});
+  // vgpu:32,32,32,32 needs 128 SMs: refused, naming what fits.
+  try {
+    (void)sms("vgpu:32,32,32,32");
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    CHECK(what.find("vgpu:32,32,32,32") != std::string::npos);
+    CHECK(what.find("15 groups of 8 SMs (120 of its 132)") != std::string::npos);
+    CHECK(what.find("vgpu:4: 24 SMs a part") != std::string::npos);
+  }
+  CHECK_THROWS_AS(sms("vgpu:16"), ConfigError);  // 16 parts of 15 groups
+  CHECK_THROWS_AS((void)cuda::vgpu_sm_counts(parse_device_spec("vgpu:2"), {}, 0), ConfigError);  // no groups at all
 }

@@ -599,6 +599,16 @@ TEST_CASE("Runtime.ConfigErrorsNameTheField") {
   CHECK(parse_device_spec("cuda:local").local_gpu);
   CHECK(parse_device_spec("cuda:local").count == 1);
   CHECK(parse_device_spec("sim:1,0.5").speeds == std::vector<double>{1, 0.5});
+  // vgpu: SM counts, N equal parts, or shares (the GPU's groups turn the last two into SM counts: cuda/green.hpp).
+  CHECK(parse_device_spec("vgpu:64,16").parts == DeviceSpec::Parts::kSms);
+  CHECK(parse_device_spec("vgpu:4").parts == DeviceSpec::Parts::kEqual);
+  CHECK(parse_device_spec("vgpu:4").count == 4);
+  CHECK(parse_device_spec("vgpu:50%,25%,25%").shares == std::vector<double>{0.5, 0.25, 0.25});
+  CHECK(parse_device_spec("vgpu:50%,25%,25%").count == 3);
+  CHECK(config_error([] { (void)parse_device_spec("vgpu:60%,50%"); }).find("add up to 110%; at most 100%") != std::string::npos);
+  CHECK(config_error([] { (void)parse_device_spec("vgpu:50%,25"); }).find("'25': shares are percentages") != std::string::npos);
+  CHECK(config_error([] { (void)parse_device_spec("vgpu:0%"); }).find("shares are percentages in (0, 100]") != std::string::npos);
+  CHECK(config_error([] { (void)parse_device_spec("vgpu:65"); }).find("at most 64 virtual GPUs") != std::string::npos);
   Runtime rt({.devices = "cpu:2"});
   const MlpModel model({4, 2});
   rt.register_parameters(model.layout(), model.initial_parameters(0));

@@ -1,6 +1,8 @@
 // Virtual GPUs: one physical GPU split into parts of given SM counts with CUDA green contexts (driver API).
 #pragma once
 
+#include <stealbatch/runtime/device_spec.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -62,6 +64,16 @@ class ContextScope {
 // Partition::sm_count(). Throws ConfigError when
 // the counts do not fit (naming what fits), and CudaError where green contexts are unavailable (driver or GPU).
 std::vector<std::shared_ptr<Partition>> make_partitions(int gpu, const std::vector<int>& sm_counts);
+// The same from a vgpu spec in any of its forms (DeviceSpec::Parts): SM counts, N equal parts, or shares, resolved
+// against the GPU's groups by vgpu_sm_counts().
+std::vector<std::shared_ptr<Partition>> make_partitions(int gpu, const DeviceSpec& spec);
+
+// Each part's SM count from a vgpu spec and the GPU's partitionable groups (their SM counts, in order; `total` the
+// GPU's SMs, for messages): the spec's own counts; N equal parts (whole groups each: vgpu:4 on 15 groups of 8 gives
+// 3 groups, 24 SMs, a part); or shares of the groups, each rounded to whole groups and at least one (the largest give
+// way where rounding asks for more than there are). Pure arithmetic, tested without a GPU. Throws ConfigError, naming
+// what fits, where the groups cannot give every part what it asks.
+std::vector<int> vgpu_sm_counts(const DeviceSpec& spec, const std::vector<unsigned>& group_sms, int total);
 
 // How many of the GPU's SM groups (their SM counts in order) each part takes: groups in order until their summed SM
 // count reaches the part's request. Empty when the groups run out. Pure arithmetic, for make_partitions and its test;

@@ -18,6 +18,8 @@ enum class DeviceKind { kCpu, kCuda, kSim, kVgpu };
 //   DeviceSpec l = parse_device_spec("cuda:local");   // under mpirun: GPU k for the k-th rank of its node
 //   DeviceSpec v = parse_device_spec("sim:1,1,0.5");  // three simulated devices of those relative speeds
 //   DeviceSpec p = parse_device_spec("vgpu:64,16");   // GPU 0 as two parts of 64 and 16 SMs
+//   DeviceSpec q = parse_device_spec("vgpu:4");       // GPU 0 as four equal parts of what it can partition
+//   DeviceSpec r = parse_device_spec("vgpu:50%,25%,25%");  // ... as a half and two quarters of it
 // The range of a simulated device's relative speed ("sim:S1,S2,..."): slower would make a step last for hours at the
 // default 100 us a sample, faster is below the timer's resolution.
 inline constexpr double kMinSimSpeed = 1e-3;
@@ -30,6 +32,11 @@ struct DeviceSpec {
   bool local_gpu = false;      // kCuda: "cuda:local", one GPU: the rank's index among the ranks of its node (with a cluster)
   std::size_t count = 0;       // the number of devices (kCuda with all_gpus: 0 until the GPUs are counted)
   std::vector<double> speeds;  // kSim: relative speeds, one per device, in [kMinSimSpeed, kMaxSimSpeed]
+  // kVgpu: how the parts are asked for. kSms: ids holds each part's SM count ("vgpu:64,16,16,16"); kEqual: `count`
+  // equal parts of what the GPU can partition ("vgpu:4"); kShares: `shares`, each part's share of it ("vgpu:50%,25%,25%",
+  // fractions in (0, 1] that sum to at most 1). The GPU's partitionable groups turn the last two into SM counts.
+  enum class Parts { kSms, kEqual, kShares } parts = Parts::kSms;
+  std::vector<double> shares;
   std::string text;            // the spec as given, for messages
 };
 
