@@ -426,22 +426,25 @@ struct TimedDevice final : Device {
   std::optional<double> step_device_seconds() const override { return step_seconds; }
 };
 
-struct TimedBackend final : DeviceBackend {
+// Devices of type D (made from an index and a time curve), one per factor, each with the curve times its factor.
+template <class D>
+struct CurveBackend final : DeviceBackend {
   std::function<double(std::size_t)> seconds;
   std::vector<double> slower{1.0, 1.0};  // each device's times are its factor x the curve's
-  explicit TimedBackend(Curve c) : seconds([c](std::size_t m) { return c.seconds(m); }) {}
-  TimedBackend(Curve c, std::vector<double> factors) : seconds([c](std::size_t m) { return c.seconds(m); }), slower(std::move(factors)) {}
-  TimedBackend(std::function<double(std::size_t)> s, std::vector<double> factors) : seconds(std::move(s)), slower(std::move(factors)) {}
+  explicit CurveBackend(Curve c) : seconds([c](std::size_t m) { return c.seconds(m); }) {}
+  CurveBackend(Curve c, std::vector<double> factors) : seconds([c](std::size_t m) { return c.seconds(m); }), slower(std::move(factors)) {}
+  CurveBackend(std::function<double(std::size_t)> s, std::vector<double> factors) : seconds(std::move(s)), slower(std::move(factors)) {}
   std::size_t available() const noexcept override { return slower.size(); }
   std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec&, const RuntimeOptions&) override {
     std::vector<std::unique_ptr<Device>> out;
     for (std::size_t i = 0; i < slower.size(); ++i) {
-      out.push_back(std::make_unique<TimedDevice>(i, [s = seconds, f = slower[i]](std::size_t m) { return f * s(m); }));
+      out.push_back(std::make_unique<D>(i, [s = seconds, f = slower[i]](std::size_t m) { return f * s(m); }));
     }
     return out;
   }
   std::unique_ptr<Communicator> make_communicator(std::span<Device* const>) override { return std::make_unique<InProcessCommunicator>(); }
 };
+using TimedBackend = CurveBackend<TimedDevice>;
 
 }  // namespace
 
@@ -556,19 +559,25 @@ struct CallTimedBackend final : DeviceBackend {
 };
 
 
-// Each step's chunk size on device 0 of a runtime with one parameter, over `steps` steps of `batch` samples.
-std::vector<std::size_t> sizes_over_steps(Runtime& rt, std::size_t batch, int steps) {
+// Each step's report from a runtime with one parameter, over `steps` steps of `batch` samples, each of them run.
+std::vector<StepReport> run_steps(Runtime& rt, std::size_t batch, int steps) {
   ParameterLayout layout;
   layout.add("p", 1);
   rt.register_parameters(layout, std::vector<float>(1, 0.0f));
   std::vector<std::uint32_t> samples(batch);
   std::iota(samples.begin(), samples.end(), 0u);
-  std::vector<std::size_t> sizes;
+  std::vector<StepReport> out;
   for (int step = 0; step < steps; ++step) {
-    const StepReport r = rt.step(samples, [](ChunkContext& ctx) { ctx.grad[0] += static_cast<float>(ctx.samples.size()); });
-    REQUIRE(r.samples == batch);
-    sizes.push_back(r.devices[0].chunk_samples);
+    out.push_back(rt.step(samples, [](ChunkContext& ctx) { ctx.grad[0] += static_cast<float>(ctx.samples.size()); }));
+    REQUIRE(out.back().samples == batch);
   }
+  return out;
+}
+
+// Each step's chunk size on device 0, as run_steps() runs them.
+std::vector<std::size_t> sizes_over_steps(Runtime& rt, std::size_t batch, int steps) {
+  std::vector<std::size_t> sizes;
+  for (const StepReport& r : run_steps(rt, batch, steps)) sizes.push_back(r.devices[0].chunk_samples);
   return sizes;
 }
 
@@ -619,20 +628,27 @@ struct EventTimedDevice final : Device {
   }
 };
 
-struct EventTimedBackend final : DeviceBackend {
-  std::function<double(std::size_t)> seconds;
-  std::vector<double> slower;
-  EventTimedBackend(std::function<double(std::size_t)> s, std::vector<double> factors) : seconds(std::move(s)), slower(std::move(factors)) {}
-  std::size_t available() const noexcept override { return slower.size(); }
-  std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec&, const RuntimeOptions&) override {
-    std::vector<std::unique_ptr<Device>> out;
-    for (std::size_t i = 0; i < slower.size(); ++i) {
-      out.push_back(std::make_unique<EventTimedDevice>(i, [s = seconds, f = slower[i]](std::size_t m) { return f * s(m); }));
-    }
-    return out;
+using EventTimedBackend = CurveBackend<EventTimedDevice>;
+
+}  // namespace
+
+namespace {
+
+// A lone device of `backend` with the H200 MLP's chunk times, 4096 samples a step: each step's chunk size, each from
+// step `from` on within 0.9x of its best rung, the last the share whole (alone: no tail to share).
+std::vector<std::size_t> lone_h200_sizes(std::shared_ptr<DeviceBackend> backend, int steps, std::size_t from) {
+  constexpr std::size_t kBatch = 4096;
+  register_device_backend(DeviceKind::kCuda, std::move(backend));
+  Runtime rt({.devices = "cuda:all"});
+  const std::vector<std::size_t> sizes = sizes_over_steps(rt, kBatch, steps);
+  MESSAGE("chunk sizes by step: " << joined(sizes));
+  for (std::size_t step = from; step < sizes.size(); ++step) {
+    CAPTURE(step);
+    CHECK(H200Mlp::rate(sizes[step]) >= 0.9 * H200Mlp::best(kBatch));
   }
-  std::unique_ptr<Communicator> make_communicator(std::span<Device* const>) override { return std::make_unique<InProcessCommunicator>(); }
-};
+  CHECK(sizes.back() == kBatch);
+  return sizes;
+}
 
 }  // namespace
 
@@ -641,18 +657,8 @@ TEST_CASE("Runtime.AutoChunkSizeOnAGpuTimedByEventsFitsItsFirstStep") {
   // events): its first step probes several sizes and fits a + b n, as a host device's does, and from the second step
   // on it runs within 0.9x of its best rung. Timed only by the step, it could measure nothing but the rung it ran.
   const RestoreCudaBackend restore;
-  register_device_backend(DeviceKind::kCuda, std::make_shared<EventTimedBackend>(&H200Mlp::seconds, std::vector<double>{1.0}));
-  Runtime rt({.devices = "cuda:all"});
-  constexpr std::size_t kBatch = 4096;
-  const std::vector<std::size_t> sizes = sizes_over_steps(rt, kBatch, 8);
-  MESSAGE("chunk sizes by step: " << joined(sizes));
-  for (std::size_t step = 1; step < sizes.size(); ++step) {
-    CAPTURE(step);
-    CHECK(H200Mlp::rate(sizes[step]) >= 0.9 * H200Mlp::best(kBatch));
-  }
-  CHECK(sizes.back() == kBatch);
-  CHECK(sizes.front() < kBatch);  // the probe: several sizes in the first step
-  CHECK(rt.chunk_curve(0).size() >= 1);
+  const auto sizes = lone_h200_sizes(std::make_shared<EventTimedBackend>(&H200Mlp::seconds, std::vector<double>{1.0}), 8, 1);
+  CHECK(sizes.front() < 4096);  // the probe: several sizes in the first step
 }
 
 TEST_CASE("Runtime.CallCostOfAGpuComesFromItsEventTimes") {
@@ -688,16 +694,7 @@ TEST_CASE("Runtime.AutoChunkSizeOnAGpuTimedByTheStepStartsAtItsShare") {
   // cannot tell the fixed cost from the per-sample one, so it starts at its share's largest rung, which, alone (no
   // tail to share, and a GPU's time a call only falls with fewer calls), it keeps.
   const RestoreCudaBackend restore;
-  register_device_backend(DeviceKind::kCuda, std::make_shared<TimedBackend>(&H200Mlp::seconds, std::vector<double>{1.0}));
-  Runtime rt({.devices = "cuda:all"});
-  constexpr std::size_t kBatch = 4096;
-  const std::vector<std::size_t> sizes = sizes_over_steps(rt, kBatch, 6);
-  MESSAGE("chunk sizes by step: " << joined(sizes));
-  for (std::size_t step = 0; step < sizes.size(); ++step) {
-    CAPTURE(step);
-    CHECK(H200Mlp::rate(sizes[step]) >= 0.9 * H200Mlp::best(kBatch));
-  }
-  CHECK(sizes.back() == kBatch);
+  (void)lone_h200_sizes(std::make_shared<TimedBackend>(&H200Mlp::seconds, std::vector<double>{1.0}), 6, 0);
 }
 
 TEST_CASE("Runtime.AutoChunkSizeOnASimDeviceWithACallCost") {
@@ -728,16 +725,7 @@ TEST_CASE("Runtime.LaunchBoundDevicesRunEfficientChunksInSharesThatEndTogether")
   o.sim.call_seconds = 1e-3;
   o.sim.sample_seconds = 4e-6;
   Runtime rt(o);
-  ParameterLayout layout;
-  layout.add("p", 1);
-  rt.register_parameters(layout, std::vector<float>(1, 0.0f));
-  std::vector<std::uint32_t> batch(8192);
-  std::iota(batch.begin(), batch.end(), 0u);
-  StepReport r;
-  for (int step = 0; step < 8; ++step) {
-    r = rt.step(batch, [](ChunkContext& ctx) { ctx.grad[0] += static_cast<float>(ctx.samples.size()); });
-    REQUIRE(r.samples == batch.size());
-  }
+  const StepReport r = run_steps(rt, 8192, 8).back();
   // T = a + b_d share_d for all d: shares in proportion to speed here (one fixed cost for all), 4/7 and 1/7 each.
   REQUIRE(r.devices.size() == 4);
   const double fast_share = 8192.0 * 4 / 7, slow_share = 8192.0 / 7;
