@@ -30,7 +30,8 @@ struct CudaDevice::Slot {
   Event done;     // the chunk's kernels are done: the slot may be reused
   bool busy = false;
   ChunkId chunk = 0;
-  std::uint32_t chunks = 1;  // the call's chunks (merged stolen ones)
+  DeviceCallTime call;     // the call it ran, its time filled in once its events have completed
+  std::uint64_t step = 0;  // the step (begin_step()'s count) it ran in: a failed step's time is not the next one's
 };
 
 namespace {
@@ -229,8 +230,11 @@ void CudaDevice::reserve(std::size_t max_chunk_samples) {
 }
 
 void CudaDevice::begin_step(std::uint64_t /*step*/, std::chrono::steady_clock::time_point /*start*/) {
-  m_times.clear();  // between steps: every slot is free (finish_chunks() waited for them, or a failed step's did not count)
+  // Between steps. A failed step may leave slots busy (nothing waited for them): their calls are that step's, and the
+  // generation keeps wait_slot() from counting them in this one.
+  m_times.clear();
   m_step_seconds = 0;
+  ++m_step_gen;
 }
 
 void CudaDevice::wait_slot(Slot& s) {
@@ -244,13 +248,14 @@ void CudaDevice::wait_slot(Slot& s) {
   // Both events have completed: the call's time on the device. A timing that fails (it should not) loses the figure,
   // never the chunk; its error is cleared so that the next launch check does not report it.
   float ms = 0;
+  if (s.step != m_step_gen) return;
   if (cudaEventElapsedTime(&ms, s.started.get(), s.done.get()) != cudaSuccess) {
     (void)cudaGetLastError();
     return;
   }
-  const double seconds = static_cast<double>(ms) * 1e-3;
-  m_times.push_back({.first = s.chunk, .chunks = s.chunks, .seconds = seconds});
-  m_step_seconds += seconds;
+  s.call.seconds = static_cast<double>(ms) * 1e-3;
+  m_times.push_back(s.call);
+  m_step_seconds += s.call.seconds;
 }
 
 ChunkTiming CudaDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
@@ -288,7 +293,8 @@ ChunkTiming CudaDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   SB_CUDA_CHECK(cudaEventRecord(s.done.get(), compute));
   s.busy = true;
   s.chunk = ctx.chunk;
-  s.chunks = static_cast<std::uint32_t>(std::max<std::size_t>(ctx.chunks.size(), 1));
+  s.call = call_time(ctx, 0);
+  s.step = m_step_gen;
   m_last_chunk = ctx.chunk;
   m_next_slot = (m_next_slot + 1) % m_slots.size();
   // Leave a slot free before taking the next chunk: with every slot busy, wait for the oldest chunk.

@@ -82,16 +82,22 @@ std::size_t ChunkSizer::size(std::size_t device, std::size_t share) const noexce
   const bool first = m_timing == Timing::kByStep && m_choice == Choice::kFastest && s.exploring && s.steps == 0;
   const std::size_t r = first ? top_rung(share) : s.at;
   // The fastest choice at the share's largest rung takes the share whole: what is left past the rung would be one
-  // more call, for less than a rung.
-  if (m_choice == Choice::kFastest && (first || !s.exploring) && r == top_rung(share)) return share;
+  // more call, for less than a rung (up to twice the ladder's top, 2^20).
+  if (m_choice == Choice::kFastest && (first || !s.exploring) && r == top_rung(share) && share < 2 * rung_size(r)) return share;
   return std::max<std::size_t>(1, std::min(share, rung_size(r)));
 }
 
 void ChunkSizer::observe_chunk(std::size_t device, std::size_t samples, double seconds) noexcept {
-  if (samples < kFirstRung || !std::has_single_bit(samples) || !(seconds > 0)) return;
+  if (samples < kFirstRung || !(seconds > 0)) return;
+  State& s = m_devices[device];
+  if (!std::has_single_bit(samples)) {
+    // Not a rung (a share the cost model runs in one call, a finer end): no rung's figure, but a call on the line, so
+    // that the line follows a device that changes (after the first step, whose calls pay one-time costs).
+    if (s.steps > 0) s.fit.add(static_cast<double>(samples), seconds);
+    return;
+  }
   const auto r = static_cast<std::size_t>(std::countr_zero(samples) - std::countr_zero(kFirstRung));
   if (r >= kRungs) return;
-  State& s = m_devices[device];
   Rung& g = s.rungs[r];
   const double per_sample = seconds / static_cast<double>(samples);
   if (!g.warm) {
@@ -179,6 +185,12 @@ bool ChunkSizer::verify(State& s, std::size_t share) const noexcept {
 void ChunkSizer::stop_exploring(std::size_t device) noexcept {
   State& s = m_devices[device];
   if (s.exploring) settle(s, choose(s));
+}
+
+void ChunkSizer::settle_at_least(std::size_t device, std::size_t samples) noexcept {
+  std::size_t r = 0;
+  while (r + 1 < kRungs && rung_size(r) < samples) ++r;
+  settle(m_devices[device], r);
 }
 
 void ChunkSizer::end_step(std::size_t device, std::size_t share) noexcept {

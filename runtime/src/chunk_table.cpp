@@ -22,7 +22,8 @@ std::vector<detail::CallFit::Line> call_lines(const detail::ChunkSizer& sizer, s
   double inv = 0;
   for (std::size_t d = 0; d < n; ++d) {
     lines[d] = sizer.line(d);
-    if (!(lines[d].per_call > 0) || !(lines[d].per_unit > 0)) return {};
+    // Seconds a call and a sample, within what any device could measure (so that every share and size is finite).
+    if (!(lines[d].per_call > 0 && lines[d].per_call <= 1e3) || !(lines[d].per_unit >= 1e-15 && lines[d].per_unit <= 1e3)) return {};
     inv += 1 / lines[d].per_unit;
   }
   const double whole = static_cast<double>(batch) / inv;  // each device's share time, fixed parts apart
@@ -155,18 +156,20 @@ enum class Cut : std::uint8_t { kWhole, kFiner, kProbe };
 // left down to `floor` at the end, so the owner ends its share, and thieves (who take from the high end) start, on
 // small chunks (detail::cut_share), or the sizer's probe. Fills the spans and each share's range of chunk ids.
 void cut_shares(const Shares& share, const std::vector<double>& target, const std::vector<double>& floor, const std::vector<Cut>& cut,
-                std::span<const double> position_cost, ChunkTable& t, std::vector<ChunkRange>& ranges) {
+                std::span<const double> position_cost, ChunkTable& t, std::vector<ChunkRange>& ranges, bool hard_floor = false) {
   std::vector<std::uint32_t> sizes;
   for (std::size_t d = 0; d < share.size(); ++d) {
     ranges[d].begin = static_cast<ChunkId>(t.spans.size());
     sizes.clear();
     if (cut[d] == Cut::kFiner) {
-      detail::cut_share(share[d].first, share[d].second, target[d], floor[d], position_cost, sizes);
+      detail::cut_share(share[d].first, share[d].second, target[d], floor[d], position_cost, sizes, hard_floor);
     } else if (cut[d] == Cut::kProbe) {
       detail::ChunkSizer::probe_sizes(share[d].second - share[d].first, sizes);
     } else {
       const auto whole = static_cast<std::uint32_t>(std::max(1.0, target[d]));
       for (std::uint32_t at = share[d].first; at < share[d].second; at += whole) sizes.push_back(std::min(whole, share[d].second - at));
+      // A hard floor: a last piece under it joins the chunk before.
+      if (hard_floor && sizes.size() > 1 && sizes.back() < floor[d]) sizes[sizes.size() - 2] += sizes.back(), sizes.pop_back();
     }
     std::uint32_t at = share[d].first;
     for (std::uint32_t size : sizes) t.spans.push_back({at, size}), at += size;
@@ -219,7 +222,12 @@ void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& 
   for (std::size_t d = 0; d < n; ++d) t.own_size[d] = speed.chunk_sizer.size(d, std::max<std::size_t>(1, plain[d].end - plain[d].begin));
   std::vector<std::size_t> efficient(n, 1);
   for (std::size_t d = 0; d < lines.size(); ++d) {
-    efficient[d] = static_cast<std::size_t>(std::ceil((1 - kFixedShare) / kFixedShare * lines[d].per_call / lines[d].per_unit));
+    const double e = std::ceil((1 - kFixedShare) / kFixedShare * lines[d].per_call / lines[d].per_unit);
+    efficient[d] = static_cast<std::size_t>(std::clamp(e, 1.0, static_cast<double>(batch)));
+    // Exploring below it, the device would never run the rung it explores: it settles at the first rung above.
+    if (t.own_size[d] < efficient[d] && speed.chunk_sizer.exploring(d) && !speed.chunk_sizer.probing(d)) {
+      speed.chunk_sizer.settle_at_least(d, efficient[d]);
+    }
     t.own_size[d] = std::max(t.own_size[d], efficient[d]);
   }
   if (p.finer_ends && !lines.empty()) {
@@ -256,7 +264,7 @@ void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& 
     floor[d] = std::max({1.0, target[d] / 4, static_cast<double>(efficient[d])});
     if (p.finer_ends && !speed.chunk_sizer.exploring(d)) cut[d] = Cut::kFiner;  // an exploring device's chunks are all of its rung
   }
-  cut_shares(share, target, floor, cut, p.position_cost, t, t.ranges);
+  cut_shares(share, target, floor, cut, p.position_cost, t, t.ranges, /*hard_floor: no chunk under the efficient size*/ !lines.empty());
   t.full_chunk = static_cast<double>(*std::max_element(t.own_size.begin(), t.own_size.end()));
 }
 

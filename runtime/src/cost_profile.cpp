@@ -253,12 +253,13 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> split_by_cost(std::span<con
 }
 
 void cut_share(std::uint32_t begin, std::uint32_t end, double target, double floor, std::span<const double> costs,
-               std::vector<std::uint32_t>& sizes) {
+               std::vector<std::uint32_t>& sizes, bool hard_floor) {
   auto cost = [&](std::uint32_t x) { return costs.empty() ? 1.0 : costs[x]; };
   double left = 0;
   for (std::uint32_t x = begin; x < end; ++x) left += cost(x);
   for (std::uint32_t at = begin; at < end;) {
-    const double want = left > kTailChunks * target ? target : std::max(floor, costs.empty() ? std::ceil(left / kTailChunks) : left / kTailChunks);
+    double want = left > kTailChunks * target ? target : std::max(floor, costs.empty() ? std::ceil(left / kTailChunks) : left / kTailChunks);
+    if (hard_floor && left - want < floor) want = left;
     std::uint32_t size = 0;
     double got = 0;
     // At least one position; then a position while that leaves the chunk's cost nearer the wanted one.

@@ -119,4 +119,10 @@ void* Device::workspace(std::size_t bytes) {
   return m_workspace.data();
 }
 
+DeviceCallTime Device::call_time(const ChunkContext& ctx, double seconds) noexcept {
+  ChunkId lowest = ctx.chunk;
+  for (ChunkId c : ctx.chunks) lowest = std::min(lowest, c);
+  return {.first = lowest, .chunks = static_cast<std::uint32_t>(std::max<std::size_t>(ctx.chunks.size(), 1)), .seconds = seconds};
+}
+
 }  // namespace stealbatch

@@ -148,8 +148,12 @@ void Runtime::Impl::take_call_times(ChunkTable& t) {
   if (!dev.times_calls) return;
   for (std::size_t d = 0; d < dev.devices.size(); ++d) {
     for (const DeviceCallTime& call : dev.devices[d]->call_device_times()) {
-      const std::size_t first = call.first, end = std::min<std::size_t>(first + std::max<std::uint32_t>(call.chunks, 1), t.size());
-      if (first >= end || t.ran_on[first] != d) continue;  // not a chunk this step ran there (a failed attempt's)
+      const std::size_t first = call.first, end = first + std::max<std::uint32_t>(call.chunks, 1);
+      // Not chunks this step ran there (a failed attempt's): left out whole.
+      if (end > t.size() || !std::all_of(t.ran_on.begin() + static_cast<std::ptrdiff_t>(first), t.ran_on.begin() + static_cast<std::ptrdiff_t>(end),
+                                          [&](std::uint32_t on) { return on == d; })) {
+        continue;
+      }
       double cost = 0, given = 0;
       for (std::size_t id = first; id < end; ++id) cost += t.chunk_cost[id], given += t.given_cost.empty() ? 0.0 : t.given_cost[id];
       for (std::size_t id = first; id < end; ++id) {

@@ -616,7 +616,7 @@ struct EventTimedDevice final : Device {
   void begin_step(std::uint64_t, std::chrono::steady_clock::time_point) override { times.clear(); }
   ChunkTiming run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override {
     fn(ctx);
-    times.push_back({ctx.chunk, static_cast<std::uint32_t>(std::max<std::size_t>(ctx.chunks.size(), 1)), seconds(ctx.samples.size())});
+    times.push_back(call_time(ctx, seconds(ctx.samples.size())));
     return {};  // what a GPU's launch knows: nothing yet
   }
   bool times_calls() const noexcept override { return true; }
@@ -659,6 +659,21 @@ TEST_CASE("Runtime.AutoChunkSizeOnAGpuTimedByEventsFitsItsFirstStep") {
   const RestoreCudaBackend restore;
   const auto sizes = lone_h200_sizes(std::make_shared<EventTimedBackend>(&H200Mlp::seconds, std::vector<double>{1.0}), 8, 1);
   CHECK(sizes.front() < 4096);  // the probe: several sizes in the first step
+}
+
+TEST_CASE("Device.ACallTimeNamesItsLowestChunk") {
+  // A thief's merged call runs its chunks from the highest id down (ChunkContext::chunk first): its time names the
+  // lowest and the count, so the runtime finds every chunk it ran.
+  ChunkContext ctx;
+  const std::vector<ChunkId> merged{7, 6, 5};
+  ctx.chunk = 7, ctx.chunks = merged;
+  const DeviceCallTime t = Device::call_time(ctx, 0.25);
+  CHECK(t.first == 5);
+  CHECK(t.chunks == 3);
+  CHECK(t.seconds == 0.25);
+  ctx.chunk = 9, ctx.chunks = {};
+  CHECK(Device::call_time(ctx, 1).first == 9);
+  CHECK(Device::call_time(ctx, 1).chunks == 1);
 }
 
 TEST_CASE("Runtime.CallCostOfAGpuComesFromItsEventTimes") {
@@ -737,6 +752,25 @@ TEST_CASE("Runtime.LaunchBoundDevicesRunEfficientChunksInSharesThatEndTogether")
   }
   CHECK(r.chunks == 4);
   CHECK(rt.chunk_curve(0).size() <= 3);  // no ladder climbed from 8 samples
+}
+
+TEST_CASE("Runtime.LaunchBoundSharesFollowADeviceThatSlowsDown") {
+  // The same parts; from step 12 the fastest runs at half its speed. Its steps then no longer follow its line, which
+  // it forgets; the next line fitted to what it does now gives it its new share, 0.5 / 1.25 of the batch (before,
+  // 1 / 1.75), in one call again: its efficient size is now 2,375 samples, and the 902 past it would be a chunk
+  // under it. Simulated timelines: the load of the machine moves none of it.
+  RuntimeOptions o{.devices = "sim:1,0.25,0.25,0.25"};
+  o.sim.call_seconds = 1e-3;
+  o.sim.sample_seconds = 4e-6;
+  o.sim.speed_factor = [](std::size_t d, std::uint64_t step, double) { return d == 0 && step > 12 ? 0.5 : 1.0; };
+  Runtime rt(o);
+  const std::vector<StepReport> r = run_steps(rt, 8192, 40);
+  CHECK(r[11].devices[0].samples == static_cast<std::size_t>(std::lround(8192.0 / 1.75)));
+  std::vector<std::size_t> fast;
+  for (const StepReport& s : r) fast.push_back(s.devices[0].samples);
+  MESSAGE("the fastest part's samples by step: " << joined(fast));
+  CHECK(r.back().chunks == 4);
+  CHECK(static_cast<double>(r.back().devices[0].samples) == doctest::Approx(8192.0 * 0.5 / 1.25).epsilon(0.02));
 }
 
 TEST_CASE("Runtime.AutoChunkSizeOfALoneDeviceIsItsFastestRung") {

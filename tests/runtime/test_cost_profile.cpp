@@ -162,6 +162,14 @@ TEST_CASE("CostProfile.SplitsByCostAndCutsChunksByCost") {
   CHECK(std::accumulate(sizes.begin(), sizes.end(), 0u) == 256);
   CHECK(sizes.back() <= 4);  // the floor, or what is left
   CHECK(std::is_sorted(sizes.begin() + 8, sizes.end(), std::greater<>()));
+  // A hard floor (the cost model's efficient size): no chunk under it unless the share is; the last pieces join.
+  for (std::uint32_t share = 1; share <= 300; ++share) {
+    std::vector<std::uint32_t> hard;
+    cut_share(0, share, 64.0, 40.0, {}, hard, true);
+    CAPTURE(share);
+    CHECK(std::accumulate(hard.begin(), hard.end(), 0u) == share);
+    for (std::uint32_t size : hard) CHECK((size >= 40 || hard.size() == 1));
+  }
 }
 
 TEST_CASE("CostProfile.RuntimePlacesByCostWhenTheBatchCostsByPosition") {

@@ -120,6 +120,7 @@ class CudaDevice final : public Device {
   // This step's calls timed on the device (begin_step() clears them), and their sum: the device's busy time.
   std::vector<DeviceCallTime> m_times;
   double m_step_seconds = 0;
+  std::uint64_t m_step_gen = 0;  // begin_step()'s count
 };
 
 }  // namespace stealbatch::cuda

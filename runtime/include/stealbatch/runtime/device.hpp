@@ -70,8 +70,8 @@ struct ChunkTiming {
 // A call's time on the device's own clock (a GPU's CUDA events), known only once the call's work is done: a device
 // whose run_chunk() returns before its chunk has run reports it after the chunk phase (Device::call_device_times()).
 struct DeviceCallTime {
-  ChunkId first = 0;         // the call's chunk: ChunkContext::chunk (the first, when it ran several merged)
-  std::uint32_t chunks = 1;  // how many contiguous chunks the call ran (ChunkContext::chunks.size())
+  ChunkId first = 0;         // the lowest id among the call's chunks (a merged call's descend from ChunkContext::chunk)
+  std::uint32_t chunks = 1;  // how many contiguous chunks the call ran (ChunkContext::chunks.size()): first, first + 1, ...
   double seconds = 0;        // from the start of its first kernel to the end of its last, on the device
 };
 
@@ -149,6 +149,8 @@ class Device {
   // This step's calls in the order they ran, each with its time on the device, read after finish_chunks() and valid
   // until the next begin_step(). Empty for a device that does not time them (times_calls() false).
   virtual std::span<const DeviceCallTime> call_device_times() const { return {}; }
+  // The DeviceCallTime of the call `ctx` describes, timed `seconds`: what a device that times its calls records.
+  static DeviceCallTime call_time(const ChunkContext& ctx, double seconds) noexcept;
   virtual void* workspace(std::size_t bytes);
 
   // Deterministic mode on a device whose gradient lives in its own memory (a GPU; host devices leave it to the

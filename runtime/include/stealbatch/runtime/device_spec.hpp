@@ -34,7 +34,8 @@ struct DeviceSpec {
   std::vector<double> speeds;  // kSim: relative speeds, one per device, in [kMinSimSpeed, kMaxSimSpeed]
   // kVgpu: how the parts are asked for. kSms: ids holds each part's SM count ("vgpu:64,16,16,16"); kEqual: `count`
   // equal parts of what the GPU can partition ("vgpu:4"); kShares: `shares`, each part's share of it ("vgpu:50%,25%,25%",
-  // fractions in (0, 1] that sum to at most 1). The GPU's partitionable groups turn the last two into SM counts.
+  // fractions in (0, 1] that sum to at most 1). The GPU's partitionable groups turn the last two into SM counts. A
+  // single number is a count of parts, not one part's SMs: one part of S SMs is vgpu:P% or two counts.
   enum class Parts { kSms, kEqual, kShares } parts = Parts::kSms;
   std::vector<double> shares;
   std::string text;            // the spec as given, for messages

@@ -92,7 +92,8 @@ class ChunkSizer {
   // share where the fastest rung is chosen and it is the largest the share holds.
   std::size_t size(std::size_t device, std::size_t share) const noexcept;
   bool exploring(std::size_t device) const noexcept { return m_devices[device].exploring; }
-  // A chunk of `samples` that took `seconds` on the device (host devices: the call). Only rung-sized chunks count.
+  // A chunk of `samples` that took `seconds` on the device (host devices: the call). Rung-sized chunks measure their
+  // rung and the line; others (after the first step) the line alone.
   void observe_chunk(std::size_t device, std::size_t samples, double seconds) noexcept;
   // A whole step of an exploring device whose chunks are timed by the step (a GPU): `samples` in `seconds`.
   void observe_step(std::size_t device, std::size_t samples, double seconds) noexcept;
@@ -101,6 +102,9 @@ class ChunkSizer {
   // Ends the device's exploration now, choosing among the rungs measured so far (a device that will not run chunks
   // larger than its current rung: a slower one whose chunks are capped by the fastest device's chunk time).
   void stop_exploring(std::size_t device) noexcept;
+  // Ends the device's exploration on the smallest rung of at least `samples` (the ladder's top if none): a device whose
+  // chunks the cost model keeps at an efficient size runs no rung below it, so none would be measured there.
+  void settle_at_least(std::size_t device, std::size_t samples) noexcept;
   // Device a's speed over device b's, at the largest rung both have measured: apart from the rungs' efficiencies,
   // which differ while the ladders are explored. 0 when they have none in common.
   double relative_speed(std::size_t a, std::size_t b) const noexcept;
@@ -112,6 +116,9 @@ class ChunkSizer {
   // until one did, and again once its calls scatter about it). Kept while its calls no longer tell a from b: a device
   // that runs one size for 128 calls still has the line it was cut by.
   CallFit::Line line(std::size_t device) const noexcept { return m_devices[device].line; }
+  // Forgets the device's line and the calls it was fitted to (its time no longer follows it: a device that slowed
+  // down); the calls from here on fit the next one.
+  void forget_line(std::size_t device) noexcept { m_devices[device].line = {}, m_devices[device].fit.clear(); }
 
  private:
   struct Rung {

@@ -91,8 +91,10 @@ inline constexpr double kTailChunks = 6;
 
 // Cuts one device's share, positions [begin, end), into chunks of `target` cost, the end as kTailChunks says,
 // each chunk ending at the position nearest its cost. Empty `costs`: every position costs 1, and a chunk holds
-// whole samples (a kTailChunks-th rounded up). Appends each chunk's size.
+// whole samples (a kTailChunks-th rounded up). Appends each chunk's size. With `hard_floor`, no chunk costs less than
+// the floor unless the whole share does: a piece that would leave less than the floor after it takes the rest (the
+// cost model's efficient size, below which a chunk's fixed cost is more than its share).
 void cut_share(std::uint32_t begin, std::uint32_t end, double target, double floor, std::span<const double> costs,
-               std::vector<std::uint32_t>& sizes);
+               std::vector<std::uint32_t>& sizes, bool hard_floor = false);
 
 }  // namespace stealbatch::detail
