@@ -233,7 +233,6 @@ void CudaDevice::begin_step(std::uint64_t /*step*/, std::chrono::steady_clock::t
   // Between steps. A failed step may leave slots busy (nothing waited for them): their calls are that step's, and the
   // generation keeps wait_slot() from counting them in this one.
   m_times.clear();
-  m_step_seconds = 0;
   ++m_step_gen;
 }
 
@@ -247,15 +246,14 @@ void CudaDevice::wait_slot(Slot& s) {
   }
   // Both events have completed: the call's time on the device. A timing that fails (it should not) loses the figure,
   // never the chunk; its error is cleared so that the next launch check does not report it.
-  float ms = 0;
   if (s.step != m_step_gen) return;
+  float ms = 0;
   if (cudaEventElapsedTime(&ms, s.started.get(), s.done.get()) != cudaSuccess) {
     (void)cudaGetLastError();
     return;
   }
   s.call.seconds = static_cast<double>(ms) * 1e-3;
   m_times.push_back(s.call);
-  m_step_seconds += s.call.seconds;
 }
 
 ChunkTiming CudaDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
@@ -391,6 +389,12 @@ void* CudaDevice::workspace(std::size_t bytes) {
   SB_CUDA_CHECK(cudaMalloc(&m_scratch, want));
   m_scratch_bytes = want, m_scratch_pooled = false;
   return m_scratch;
+}
+
+std::optional<double> CudaDevice::step_device_seconds() const {
+  double sum = 0;
+  for (const DeviceCallTime& t : m_times) sum += t.seconds;
+  return sum;
 }
 
 }  // namespace stealbatch::cuda

@@ -181,7 +181,7 @@ std::vector<int> vgpu_sm_counts(const DeviceSpec& spec, const std::vector<unsign
     throw ConfigError("devices = '" + spec.text + "': " + why + ". The GPU can be partitioned into " + std::to_string(groups) + " groups of " +
                       std::to_string(each) + " SMs (" + std::to_string(usable) + " of its " + std::to_string(total) + "); what fits: vgpu:N for N up to " +
                       std::to_string(groups) + (four > 0 ? " (vgpu:" + std::to_string(four) + ": " + std::to_string(groups / four * each) + " SMs a part)" : "") +
-                      ", shares of at least " + std::to_string(groups > 0 ? (100 + groups - 1) / groups : 100) + "% each (vgpu:50%,25%,25%), or SM counts that add up to at most " +
+                      ", shares in whole groups of at least one each (vgpu:50%,25%,25%), or SM counts that add up to at most " +
                       std::to_string(usable) + " in whole groups");
   };
   if (spec.parts == DeviceSpec::Parts::kSms) {
@@ -213,22 +213,8 @@ std::vector<int> vgpu_sm_counts(const DeviceSpec& spec, const std::vector<unsign
 
 std::vector<std::shared_ptr<Partition>> make_partitions(int gpu, const DeviceSpec& spec) {
   CUdevice dev{};
-  const CUdevResource all = device_sms(gpu, dev);
-  const unsigned granule = granule_of(all, gpu);
-  unsigned groups = 0;
-  CUdevResource whole = all;
-  check(driver().split(nullptr, &groups, &whole, nullptr, 0, granule), "cuDevSmResourceSplitByCount (query)");
-  std::vector<CUdevResource> pieces(groups);
-  CUdevResource rest{};
-  check(driver().split(pieces.data(), &groups, &whole, &rest, 0, granule), "cuDevSmResourceSplitByCount");
-  std::vector<unsigned> group_sms;
-  for (std::size_t i = 0; i < groups; ++i) group_sms.push_back(pieces[i].sm.smCount);
-  return make_partitions(gpu, vgpu_sm_counts(spec, group_sms, static_cast<int>(all.sm.smCount)));
-}
-
-std::vector<std::shared_ptr<Partition>> make_partitions(int gpu, const std::vector<int>& sm_counts) {
-  CUdevice dev{};
   CUdevResource all = device_sms(gpu, dev);
+  const int total = static_cast<int>(all.sm.smCount);
   // The primary context's handle, for ~Partition; each green context retains the primary context while it lives.
   CUcontext primary = nullptr;
   check(driver().primary_retain(&primary, dev), "cuDevicePrimaryCtxRetain");
@@ -247,16 +233,9 @@ std::vector<std::shared_ptr<Partition>> make_partitions(int gpu, const std::vect
   check(driver().split(pieces.data(), &groups, &all, &rest, 0, granule), "cuDevSmResourceSplitByCount");
   pieces.resize(groups);
   std::vector<unsigned> group_sms;
-  unsigned usable = 0;
-  for (const CUdevResource& p : pieces) group_sms.push_back(p.sm.smCount), usable += p.sm.smCount;
-  std::string asked;
-  for (int c : sm_counts) asked += (asked.empty() ? "" : ",") + std::to_string(c);
-  const std::vector<std::size_t> take = assign_sm_groups(group_sms, sm_counts);
-  if (take.empty()) {
-    throw ConfigError("devices = 'vgpu:" + asked + "': GPU " + std::to_string(gpu) + " has " + std::to_string(usable) + " SMs in " +
-                      std::to_string(group_sms.size()) + " partitionable groups of about " + std::to_string(granule) + " (of " +
-                      std::to_string(all.sm.smCount) + " SMs), too few to give each part at least its count");
-  }
+  for (const CUdevResource& p : pieces) group_sms.push_back(p.sm.smCount);
+  const std::vector<int> sm_counts = vgpu_sm_counts(spec, group_sms, total);  // refuses, naming what fits
+  const std::vector<std::size_t> take = assign_sm_groups(group_sms, sm_counts);  // each part's groups: they fit
   std::vector<std::shared_ptr<Partition>> out;
   std::size_t at = 0;
   for (const std::size_t k : take) {

@@ -15,7 +15,7 @@ namespace {
 
 // Samples/s of a chunk of m samples by the line a + b m.
 double line_rate(const CallFit::Line& l, std::size_t m) noexcept {
-  const double x = static_cast<double>(m), t = l.per_call + l.per_unit * x;
+  const double x = static_cast<double>(m), t = l.seconds(x);
   return t > 0 ? x / t : 0;
 }
 
@@ -197,7 +197,11 @@ void ChunkSizer::end_step(std::size_t device, std::size_t share) noexcept {
   State& s = m_devices[device];
   // The line the cost model cuts by: one that tells a fixed part and holds the calls' times (within kFitted); calls
   // of one size keep the last, calls that scatter about it (costs that vary by position) drop it.
-  if (has_fixed_part(s.fit) || (s.fit.separates() && s.fit.scatter() > kFitted)) s.line = s.fit.scatter() <= kFitted ? s.fit.line() : CallFit::Line{};
+  if (s.fit.separates() && s.fit.scatter() > kFitted) {
+    s.line = {};
+  } else if (has_fixed_part(s.fit)) {
+    s.line = s.fit.line();
+  }
   if (++s.steps >= kRefreshSteps) {  // devices change (a throttled GPU, a noisy neighbour): measure again
     s = State{};
     return;

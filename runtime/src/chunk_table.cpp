@@ -222,7 +222,7 @@ void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& 
   for (std::size_t d = 0; d < n; ++d) t.own_size[d] = speed.chunk_sizer.size(d, std::max<std::size_t>(1, plain[d].end - plain[d].begin));
   std::vector<std::size_t> efficient(n, 1);
   for (std::size_t d = 0; d < lines.size(); ++d) {
-    const double e = std::ceil((1 - kFixedShare) / kFixedShare * lines[d].per_call / lines[d].per_unit);
+    const double e = std::ceil(lines[d].cost_at(1 - kFixedShare));
     efficient[d] = static_cast<std::size_t>(std::clamp(e, 1.0, static_cast<double>(batch)));
     // Exploring below it, the device would never run the rung it explores: it settles at the first rung above.
     if (t.own_size[d] < efficient[d] && speed.chunk_sizer.exploring(d) && !speed.chunk_sizer.probing(d)) {
@@ -230,9 +230,7 @@ void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& 
     }
     t.own_size[d] = std::max(t.own_size[d], efficient[d]);
   }
-  if (p.finer_ends && !lines.empty()) {
-    share = to_shares(place_proportional(batch, rate));  // no margin for uncertain speeds: the lines give the times
-  } else if (p.finer_ends) {
+  if (p.finer_ends && lines.empty()) {  // with lines the shares stand as placed: no margin, the lines give the times
     // Plus a margin for slower devices whose speed is uncertain (see speed_share_weights()).
     const std::vector<double> weights = detail::speed_share_weights(p.rate, speed.history, t.own_size, batch);
     share = p.by_cost() ? detail::split_by_cost(p.position_cost, weights) : to_shares(place_proportional(batch, weights));
@@ -493,8 +491,8 @@ void Runtime::Impl::set_endgame_costs(ChunkTable& t, StepPlan& p) {
     if (!p.lines.empty()) {
       // The cost model (placed by speed): a call's fixed part, then its samples. No data slowness: it is measured against costs in
       // proportion to samples, and a fixed cost a call makes small stolen chunks look like slow data.
-      own[d] = p.lines[d].per_call + p.lines[d].per_unit * t.own_cost[d];
-      stolen[d] = std::max(own[d], p.lines[d].per_call + p.lines[d].per_unit * t.full_chunk);
+      own[d] = p.lines[d].seconds(t.own_cost[d]);
+      stolen[d] = std::max(own[d], p.lines[d].seconds(t.full_chunk));
       continue;
     }
     own[d] = t.own_cost[d] / p.rate[d];
@@ -508,13 +506,13 @@ void Runtime::Impl::set_endgame_costs(ChunkTable& t, StepPlan& p) {
   // in full chunks itself, held_by_shares(): its ids are not placed before it, and it has no weights.)
   std::vector<double> weight(cluster ? 0 : t.size());
   const double full = std::max(t.full_chunk, p.by_cost() ? 1e-9 : 1.0);
-  for (std::size_t c = 0; c < weight.size(); ++c) weight[c] = std::max(t.chunk_cost[c], 1e-9) / full;
-  if (!p.lines.empty()) {
+  if (p.lines.empty()) {
+    for (std::size_t c = 0; c < weight.size(); ++c) weight[c] = std::max(t.chunk_cost[c], 1e-9) / full;
+  } else {
     // The cost model: a chunk weighs its time on the fastest device over a full chunk's there, its call's fixed part
     // included, so that the small pieces at the shares' ends count the calls they cost.
     const auto fast = std::min_element(p.lines.begin(), p.lines.end(), [](const auto& x, const auto& y) { return x.per_unit < y.per_unit; });
-    const double full_s = fast->per_call + fast->per_unit * full;
-    for (std::size_t c = 0; c < weight.size(); ++c) weight[c] = (fast->per_call + fast->per_unit * t.chunk_cost[c]) / full_s;
+    for (std::size_t c = 0; c < weight.size(); ++c) weight[c] = fast->seconds(t.chunk_cost[c]) / fast->seconds(full);
   }
   sched->set_chunk_weights(std::move(weight));
   // What the shares still hold across ranks, the other ranks' devices take too, at their ranks' measured speeds: so a

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <ranges>
 #include <stdexcept>
 #include <string>
 
@@ -111,6 +112,33 @@ ChunkTiming Runtime::Impl::run_guarded(std::size_t w, std::span<const ChunkId> c
   }
 }
 
+namespace {
+
+// A call's time in the table, where the speed model reads it: shared among its chunks by cost (took_s, for the cost
+// profile); the compute time of its chunk, where it ran one (a merged call's is no chunk's of its size: one call's
+// fixed cost spread over several chunks, so the chunk sizer does not see it, 0 meaning "not measured"); and, with
+// `list`, the device's list of calls against the given cost each held (only the device's own worker, or the runtime
+// after the chunk phase, writes it). Returns the call's cost in the units of the plan's rate.
+template <std::ranges::sized_range Ids>
+double enter_call(ChunkTable& t, std::size_t w, const Ids& ids, double took, double compute, bool list) {
+  const auto k = static_cast<double>(std::ranges::size(ids));
+  double cost = 0;
+  for (const auto id : ids) cost += t.chunk_cost[id];
+  for (const auto id : ids) {
+    const double part = k == 1 || !(cost > 0) ? 1.0 / k : t.chunk_cost[id] / cost;
+    if (!t.took_s.empty()) t.took_s[id] = took * part;
+    if (!t.compute_s.empty()) t.compute_s[id] = k > 1 ? 0.0 : compute;
+  }
+  if (list && !t.calls.empty()) {  // kept with given costs only
+    double given = 0;
+    for (const auto id : ids) given += t.given_cost[id];
+    t.calls[w].emplace_back(given, took);
+  }
+  return cost;
+}
+
+}  // namespace
+
 void Runtime::Impl::record_call(std::size_t w, std::span<const ChunkId> chunks, const ChunkTiming& timing, Clock::time_point t0, ChunkTable& t,
                                 const StepPlan& plan) {
   Replica& r = *dev.replicas[w];
@@ -122,21 +150,8 @@ void Runtime::Impl::record_call(std::size_t w, std::span<const ChunkId> chunks, 
   const bool timed = plan.watch_speed || !t.took_s.empty() || !t.compute_s.empty() || !t.calls.empty() || trace;
   const auto end = own ? timing.device_end : (timed ? Clock::now() : t0);
   const double took = seconds(end - begin);
-  // The call's cost in the units of the plan's rate.
-  double cost = 0;
-  for (ChunkId id : chunks) cost += t.chunk_cost[id];
-  // A merged call's time shared by cost. Its compute time is not a chunk's of its size (one call's fixed cost spread
-  // over several chunks), so the chunk sizer does not see it (0 there means "not measured").
-  for (ChunkId id : chunks) {
-    const double part = chunks.size() == 1 || !(cost > 0) ? 1.0 / static_cast<double>(chunks.size()) : t.chunk_cost[id] / cost;
-    if (!t.took_s.empty()) t.took_s[id] = took * part;
-    if (!t.compute_s.empty()) t.compute_s[id] = chunks.size() > 1 ? 0.0 : timing.compute_seconds > 0 ? timing.compute_seconds : took;
-  }
-  if (!t.calls.empty() && !dev.times_calls) {  // this device's own list: only its worker writes it
-    double given = 0;
-    for (ChunkId id : chunks) given += t.given_cost[id];
-    t.calls[w].emplace_back(given, took);
-  }
+  // Devices that time their calls themselves enter them after the chunk phase (take_call_times()).
+  const double cost = enter_call(t, w, chunks, took, timing.compute_seconds > 0 ? timing.compute_seconds : took, !dev.times_calls);
   if (plan.watch_speed) watch_live_speed(w, chunks, took * plan.rate[w] / cost, took, t, plan);
   if (trace) trace->push(w, {static_cast<std::uint32_t>(dev.ids[w]), c, (begin - epoch).count(), (end - epoch).count(), TraceKind::kChunk});
 }
@@ -154,14 +169,7 @@ void Runtime::Impl::take_call_times(ChunkTable& t) {
                                           [&](std::uint32_t on) { return on == d; })) {
         continue;
       }
-      double cost = 0, given = 0;
-      for (std::size_t id = first; id < end; ++id) cost += t.chunk_cost[id], given += t.given_cost.empty() ? 0.0 : t.given_cost[id];
-      for (std::size_t id = first; id < end; ++id) {
-        const double part = end - first == 1 || !(cost > 0) ? 1.0 / static_cast<double>(end - first) : t.chunk_cost[id] / cost;
-        if (!t.took_s.empty()) t.took_s[id] = call.seconds * part;
-        if (!t.compute_s.empty()) t.compute_s[id] = end - first > 1 ? 0.0 : call.seconds;  // a merged call is no chunk's size
-      }
-      if (!t.calls.empty()) t.calls[d].emplace_back(given, call.seconds);
+      (void)enter_call(t, d, std::views::iota(first, end), call.seconds, call.seconds, true);
     }
   }
 }

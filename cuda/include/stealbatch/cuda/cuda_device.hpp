@@ -58,7 +58,7 @@ class CudaDevice final : public Device {
   // Each call is timed by a pair of events on the compute stream, read as its slot comes free.
   bool times_calls() const noexcept override { return true; }
   std::span<const DeviceCallTime> call_device_times() const override { return m_times; }
-  std::optional<double> step_device_seconds() const override { return m_step_seconds; }
+  std::optional<double> step_device_seconds() const override;  // the sum of this step's call times: its busy time
   void init_replica(std::span<const float> initial, const OptimizerOptions& options) override;
   std::span<const float> params() const override { return {m_params.data(), m_count}; }
   std::span<float> grad() override { return {m_grad.data(), m_count}; }
@@ -117,9 +117,8 @@ class CudaDevice final : public Device {
   OptimizerOptions m_opt;
   std::uint64_t m_t = 0;
   ChunkId m_last_chunk = 0;
-  // This step's calls timed on the device (begin_step() clears them), and their sum: the device's busy time.
+  // This step's calls timed on the device (begin_step() clears them).
   std::vector<DeviceCallTime> m_times;
-  double m_step_seconds = 0;
   std::uint64_t m_step_gen = 0;  // begin_step()'s count
 };
 

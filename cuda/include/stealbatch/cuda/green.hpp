@@ -59,13 +59,11 @@ class ContextScope {
   bool m_active = false;
 };
 
-// Splits GPU `gpu` into parts of at least sm_counts[i] SMs each: each part gets whole SM groups of the GPU's partition
-// granularity (at least 8 SMs on Hopper) until their SM counts reach its request; the parts' actual counts are in
-// Partition::sm_count(). Throws ConfigError when
-// the counts do not fit (naming what fits), and CudaError where green contexts are unavailable (driver or GPU).
-std::vector<std::shared_ptr<Partition>> make_partitions(int gpu, const std::vector<int>& sm_counts);
-// The same from a vgpu spec in any of its forms (DeviceSpec::Parts): SM counts, N equal parts, or shares, resolved
-// against the GPU's groups by vgpu_sm_counts().
+// Splits GPU `gpu` into the parts a vgpu spec asks for (DeviceSpec::Parts: SM counts, N equal parts, or shares, turned
+// into SM counts by vgpu_sm_counts()): each part gets whole SM groups of the GPU's partition granularity (at least 8
+// SMs on Hopper) until their SM counts reach its count; the parts' actual counts are in Partition::sm_count(). Throws
+// ConfigError when the spec does not fit (naming what fits), and CudaError where green contexts are unavailable
+// (driver or GPU).
 std::vector<std::shared_ptr<Partition>> make_partitions(int gpu, const DeviceSpec& spec);
 
 // Each part's SM count from a vgpu spec and the GPU's partitionable groups (their SM counts, in order; `total` the

@@ -34,6 +34,12 @@ class CallFit {
   struct Line {
     double per_call = 0;  // a, seconds
     double per_unit = 0;  // b, seconds per cost unit
+    // A call of `cost`: a + b cost seconds.
+    double seconds(double cost) const noexcept { return per_call + per_unit * cost; }
+    // The smallest call cost whose fixed part is at most 1 - efficiency of its time (0 without a fixed part).
+    double cost_at(double efficiency) const noexcept {
+      return per_unit > 0 && per_call > 0 ? efficiency / (1 - efficiency) * per_call / per_unit : 0;
+    }
   };
   // The fit; {0, 0} until known().
   Line line() const noexcept {
@@ -60,18 +66,14 @@ class CallFit {
     double r2 = 0, t = 0;
     for (std::size_t i = 0; i < m_count; ++i) {
       const auto [c, s] = m_calls[i];
-      const double r = s - (l.per_call + l.per_unit * c);
+      const double r = s - l.seconds(c);
       r2 += r * r, t += s;
     }
     const double n = static_cast<double>(m_count);
     return t > 0 ? std::sqrt(r2 / n) / (t / n) : 0;
   }
   // The smallest call cost whose fixed part is at most 1 - efficiency of its time (0 without a fixed part, or unknown).
-  double overhead_cost(double efficiency) const noexcept {
-    const Line l = line();
-    if (!(l.per_unit > 0) || !(l.per_call > 0)) return 0;
-    return efficiency / (1 - efficiency) * l.per_call / l.per_unit;
-  }
+  double overhead_cost(double efficiency) const noexcept { return line().cost_at(efficiency); }
 
  private:
   static constexpr double kSpread = 1e-9;  // the costs' variance over their squared mean below which they are one cost
