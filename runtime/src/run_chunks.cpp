@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <optional>
-#include <ranges>
 #include <stdexcept>
 #include <string>
 
@@ -119,19 +118,18 @@ namespace {
 // fixed cost spread over several chunks, so the chunk sizer does not see it, 0 meaning "not measured"); and, with
 // `list`, the device's list of calls against the given cost each held (only the device's own worker, or the runtime
 // after the chunk phase, writes it). Returns the call's cost in the units of the plan's rate.
-template <std::ranges::sized_range Ids>
-double enter_call(ChunkTable& t, std::size_t w, const Ids& ids, double took, double compute, bool list) {
-  const auto k = static_cast<double>(std::ranges::size(ids));
+double enter_call(ChunkTable& t, std::size_t w, std::span<const ChunkId> ids, double took, double compute, bool list) {
+  const auto k = static_cast<double>(ids.size());
   double cost = 0;
-  for (const auto id : ids) cost += t.chunk_cost[id];
-  for (const auto id : ids) {
+  for (const ChunkId id : ids) cost += t.chunk_cost[id];
+  for (const ChunkId id : ids) {
     const double part = k == 1 || !(cost > 0) ? 1.0 / k : t.chunk_cost[id] / cost;
     if (!t.took_s.empty()) t.took_s[id] = took * part;
     if (!t.compute_s.empty()) t.compute_s[id] = k > 1 ? 0.0 : compute;
   }
   if (list && !t.calls.empty()) {  // kept with given costs only
     double given = 0;
-    for (const auto id : ids) given += t.given_cost[id];
+    for (const ChunkId id : ids) given += t.given_cost[id];
     t.calls[w].emplace_back(given, took);
   }
   return cost;
@@ -161,6 +159,7 @@ void Runtime::Impl::record_call(std::size_t w, std::span<const ChunkId> chunks, 
 // reduction's drain, or take_device_cells()'s.
 void Runtime::Impl::take_call_times(ChunkTable& t) {
   if (!dev.times_calls) return;
+  std::vector<ChunkId> ids;  // a call's chunks
   for (std::size_t d = 0; d < dev.devices.size(); ++d) {
     for (const DeviceCallTime& call : dev.devices[d]->call_device_times()) {
       const std::size_t first = call.first, end = first + std::max<std::uint32_t>(call.chunks, 1);
@@ -169,7 +168,9 @@ void Runtime::Impl::take_call_times(ChunkTable& t) {
                                           [&](std::uint32_t on) { return on == d; })) {
         continue;
       }
-      (void)enter_call(t, d, std::views::iota(first, end), call.seconds, call.seconds, true);
+      ids.clear();
+      for (std::size_t id = first; id < end; ++id) ids.push_back(static_cast<ChunkId>(id));
+      (void)enter_call(t, d, ids, call.seconds, call.seconds, true);
     }
   }
 }
