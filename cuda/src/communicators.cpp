@@ -4,6 +4,7 @@
 #include <stealbatch/cuda/green.hpp>
 #include <stealbatch/cuda/nccl_communicator.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -74,23 +75,32 @@ PartsCommunicator::PartsCommunicator(std::vector<CudaDevice*> devices) : m_devic
   if (m_devices.size() <= 1) return;
   const DeviceScope on(m_devices[0]->gpu());  // the stream belongs to that GPU's primary context; the caller's device comes back after
   m_stream = make_stream();
+  m_summed = make_event();
 }
 
 void PartsCommunicator::allreduce_sum(std::size_t device, std::span<float* const>, std::size_t) {
   if (m_devices.size() <= 1) return;  // one part: nothing to reduce, and its update follows on its own stream
-  SB_CUDA_CHECK(cudaStreamSynchronize(m_devices[device]->compute_stream()));
+  m_devices[device]->record_ready();
 }
 
+// Ordered on the device, the host waiting for none of it: the sum waits for every part's ready event (its chunks and
+// sample count), and every part's stream waits for the sum before anything queued next (its update and zeroing, or the
+// copy that hands the gradient over). An event is recorded only on a stream of its own context, but a stream may wait
+// for an event of any context (cuStreamWaitEvent), so the parts' events are theirs and the sum's is this stream's.
 void PartsCommunicator::allreduce_all(std::span<float* const> buffers, std::size_t count) {
   if (m_devices.size() <= 1) return;
   const DeviceScope on(m_devices[0]->gpu());  // the stream's and the table's device, whatever the caller has current
   cudaStream_t s = m_stream.get();
-  if (m_table.size() != buffers.size()) m_table = DeviceBuffer<float*>(buffers.size());
-  SB_CUDA_CHECK(cudaMemcpyAsync(m_table.data(), buffers.data(), buffers.size() * sizeof(float*), cudaMemcpyHostToDevice, s));
+  for (CudaDevice* d : m_devices) SB_CUDA_CHECK(cudaStreamWaitEvent(s, d->ready_event(), 0));
+  // The buffers' addresses change only with the replicas: copied (from memory that outlives the copy) when they do.
+  if (!std::equal(buffers.begin(), buffers.end(), m_addresses.begin(), m_addresses.end())) {
+    m_addresses.assign(buffers.begin(), buffers.end());
+    if (m_table.size() != buffers.size()) m_table = DeviceBuffer<float*>(buffers.size());
+    SB_CUDA_CHECK(cudaMemcpyAsync(m_table.data(), m_addresses.data(), m_addresses.size() * sizeof(float*), cudaMemcpyHostToDevice, s));
+  }
   detail::sum_into_all(m_table.data(), buffers.size(), count + 1, s);
-  // Every part's stream was drained before this (allreduce_sum), and the parts' updates run on their own streams
-  // next: wait here.
-  SB_CUDA_CHECK(cudaStreamSynchronize(s));
+  SB_CUDA_CHECK(cudaEventRecord(m_summed.get(), s));
+  for (CudaDevice* d : m_devices) SB_CUDA_CHECK(cudaStreamWaitEvent(d->compute_stream(), m_summed.get(), 0));
 }
 
 }  // namespace stealbatch::cuda

@@ -72,6 +72,7 @@ CudaDevice::~CudaDevice() {
   m_blas.reset();
   m_slots.clear();
   m_synced.reset();
+  m_ready.reset();
   m_params = {}, m_grad = {}, m_m = {}, m_v = {}, m_loss = {};
   m_loss_host = {};
   m_compute.reset();
@@ -124,6 +125,7 @@ void CudaDevice::bind() {
   }
   m_times.reserve(1024);
   m_synced = make_event(wait_flags);
+  m_ready = make_event();  // in this device's context: an event is recorded only on a stream of its own context
   m_loss = DeviceBuffer<float>(1);
   m_loss_host = PinnedBuffer<float>(1);
   *m_loss_host.data() = 0.0f;
@@ -305,7 +307,7 @@ void CudaDevice::finish_chunks() {
   // The loss rides on the same synchronization: copied back and reset behind the last chunk.
   SB_CUDA_CHECK(cudaMemcpyAsync(m_loss_host.data(), m_loss.data(), sizeof(float), cudaMemcpyDeviceToHost, m_compute.get()));
   SB_CUDA_CHECK(cudaMemsetAsync(m_loss.data(), 0, sizeof(float), m_compute.get()));
-  sync_compute("after chunk " + std::to_string(m_last_chunk));
+  sync_compute("after chunk " + std::to_string(m_last_chunk) + " (the step's chunks, or the update queued before them)");
 }
 
 void CudaDevice::set_sample_count(std::uint64_t samples) {
@@ -324,8 +326,13 @@ void CudaDevice::apply_update(float /*grad_scale: the device divides by the redu
                         m_opt.weight_decay, c1, c2, s);
   }
   zero_grad();
-  sync_compute("optimizer update");
+  // No wait: the next step's chunks, its drain and every copy back to the host follow on the compute stream, so the
+  // step's one wait is its drain (finish_chunks()), and a fault in the update is reported there.
 }
+
+void CudaDevice::wait_queued() { sync_compute("optimizer update"); }
+
+void CudaDevice::record_ready() { SB_CUDA_CHECK(cudaEventRecord(m_ready.get(), m_compute.get())); }
 
 void CudaDevice::copy_params(std::span<float> out) const {
   SB_CUDA_CHECK(cudaMemcpyAsync(out.data(), m_params.data(), m_count * sizeof(float), cudaMemcpyDeviceToHost, m_compute.get()));

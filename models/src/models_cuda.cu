@@ -10,6 +10,8 @@
 
 #include <cublas_v2.h>
 
+#include <array>
+#include <span>
 #include <string>
 
 namespace stealbatch::examples {
@@ -182,12 +184,14 @@ class Arena {
 
 // The fully connected layers from x (rows of ldx floats, labels at column label_col of `input`); returns dX of
 // the first layer in dx0 when it is not null.
-void fc_stack(const ChunkContext& ctx, const std::vector<std::size_t>& sizes, std::size_t param_offset, const float* x, std::size_t ldx,
+// Its pointers live on the stack: a chunk allocates nothing on the host.
+void fc_stack(const ChunkContext& ctx, std::span<const std::size_t> sizes, std::size_t param_offset, const float* x, std::size_t ldx,
               const float* input, std::size_t ld_input, std::size_t label_col, std::size_t m, Arena& arena, float* dx0) {
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
-  const std::size_t layers = sizes.size() - 1;
-  std::vector<const float*> w(layers), b(layers);
-  std::vector<float*> gw(layers), gb(layers), act(layers + 1), delta(layers + 1);
+  const std::size_t layers = sizes.size() - 1;  // at most MlpCuda::kMaxLayers (its constructor checks)
+  std::array<const float*, MlpCuda::kMaxLayers> w{}, b{};
+  std::array<float*, MlpCuda::kMaxLayers> gw{}, gb{};
+  std::array<float*, MlpCuda::kMaxLayers + 1> act{}, delta{};
   std::size_t off = param_offset;
   for (std::size_t l = 0; l < layers; ++l) {
     w[l] = ctx.params.data() + off, gw[l] = ctx.grad.data() + off;
@@ -216,7 +220,7 @@ void fc_stack(const ChunkContext& ctx, const std::vector<std::size_t>& sizes, st
   }
 }
 
-std::size_t fc_bytes(const std::vector<std::size_t>& sizes, std::size_t m) {
+std::size_t fc_bytes(std::span<const std::size_t> sizes, std::size_t m) {
   std::size_t bytes = 0;
   for (std::size_t l = 1; l < sizes.size(); ++l) bytes += 2 * ((m * sizes[l] * sizeof(float) + 255) / 256 * 256);
   return bytes;
@@ -230,6 +234,13 @@ void require_input(const ChunkContext& ctx) {
 }
 
 }  // namespace
+
+MlpCuda::MlpCuda(std::vector<std::size_t> sizes) : m_sizes(std::move(sizes)) {
+  if (m_sizes.size() < 2 || m_sizes.size() > kMaxLayers + 1) {
+    throw ConfigError("MlpCuda: " + std::to_string(m_sizes.size()) + " layer sizes; give 2 to " + std::to_string(kMaxLayers + 1) +
+                      " (inputs, hidden layers, classes)");
+  }
+}
 
 void MlpCuda::accumulate(ChunkContext& ctx) const {
   require_input(ctx);
@@ -245,7 +256,7 @@ void CnnCuda::accumulate(ChunkContext& ctx) const {
   constexpr int kSide = 28, kHalf = 14, kQuarter = 7, kK = 5, kPad = 2;
   constexpr std::size_t kC1 = 16, kC2 = 32, kFeatures = 784, kLd = kFeatures + 1, kFlat = kC2 * kQuarter * kQuarter;
   require_input(ctx);
-  const std::vector<std::size_t> fc = {kFlat, 128, 10};
+  constexpr std::array<std::size_t, 3> fc = {kFlat, 128, 10};
   const std::size_t m = ctx.samples.size();
   const std::size_t hw1 = kSide * kSide, hw2 = kHalf * kHalf;
   const std::size_t col1_n = 1 * kK * kK * m * hw1, col2_n = kC1 * kK * kK * m * hw2;

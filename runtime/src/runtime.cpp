@@ -287,9 +287,13 @@ void Runtime::Impl::update_replicas(StepReport& rep, std::size_t batch) {
   const float scale = 1.0f / static_cast<float>(batch);
   const bool new_lr = lr_pending;
   const StepStats opt = sched->broadcast([&](std::size_t d) {
-    const WatchStamp stamp(*dev.replicas[d], kReductionPhase, epoch);  // a GPU's update waits on NCCL's kernels
+    const WatchStamp stamp(*dev.replicas[d], kReductionPhase, epoch);
     if (new_lr) dev.devices[d]->set_lr(options.optimizer.lr);
     dev.devices[d]->apply_update(scale);
+    // A GPU queues its update behind the collective and returns: in one process the next step's chunks and drain
+    // wait for it, in stream order. Across ranks a peer that never joins the collective must stall this phase,
+    // where the watchdog names the reduction and aborts NCCL, not the next step's first chunk.
+    if (cluster) dev.devices[d]->wait_queued();
   });
   lr_pending = false;
   const std::size_t first = cluster ? cluster.first_device : 0;  // across ranks the report lists every rank's devices

@@ -172,6 +172,49 @@ TEST_CASE("CudaRuntime.VirtualGpusLeaveTheCallersContextUsable") {
   CHECK(std::all_of(h.data(), h.data() + h.size(), [](float v) { return v == 1.5f; }));
 }
 
+// A step waits for the GPU once, in its drain: the sample count, the parts' sum, the update and the zeroing are
+// queued behind the chunks and ordered by events, and the next step's chunks queue behind them. Training with them
+// must be training: 6 SGD steps with momentum on the whole GPU and on its parts, stealing, end within float
+// tolerance of the CPU model's, and each step's loss is the CPU's.
+TEST_CASE("CudaRuntime.StepsQueuedWithoutHostWaitsTrainAsTheCpu") {
+  if (skip_without_gpu()) return;
+  cuda::enable();
+  Synthetic s(4096, 784, 12);
+  const examples::MlpModel cpu({784, 256, 128, 10});
+  const examples::MlpCuda gpu({784, 256, 128, 10});
+  const std::vector<float> p = cpu.initial_parameters(6);
+  auto train = [&](const std::string& devices, const ChunkFunction& fn) {
+    RuntimeOptions o = gpu_options(devices, 32, s.data);
+    o.optimizer = {.kind = OptimizerKind::kSgd, .lr = 0.05f, .momentum = 0.9f};
+    Runtime rt(o);
+    rt.register_parameters(cpu.layout(), p);
+    std::vector<std::uint32_t> idx(512);
+    std::vector<double> losses;
+    for (std::uint32_t step = 0; step < 6; ++step) {
+      std::iota(idx.begin(), idx.end(), step * 500u);
+      losses.push_back(rt.step(idx, fn).loss);
+    }
+    return std::pair{rt.parameters(0), losses};
+  };
+  const auto [ref, ref_loss] = train("cpu:1", [&](ChunkContext& c) {
+    thread_local examples::MlpModel::Workspace ws;
+    c.add_loss(cpu.accumulate_gradient(c.params, c.grad, s.data, c.samples, ws));
+  });
+  for (const char* devices : {"cuda:0", "vgpu:32,8,8", "vgpu:16,16,16,16"}) {
+    const auto [params, losses] = train(devices, [&](ChunkContext& c) { gpu.accumulate(c); });
+    const double err = max_relative_error(params, ref);
+    MESSAGE(devices << ": parameters after 6 steps vs the CPU's, relative error " << err);
+    CHECK(err <= 1e-4);
+    for (std::size_t i = 0; i < losses.size(); ++i) CHECK(losses[i] == doctest::Approx(ref_loss[i]).epsilon(1e-4));
+  }
+}
+
+TEST_CASE("CudaRuntime.MlpCudaRefusesLayerCountsItCannotRun") {  // runs everywhere: nothing touches a GPU
+  CHECK_THROWS_AS(examples::MlpCuda({784}), ConfigError);
+  CHECK_THROWS_AS(examples::MlpCuda(std::vector<std::size_t>(examples::MlpCuda::kMaxLayers + 2, 8)), ConfigError);
+  CHECK_NOTHROW(examples::MlpCuda(std::vector<std::size_t>(examples::MlpCuda::kMaxLayers + 1, 8)));
+}
+
 TEST_CASE("CudaRuntime.BothGpuWaitsGiveTheSameGradient") {
   if (skip_without_gpu()) return;
   cuda::enable();

@@ -25,7 +25,9 @@ class Partition;  // a green context: a set of SMs of one GPU (green.hpp)
 // copied to the device on the copy stream, and the compute stream waits for that copy (an event) before the
 // chunk function enqueues its kernels. Up to `in_flight` chunks are launched and unfinished at once; the worker
 // takes its next chunk only when a slot is free, so a chunk not yet launched stays in the deque, stealable.
-// Completion is tracked with events; nothing in the loop synchronizes the whole device.
+// Completion is tracked with events; nothing in the loop synchronizes the whole device. A step waits for the stream
+// once, in its drain (finish_chunks(): the step's chunks, with its loss copied back); the sample count, the reduction,
+// the update and the zeroing are queued behind them and not waited for, and the next step's chunks queue behind those.
 //
 // The gradient buffer holds the parameter count + 1 floats: the last one is the device's sample count for the
 // step, so the count rides along with the gradient through the AllReduce, and the update divides by the reduced
@@ -65,7 +67,9 @@ class CudaDevice final : public Device {
   void zero_grad() override;
   void finish_chunks() override;
   void set_sample_count(std::uint64_t samples) override;
+  // Queued behind the reduction on the compute stream; returns without waiting (wait_queued() waits).
   void apply_update(float grad_scale) override;
+  void wait_queued() override;
   void set_lr(float lr) override { m_opt.lr = lr; }
   void copy_params(std::span<float> out) const override;
   void copy_grad(std::span<float> out) const override;
@@ -79,6 +83,10 @@ class CudaDevice final : public Device {
   void load_grad(std::span<const float> sum, std::uint64_t samples) override;
 
   int gpu() const noexcept { return m_gpu; }
+  // On the device's worker: records ready_event() on the compute stream, behind everything queued so far (the step's
+  // chunks and sample count), for a reduction on another stream to wait for without the host waiting.
+  void record_ready();
+  cudaEvent_t ready_event() const noexcept { return m_ready.get(); }
   cudaStream_t compute_stream() const noexcept { return m_compute.get(); }
   // The SMs this device's kernels may use (the whole GPU's without a partition).
   int sm_count() const noexcept { return m_sms; }
@@ -100,6 +108,7 @@ class CudaDevice final : public Device {
   Stream m_compute, m_copy;
   BlasHandle m_blas;
   Event m_synced;  // recorded by sync_compute(), with the wait's flags
+  Event m_ready;   // recorded by record_ready()
   std::vector<std::unique_ptr<Slot>> m_slots;
   std::size_t m_next_slot = 0;
   std::size_t m_count = 0;  // parameters

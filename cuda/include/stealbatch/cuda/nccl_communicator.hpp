@@ -40,19 +40,23 @@ class NcclCommunicator final : public Communicator {
 // The parts of one GPU (vgpu:): NCCL cannot put two ranks on one GPU, so one kernel sums every part's buffer (count
 // slot included) in part order and writes the sum back into each. It runs on a stream of the GPU's primary context,
 // owned by the communicator, from the runtime's thread: a part's green context stays current to its worker alone.
+// Nothing here waits on the host: events order the sum after every part's chunks and each part's next work after
+// the sum.
 class PartsCommunicator final : public Communicator {
  public:
   // On the runtime's thread, with GPU devices[0]->gpu()'s primary context current there (cudaSetDevice).
   explicit PartsCommunicator(std::vector<CudaDevice*> devices);
-  // On part d's worker, after its sample count was enqueued: waits for its stream, so the sum reads final buffers
-  // (with one part there is no sum, and nothing to wait for).
+  // On part d's worker, after its sample count was enqueued: records its ready event, which the sum waits for (with
+  // one part there is no sum, and nothing to record).
   void allreduce_sum(std::size_t device, std::span<float* const>, std::size_t) override;
   void allreduce_all(std::span<float* const> buffers, std::size_t count) override;
 
  private:
   std::vector<CudaDevice*> m_devices;
-  Stream m_stream;               // the primary context's: the sum may use every SM
-  DeviceBuffer<float*> m_table;  // the parts' buffer addresses, on the device
+  Stream m_stream;                    // the primary context's: the sum may use every SM
+  Event m_summed;                     // recorded on m_stream behind the sum
+  DeviceBuffer<float*> m_table;       // the parts' buffer addresses, on the device
+  std::vector<float*> m_addresses;    // ... and on the host, the copy's source
 };
 
 }  // namespace stealbatch::cuda

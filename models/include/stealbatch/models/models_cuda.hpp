@@ -16,7 +16,9 @@ namespace stealbatch::examples {
 // chunk on ctx.stream: ctx.grad += the summed gradient, *ctx.device_loss += the summed loss.
 class MlpCuda {
  public:
-  explicit MlpCuda(std::vector<std::size_t> sizes) : m_sizes(std::move(sizes)) {}
+  static constexpr std::size_t kMaxLayers = 16;  // weight layers
+  // Layer sizes, inputs first and classes last: 2 to kMaxLayers + 1 of them, else ConfigError.
+  explicit MlpCuda(std::vector<std::size_t> sizes);
   void accumulate(ChunkContext& ctx) const;
 
  private:

@@ -126,8 +126,12 @@ class Device {
   virtual double queued_seconds() const { return 0.0; }
   // Publishes the step's sample count of this device ahead of the reduction (a GPU sends it with the gradient).
   virtual void set_sample_count(std::uint64_t /*samples*/) {}
-  // The optimizer step from the reduced gradient sum scaled by grad_scale, then zero_grad(). Returns once done.
+  // The optimizer step from the reduced gradient sum scaled by grad_scale, then zero_grad(). A device with its own
+  // queue (a GPU) may return once both are queued: its next chunks and every copy back to the host come after them.
   virtual void apply_update(float grad_scale);
+  // Waits until everything the device has queued is done (a GPU's update behind a collective across ranks), so that
+  // a reduction that never completes stalls here, under the reduction phase's watchdog. Nothing to wait for by default.
+  virtual void wait_queued() {}
   virtual void set_lr(float lr);
   // The replica's optimizer state, copied to host memory, and its replacement with a saved one together with the
   // parameters (a resumed run; the sizes are the replica's). Not for a device that shares the runtime's parameters.
