@@ -39,11 +39,17 @@ namespace {
 // Gathers of at most this many bytes run on the worker's thread: fanning 16 samples out to the TBB pool costs more
 // than copying them.
 constexpr std::size_t kInlineGatherBytes = std::size_t{256} << 10;
+// Options::graphs: graphs kept per device (sample counts times slots; a step's counts are its rung, its shares and
+// their remainders, and they recur from step to step), and cuBLAS's workspace for captured GEMMs (what PyTorch
+// sets, CUBLAS_WORKSPACE_CONFIG=:4096:8).
+constexpr std::size_t kGraphs = 128;
+constexpr std::size_t kBlasWorkspaceBytes = std::size_t{32} << 20;
 
 }  // namespace
 
 CudaDevice::CudaDevice(std::size_t index, int gpu, Options options, std::shared_ptr<Partition> part)
-    : m_index(index), m_gpu(gpu), m_o(std::move(options)), m_part(std::move(part)) {
+    : m_index(index), m_gpu(gpu), m_o(std::move(options)), m_part(std::move(part)),
+      m_graphs(kGraphs, [](cudaGraphExec_t g) { SB_CUDA_WARN(cudaGraphExecDestroy(g)); }) {
   check_in_flight(m_o.in_flight);
 }
 
@@ -69,7 +75,9 @@ CudaDevice::~CudaDevice() {
     SB_CUDA_WARN(m_scratch_pooled ? cudaFreeAsync(m_scratch, m_compute.get()) : cudaFree(m_scratch));
     SB_CUDA_WARN(cudaStreamSynchronize(m_compute.get()));
   }
+  m_graphs.clear();
   m_blas.reset();
+  m_blas_workspace = {};
   m_slots.clear();
   m_synced.reset();
   m_ready.reset();
@@ -108,6 +116,12 @@ void CudaDevice::bind() {
   m_scratch_async = pools != 0;
   m_blas = make_blas();
   SB_CUBLAS_CHECK(cublasSetStream(m_blas.get(), m_compute.get()));
+  if (m_o.graphs) {
+    // After cublasSetStream, which resets a handle's workspace to cuBLAS's own pool: a GEMM being captured must not
+    // allocate, so it gets a workspace of its own.
+    m_blas_workspace = DeviceBuffer<std::byte>(kBlasWorkspaceBytes);
+    SB_CUBLAS_CHECK(cublasSetWorkspace(m_blas.get(), m_blas_workspace.data(), m_blas_workspace.bytes()));
+  }
   // fp32 GEMMs without TF32 (that is opt-in, CUBLAS_TF32_TENSOR_OP_MATH), as PyTorch with allow_tf32 = False. The
   // pedantic mode also forbids faster fp32 algorithms and is meant for testing.
   SB_CUBLAS_CHECK(cublasSetMathMode(m_blas.get(), CUBLAS_DEFAULT_MATH));
@@ -142,6 +156,7 @@ void CudaDevice::sync_compute(const std::string& what) {
 }
 
 void CudaDevice::init_replica(std::span<const float> initial, const OptimizerOptions& options) {
+  m_graphs.clear();  // they hold the old replica's addresses
   m_count = initial.size();
   m_opt = options;
   m_t = 0;
@@ -220,6 +235,9 @@ void CudaDevice::grow_staging(Slot& s, std::size_t bytes) {
   if (s.staging.size() >= bytes) return;
   s.staging = PinnedBuffer<std::byte>(bytes);
   s.input = DeviceBuffer<std::byte>(bytes);
+  for (std::size_t i = 0; i < m_slots.size(); ++i) {
+    if (m_slots[i].get() == &s) m_graphs.clear_slot(i);  // its graphs read the old input
+  }
 }
 
 void CudaDevice::reserve(std::size_t max_chunk_samples) {
@@ -287,7 +305,11 @@ ChunkTiming CudaDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   ctx.blas = m_blas.get();
   ctx.device_loss = m_loss.data();
   SB_CUDA_CHECK(cudaEventRecord(s.started.get(), compute));  // behind the input's copy and the chunk before
-  fn(ctx);
+  if (m_o.graphs) {
+    run_graphed(ctx, fn, m_next_slot);
+  } else {
+    fn(ctx);
+  }
   const cudaError_t launch = cudaGetLastError();
   if (launch != cudaSuccess) fail("chunk " + std::to_string(ctx.chunk), std::string("launch failed: ") + cudaGetErrorName(launch) + ": " + cudaGetErrorString(launch));
   SB_CUDA_CHECK(cudaEventRecord(s.done.get(), compute));
@@ -300,6 +322,54 @@ ChunkTiming CudaDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   // Leave a slot free before taking the next chunk: with every slot busy, wait for the oldest chunk.
   wait_slot(*m_slots[m_next_slot]);
   return {};  // its time is the events' (call_device_times(), once its slot is waited for), not the call's
+}
+
+void CudaDevice::run_graphed(ChunkContext& ctx, const ChunkFunction& fn, std::size_t slot) {
+  cudaStream_t compute = m_compute.get();
+  const std::size_t n = ctx.samples.size();
+  cudaGraphExec_t exec = nullptr;
+  switch (m_graphs.plan(n, slot, &exec)) {
+    case GraphCache<cudaGraphExec_t>::Action::kEager:
+      fn(ctx);
+      return;
+    case GraphCache<cudaGraphExec_t>::Action::kReplay:
+      SB_CUDA_CHECK(cudaGraphLaunch(exec, compute));
+      return;
+    case GraphCache<cudaGraphExec_t>::Action::kCapture:
+      break;
+  }
+  // Thread-local capture: the other devices' workers go on with their own CUDA calls meanwhile. What fn enqueues is
+  // recorded, not run; the graph then runs it, once now and again at every replay.
+  SB_CUDA_CHECK(cudaStreamBeginCapture(compute, cudaStreamCaptureModeThreadLocal));
+  m_capturing = true;
+  cudaGraph_t graph = nullptr;
+  try {
+    fn(ctx);
+  } catch (...) {
+    m_capturing = false;
+    (void)cudaStreamEndCapture(compute, &graph);  // ends the capture whatever it holds; nothing of it ran
+    if (graph) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    m_graphs.failed(n, slot);
+    throw;
+  }
+  m_capturing = false;
+  const cudaError_t ended = cudaStreamEndCapture(compute, &graph);
+  cudaError_t made = ended;
+  if (ended == cudaSuccess) made = cudaGraphInstantiate(&exec, graph, 0);
+  if (graph) SB_CUDA_WARN(cudaGraphDestroy(graph));  // the executable graph keeps what it needs
+  if (made != cudaSuccess) {
+    // Something in fn cannot be captured (a synchronization, a call on another stream): nothing of it ran, so it
+    // runs eagerly now, and this count does from now on.
+    (void)cudaGetLastError();
+    std::fprintf(stderr, "stealbatch: %s: a chunk of %zu samples could not be captured in a CUDA graph (%s); it runs without one\n",
+                 name().c_str(), n, cudaGetErrorName(made));
+    m_graphs.failed(n, slot);
+    fn(ctx);
+    return;
+  }
+  m_graphs.captured(n, slot, exec);
+  SB_CUDA_CHECK(cudaGraphLaunch(exec, compute));
 }
 
 void CudaDevice::finish_chunks() {
@@ -373,6 +443,12 @@ double CudaDevice::take_device_loss() {
 
 void* CudaDevice::workspace(std::size_t bytes) {
   if (m_scratch_bytes >= bytes) return m_scratch;
+  if (m_capturing) {
+    // The count's eager call sized the workspace; a graph must not hold an allocation of its own.
+    throw ConfigError(name() + ": gpu.graphs: a chunk of the same sample count asked for " + std::to_string(bytes) + " bytes of workspace, more than the " +
+                      std::to_string(m_scratch_bytes) + " its first call left; under gpu.graphs a chunk function's workspace must depend on its sample count alone");
+  }
+  m_graphs.clear();  // the workspace moves: every graph holds its old address
   const std::size_t want = bytes + bytes / 4;
   cudaStream_t s = m_compute.get();
   if (m_scratch_async) {

@@ -1,5 +1,7 @@
-// CUDA basics: discovery without a driver, the NCCL library, RAII handles and a kernel launch on a real GPU.
+// CUDA basics: discovery without a driver, the NCCL library, RAII handles, a kernel launch on a real GPU, and the
+// graph policy of gpu.graphs.
 #include <stealbatch/cuda/device_info.hpp>
+#include <stealbatch/cuda/graph_cache.hpp>
 #include <stealbatch/cuda/green.hpp>
 #include <stealbatch/cuda/handles.hpp>
 #include <stealbatch/runtime/device_spec.hpp>
@@ -106,4 +108,60 @@ TEST_CASE("Vgpu.EqualPartsAndSharesFitTheGroupsTheDriverOffers") {
   }
   CHECK_THROWS_AS(sms("vgpu:16"), ConfigError);  // 16 parts of 15 groups
   CHECK_THROWS_AS((void)cuda::vgpu_sm_counts(parse_device_spec("vgpu:2"), {}, 0), ConfigError);  // no groups at all
+}
+
+// The graph policy of gpu.graphs, with stand-in handles: nothing here touches a GPU.
+TEST_CASE("GraphCache.WarmsUpCapturesThenReplaysPerCountAndSlot") {
+  using Cache = cuda::GraphCache<int>;
+  std::vector<int> destroyed;
+  Cache c(8, [&](int h) { destroyed.push_back(h); });
+  int g = 0;
+  CHECK(c.plan(64, 0, &g) == Cache::Action::kEager);    // warm-up: sizes the workspace
+  CHECK(c.plan(64, 1, &g) == Cache::Action::kEager);    // another slot: another input address
+  CHECK(c.plan(64, 0, &g) == Cache::Action::kCapture);
+  c.captured(64, 0, 101);
+  CHECK(c.plan(64, 0, &g) == Cache::Action::kReplay);
+  CHECK(g == 101);
+  CHECK(c.plan(32, 0, &g) == Cache::Action::kEager);    // another count: other kernel sizes
+  CHECK(c.plan(64, 1, &g) == Cache::Action::kCapture);
+  c.failed(64, 1);
+  for (int i = 0; i < 3; ++i) CHECK(c.plan(64, 1, &g) == Cache::Action::kEager);  // a count that failed stays eager
+  CHECK(c.stats().captured == 1);
+  CHECK(c.stats().replayed == 1);
+  CHECK(c.stats().failed == 1);
+  CHECK(c.stats().eager == 6);
+  CHECK(destroyed.empty());
+
+  // A slot's staging moved: its graphs go, the other slot's stay.
+  CHECK(c.plan(64, 1, &g) == Cache::Action::kEager);
+  c.clear_slot(1);
+  CHECK(c.plan(64, 0, &g) == Cache::Action::kReplay);
+  CHECK(c.plan(64, 1, &g) == Cache::Action::kEager);  // the failure is forgotten with the slot: tried again
+  CHECK(c.plan(64, 1, &g) == Cache::Action::kCapture);
+  c.captured(64, 1, 102);
+  // The replica or the workspace moved: every graph goes, and each count warms up again.
+  c.clear();
+  CHECK((destroyed == std::vector<int>{101, 102} || destroyed == std::vector<int>{102, 101}));
+  CHECK(c.graphs() == 0);
+  CHECK(c.plan(64, 0, &g) == Cache::Action::kEager);
+  CHECK(c.plan(64, 0, &g) == Cache::Action::kCapture);
+}
+
+TEST_CASE("GraphCache.EvictsTheLeastRecentlyUsedPastItsCapacity") {
+  using Cache = cuda::GraphCache<int>;
+  std::vector<int> destroyed;
+  {
+    Cache c(2, [&](int h) { destroyed.push_back(h); });
+    int g = 0;
+    for (int n = 1; n <= 3; ++n) {
+      REQUIRE(c.plan(n, 0, &g) == Cache::Action::kEager);
+      REQUIRE(c.plan(n, 0, &g) == Cache::Action::kCapture);
+      c.captured(n, 0, 10 * n);
+      if (n == 2) CHECK(c.plan(1, 0, &g) == Cache::Action::kReplay);  // count 1 used after count 2
+    }
+    CHECK(destroyed == std::vector<int>{20});  // count 2 was the least recently used
+    CHECK(c.graphs() == 2);
+    CHECK(c.plan(2, 0, &g) == Cache::Action::kEager);  // evicted: starts over
+  }
+  CHECK(destroyed.size() == 3);  // the cache's end destroys what it kept
 }

@@ -7,6 +7,7 @@
 #include <stealbatch/models/models_cuda.hpp>
 
 #include <stealbatch/cuda/backend.hpp>
+#include <stealbatch/cuda/cuda_device.hpp>
 #include <stealbatch/cuda/device_info.hpp>
 #include <stealbatch/cuda/handles.hpp>
 #include <stealbatch/error.hpp>
@@ -206,6 +207,58 @@ TEST_CASE("CudaRuntime.StepsQueuedWithoutHostWaitsTrainAsTheCpu") {
     MESSAGE(devices << ": parameters after 6 steps vs the CPU's, relative error " << err);
     CHECK(err <= 1e-4);
     for (std::size_t i = 0; i < losses.size(); ++i) CHECK(losses[i] == doctest::Approx(ref_loss[i]).epsilon(1e-4));
+  }
+}
+
+// gpu.graphs: each sample count and slot runs eagerly once, is captured at its second call and replayed after. The
+// replayed kernels are the eager ones, so 6 steps end where they end without graphs; a chunk function that cannot be
+// captured (it queries its stream) runs eagerly, with the same result.
+TEST_CASE("CudaRuntime.GraphsReplayChunksAndTrainAsWithout") {
+  if (skip_without_gpu()) return;
+  cuda::enable();
+  Synthetic s(4096, 784, 13);
+  const examples::MlpModel cpu({784, 256, 128, 10});
+  const examples::MlpCuda gpu({784, 256, 128, 10});
+  const std::vector<float> p = cpu.initial_parameters(8);
+  const ChunkFunction plain = [&](ChunkContext& c) { gpu.accumulate(c); };
+  const ChunkFunction uncapturable = [&](ChunkContext& c) {
+    gpu.accumulate(c);
+    (void)cudaStreamQuery(static_cast<cudaStream_t>(c.stream));  // not allowed while capturing: the capture fails
+    (void)cudaGetLastError();                                    // (not ready is no error of the chunk)
+  };
+  auto train = [&](const std::string& devices, bool graphs, const ChunkFunction& fn) {
+    RuntimeOptions o = gpu_options(devices, 32, s.data);
+    o.schedule.policy = SchedulePolicy::kStatic;  // the same chunks on the same devices, with graphs or without
+    o.gpu.graphs = graphs;
+    Runtime rt(o);
+    rt.register_parameters(cpu.layout(), p);
+    std::vector<std::uint32_t> idx(512);
+    for (std::uint32_t step = 0; step < 6; ++step) {
+      std::iota(idx.begin(), idx.end(), step * 500u);
+      (void)rt.step(idx, fn);
+    }
+    cuda::GraphCache<cudaGraphExec_t>::Stats total;
+    for (std::size_t d = 0; d < rt.device_count(); ++d) {
+      const auto& st = dynamic_cast<const cuda::CudaDevice&>(rt.device(d)).graph_stats();
+      total.eager += st.eager, total.captured += st.captured, total.replayed += st.replayed, total.failed += st.failed;
+    }
+    return std::pair{rt.parameters(0), total};
+  };
+  for (const char* devices : {"cuda:0", "vgpu:32,8,8"}) {
+    INFO(devices);
+    const auto [without, none] = train(devices, false, plain);
+    CHECK(none.eager + none.captured + none.replayed == 0);
+    const auto [with, st] = train(devices, true, plain);
+    MESSAGE(devices << ": graphs eager " << st.eager << ", captured " << st.captured << ", replayed " << st.replayed << "; identical bits "
+                    << (with == without));
+    CHECK(st.captured > 0);
+    CHECK(st.replayed > st.captured);
+    CHECK(st.failed == 0);
+    CHECK(max_relative_error(with, without) <= 1e-6);
+    const auto [eager, failed] = train(devices, true, uncapturable);
+    CHECK(failed.failed > 0);
+    CHECK(failed.replayed == 0);
+    CHECK(max_relative_error(eager, without) <= 1e-6);
   }
 }
 

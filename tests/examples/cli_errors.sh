@@ -77,6 +77,8 @@ expect 0 "Usage" -- "$mlp" --help
 for flag in --limit --seed --save-every --stop-after --keep --batch; do
   expect 2 "$flag: Value -1 not in range" -- "$mlp" "${small[@]}" "$flag" -1
 done
+# CUDA graphs are for GPU devices.
+expect 2 "--gpu-graphs on: devices = 'cpu:2' are not GPUs" -- "$mlp" "${small[@]}" --gpu-graphs on
 # Simulated speeds have a range.
 expect 2 "simulated speeds must lie in" -- "$mlp" "${base[@]}" --devices sim:1e-9
 expect 2 "simulated speeds must lie in" -- "$mlp" "${base[@]}" --devices sim:1,1e-300

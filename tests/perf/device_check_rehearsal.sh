@@ -56,11 +56,11 @@ PY
 }
 ROWS=("mlp GPU vs CPU gradient" "cnn GPU vs CPU gradient" "mlp samples/s vs the best PyTorch peer" "cnn samples/s vs the best PyTorch peer"
       "wide mlp 784-2048-2048-10 samples/s vs the best PyTorch peer" "vgpu static/steal/ideal" "NCCL allreduce" "curve"
-      "mlp example on cuda:0" "cnn example on cuda:0" "checkpoint cuda:0 -> cpu:2" "checkpoint cpu:2 -> cuda:0" "torch_mlp adapter on cuda:0"
+      "mlp example on cuda:0" "mlp example on cuda:0 with --gpu-graphs on" "cnn example on cuda:0" "checkpoint cuda:0 -> cpu:2" "checkpoint cpu:2 -> cuda:0" "torch_mlp adapter on cuda:0"
       "torch_cnn adapter on cuda:0" "torch_lm adapter on cuda:0 and vgpu parts" "stealbench 16 devices" "stealbench 32 devices"
       "deterministic: one sha256 on cuda:0 and vgpu parts")
 STEPS=(test_cuda_basics test_cuda_runtime gpu_check:equivalence-mlp gpu_check:equivalence-cnn gpu_check:throughput-mlp gpu_check:throughput-cnn
-       gpu_check:vgpu gpu_check:curve gpu_check:reduce gpu_check:deterministic torch_ref mlp_cuda mlp_vgpu cnn_cuda ckpt_gpu_cpu ckpt_cpu_gpu ckpt_straight_cpu
+       gpu_check:vgpu gpu_check:curve gpu_check:reduce gpu_check:deterministic torch_ref mlp_cuda mlp_cuda_graphs mlp_vgpu cnn_cuda ckpt_gpu_cpu ckpt_cpu_gpu ckpt_straight_cpu
        ckpt_straight_gpu torch_build torch_gpu_check stealbench16 stealbench32)
 
 # 1. Every GPU step fails fast: every step runs, and the reasons are the steps' own first error lines.
@@ -90,7 +90,7 @@ cat > "$WORK/pack/bin/gpu_check" <<'SH'
 section= json=
 while [ $# -gt 0 ]; do case $1 in --section) section=$2; shift ;; --json) json=$2; shift ;; esac; shift; done
 case $section in
-  throughput-mlp) echo '{"throughput": {"mlp": {"batch": 256, "samples_per_s": 800000, "samples_per_s_block": 700000, "samples_per_s_auto": 806000, "auto_chunk": 96}}}' > "$json" ;;
+  throughput-mlp) echo '{"throughput": {"mlp": {"batch": 256, "samples_per_s": 800000, "samples_per_s_block": 700000, "samples_per_s_auto": 806000, "auto_chunk": 96, "samples_per_s_graphs": 1400000}}}' > "$json" ;;
   throughput-cnn) echo '{"throughput": {"cnn": {"batch": 256, "samples_per_s": 310000, "samples_per_s_block": 300000, "samples_per_s_auto": 320000, "auto_chunk": 128}}}' > "$json" ;;
   *) echo "gpu_check: no GPU here"; exit 1 ;;
 esac
@@ -150,6 +150,10 @@ def expect(r, **want):
 expect(row("mlp samples/s (chunk auto: 96) vs the best PyTorch peer"), peer="graph", verdict="FAIL", ratio=806000 / 1320000, peer_samples_per_s=1320000)
 expect(row("cnn samples/s (chunk auto: 128) vs the best PyTorch peer"), peer="compile", verdict="PASS", ratio=320000 / 300000)
 expect(row("PyTorch peers for mlp:"), verdict="PASS")
+expect(row("mlp with gpu.graphs vs the best PyTorch peer"), peer="graph", verdict="PASS", ratio=1400000 / 1320000)
+expect(row("mlp chunk 256 replayed from CUDA graphs"), verdict="n/a")
+if any(c.startswith("cnn with gpu.graphs") for c in rows):
+    sys.exit("a cnn gpu.graphs row without a gpu.graphs figure")
 cnn_peers = row("PyTorch peers for cnn:")
 expect(cnn_peers, verdict="FAIL")
 if "graph" not in cnn_peers["reason"] or "differs from eager" not in cnn_peers["reason"] or "graph" in cnn_peers["peers"]:

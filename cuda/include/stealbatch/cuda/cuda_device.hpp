@@ -2,6 +2,7 @@
 // replica in device memory.
 #pragma once
 
+#include <stealbatch/cuda/graph_cache.hpp>
 #include <stealbatch/cuda/handles.hpp>
 #include <stealbatch/runtime/device.hpp>
 
@@ -47,6 +48,8 @@ class CudaDevice final : public Device {
     // part's cuBLAS plans its GEMMs for the whole GPU, as a whole GPU's does, so that a cell's gradient is the same
     // bits on a part as on the GPU (cuBLAS gives the same bits for the same architecture and SM count).
     bool deterministic = false;
+    // Chunk calls replayed from CUDA graphs (RuntimeOptions::gpu.graphs; graph_cache.hpp says which and when).
+    bool graphs = false;
   };
   // `part` (may be null) confines the device's kernels to a green context of GPU `gpu`.
   CudaDevice(std::size_t index, int gpu, Options options, std::shared_ptr<Partition> part = nullptr);
@@ -91,10 +94,14 @@ class CudaDevice final : public Device {
   // The SMs this device's kernels may use (the whole GPU's without a partition).
   int sm_count() const noexcept { return m_sms; }
   const Partition* partition() const noexcept { return m_part.get(); }
+  // With Options::graphs: how many calls ran eagerly, were captured, replayed, or failed to capture.
+  const GraphCache<cudaGraphExec_t>::Stats& graph_stats() const noexcept { return m_graphs.stats(); }
 
  private:
   struct Slot;
   void wait_slot(Slot& s);
+  // fn(ctx) on the compute stream: eagerly, or captured into a graph and launched, or a graph replayed.
+  void run_graphed(ChunkContext& ctx, const ChunkFunction& fn, std::size_t slot);
   void grow_staging(Slot& s, std::size_t bytes);
   // Waits for everything enqueued on the compute stream so far, the way Options::wait says; throws naming `what`.
   void sync_compute(const std::string& what);
@@ -128,6 +135,11 @@ class CudaDevice final : public Device {
   ChunkId m_last_chunk = 0;
   // This step's calls timed on the device (begin_step() clears them).
   std::vector<DeviceCallTime> m_times;
+  // Options::graphs: the graphs by sample count and slot; cuBLAS's own workspace (set, so that a captured GEMM
+  // allocates nothing); whether a capture is under way (workspace() may not move then).
+  GraphCache<cudaGraphExec_t> m_graphs;
+  DeviceBuffer<std::byte> m_blas_workspace;
+  bool m_capturing = false;
   std::uint64_t m_step_gen = 0;  // begin_step()'s count
 };
 

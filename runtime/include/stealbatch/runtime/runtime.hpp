@@ -141,6 +141,13 @@ struct GpuOptions {
   // (ChunkContext::input). gather(sample, dst) writes input_bytes bytes of that sample at dst.
   std::size_t input_bytes = 0;                     // [0, 1 << 30]; 0 = no inputs travel (the chunk function finds its own)
   std::function<void(std::uint32_t sample, std::byte* dst)> gather{};
+  // Chunk calls replayed from CUDA graphs, one per sample count and staging slot: a count's first call runs as is, its
+  // second is captured, and later ones replay that graph (one launch for the chunk's kernels). Only for a chunk
+  // function that enqueues all its work on ctx.stream, reads its inputs from ctx.input, and whose kernels and
+  // workspace depend on the sample count alone: a replay runs none of its host code (no ctx.add_loss, no reading
+  // ctx.samples' ids). A call that cannot be captured runs as is, with a warning; one whose workspace grows while
+  // captured fails with a ConfigError.
+  bool graphs = false;
 };
 
 // A multi-process run (stealbatch::mpi::MpiCluster): every rank makes its own Runtime with its own devices and calls
