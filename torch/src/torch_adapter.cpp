@@ -117,9 +117,18 @@ std::int64_t Sequences::token_count() const noexcept {
   return n;
 }
 
+::torch::Tensor to_device_async(const ::torch::Tensor& x, const ::torch::Device& device) {
+  if (!x.defined() || x.device() == device) return x;
+  // Host to GPU: staged in pinned memory and copied without blocking, on the current stream (a chunk's: the device's
+  // compute stream). The caching host allocator keeps the pinned block until that copy is done.
+  if (x.is_cpu() && device.is_cuda()) return x.pin_memory().to(device, /*non_blocking=*/true);
+  return x.to(device);
+}
+
 Sequences Sequences::to(const ::torch::Device& device) const {
   Sequences out = *this;
-  out.tokens = tokens.to(device), out.positions = positions.to(device), out.targets = targets.to(device), out.allowed = allowed.defined() ? allowed.to(device) : allowed;
+  out.tokens = to_device_async(tokens, device), out.positions = to_device_async(positions, device);
+  out.targets = to_device_async(targets, device), out.allowed = to_device_async(allowed, device);
   return out;
 }
 

@@ -98,14 +98,16 @@ struct Sequences {
                               // (undefined with SequenceMask::kNone)
   std::vector<std::int64_t> lengths;
   std::int64_t token_count() const noexcept;  // the real tokens, without padding
-  Sequences to(const ::torch::Device& device) const;
+  Sequences to(const ::torch::Device& device) const;  // each tensor by to_device_async()
 };
 // A chunk's sequences from each sample's tokens (bytes: a byte-level model), in the given form, on the host.
 // Throws ConfigError for an empty sequence. SequenceMask::kNone leaves `allowed` undefined (no T x T allocation).
 Sequences make_sequences(std::span<const std::uint32_t> samples, const std::function<std::span<const std::uint8_t>(std::uint32_t)>& tokens_of,
                          SequenceForm form, SequenceMask mask = SequenceMask::kDense);
+// A tensor moved to `device`; from the host to a GPU through pinned memory and without blocking, on the current stream.
+::torch::Tensor to_device_async(const ::torch::Tensor& x, const ::torch::Device& device);
 // A ModuleChunks input moved to a chunk's device: a tensor, or Sequences.
-inline ::torch::Tensor to_device(const ::torch::Tensor& x, const ::torch::Device& d) { return x.device() == d ? x : x.to(d); }
+inline ::torch::Tensor to_device(const ::torch::Tensor& x, const ::torch::Device& d) { return to_device_async(x, d); }
 inline Sequences to_device(const Sequences& x, const ::torch::Device& d) { return x.tokens.device() == d ? x : x.to(d); }
 
 namespace detail {
