@@ -53,6 +53,11 @@ void Scheduler::start_step(std::uint64_t chunks) noexcept {
 }
 
 void Scheduler::wait_for_workers() {
+  // A launch often ends within microseconds (a broadcast's small job, a step of one short chunk): look for the end a
+  // while before sleeping, since a futex wake-up costs the caller more than such a launch (10-20 us on a virtual
+  // machine). Only where a core is left beside the workers: on fewer, the spin would take a worker's core. Bounded:
+  // a long step costs one short spin.
+  for (int i = 0; i < m_launch_spins && m_in_step.load(std::memory_order_acquire) != 0; ++i) cpu_relax();  // acquire: as below
   if (m_watch_check) {
     watch_step();
     return;

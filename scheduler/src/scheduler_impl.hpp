@@ -20,6 +20,9 @@ void check_range(const char* field, std::size_t value, std::size_t lo, std::size
 
 }  // namespace detail
 
+// The caller's look for a launch's end before it sleeps (wait_for_workers()): about 10-40 us of pauses.
+inline constexpr int kLaunchSpins = 1024;
+
 struct Scheduler::Central {
   boost::lockfree::queue<ChunkId> queue{1024};
   std::size_t reserved = 1024;  // nodes in the queue's free list; reserve() adds, so only the shortfall is asked for

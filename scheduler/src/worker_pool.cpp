@@ -21,6 +21,7 @@ Scheduler::Scheduler(SchedulerOptions options) : m_options(std::move(options)), 
   detail::check_range("deque_capacity", m_options.deque_capacity, 2, std::size_t{1} << 30);
 
   const std::size_t n = m_options.workers;
+  m_launch_spins = n < usable_cores() ? kLaunchSpins : 0;  // a core left beside the workers (launch.cpp)
   if (m_options.schedule == SchedulePolicy::kCentral) m_central = std::make_unique<Central>();
   m_workers.reserve(n);
   m_stealers.reserve(n);

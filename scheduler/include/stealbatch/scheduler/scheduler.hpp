@@ -330,6 +330,7 @@ class Scheduler {
   std::unique_ptr<Central> m_central;  // kCentral only
   EventCount m_event;
   SpinBudget m_spin;
+  int m_launch_spins = 0;  // how long the caller looks for a launch's end before it sleeps (wait_for_workers())
 
   // Step state, published to the workers by the release bump of m_step_seq.
   Strategy m_strategy{};                  // pick_strategy()
