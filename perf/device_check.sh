@@ -216,7 +216,7 @@ LD_LIBRARY_PATH="$ORIG_LD" PYTHONUNBUFFERED=1 run torch_ref 120 python3 "$TORCH_
 
 say "4. examples on the GPU"
 run mlp_cuda 90 "$PACK/bin/mlp" --data "$PACK/data" --devices cuda:0 --epochs 10 --json "$SCRATCH/json/mlp_gpu.json"
-run mlp_cuda_graphs 90 "$PACK/bin/mlp" --data "$PACK/data" --devices cuda:0 --epochs 10 --gpu-graphs on --json "$SCRATCH/json/mlp_gpu_graphs.json"
+run mlp_cuda_graphs 90 "$PACK/bin/mlp" --data "$PACK/data" --devices cuda:0 --epochs 10 --gpu-graphs on --gpu-data device --json "$SCRATCH/json/mlp_gpu_graphs.json"
 run mlp_vgpu 90 "$PACK/bin/mlp" --data "$PACK/data" --devices vgpu:64,16,16,16 --hidden 2048,2048 --batch 8192 --epochs 1 --compare
 run cnn_cuda 120 "$PACK/bin/cnn" --data "$PACK/data" --devices cuda:0 --json "$SCRATCH/json/cnn_gpu.json"
 

@@ -203,14 +203,20 @@ def main():
             add(f"{m} GPU wait: spin (default) vs blocking sync", f"{spin:.0f} vs {block:.0f} samples/s = {spin / block:.3f}", "(default = faster)",
                 spin >= block * 0.98)
         graphs = number(thr.get(m, {}).get("samples_per_s_graphs"))
+        resident = number(thr.get(m, {}).get("samples_per_s_graphs_resident"))
         if graphs and spin:
             add(f"{m} chunk 256 replayed from CUDA graphs (gpu.graphs) vs launched kernel by kernel", f"{graphs:.0f} vs {spin:.0f} samples/s = {graphs / spin:.3f}x",
                 "(informational)", None)
+            if resident:
+                add(f"{m} with gpu.graphs: data held on the GPU (gpu.resident) vs gathered on the host", f"{resident:.0f} vs {graphs:.0f} samples/s = {resident / graphs:.3f}x",
+                    "(informational)", None)
+            # Judged: the faster way of running with graphs, named.
+            ours, how = (resident, "gpu.graphs + gpu.resident") if resident and resident > graphs else (graphs, "gpu.graphs")
             peers = torch_peers(t, m)
             if peers["best"]:
                 best = peers["figures"][peers["best"]]
-                add(f"{m} with gpu.graphs vs the best PyTorch peer", f"{graphs:.0f} vs {best:.0f} ({peers['best']}) = {graphs / best:.2f}x", ">= 1.00x best peer",
-                    graphs >= best, extra={"ours_samples_per_s": graphs, "peer": peers["best"], "ratio": graphs / best})
+                add(f"{m} with gpu.graphs vs the best PyTorch peer", f"{ours:.0f} ({how}) vs {best:.0f} ({peers['best']}) = {ours / best:.2f}x", ">= 1.00x best peer",
+                    ours >= best, extra={"ours_samples_per_s": ours, "ours_how": how, "peer": peers["best"], "ratio": ours / best})
     v = g.get("vgpu", {})
     if v:
         st_, sl = v.get("static", {}), v.get("steal", {})
@@ -256,12 +262,12 @@ def main():
     e = sections.get("mlp_gpu_graphs") or {}
     acc = number(e.get("test_accuracy"))
     if acc is None:
-        missing("mlp example on cuda:0 with --gpu-graphs on", ">= 0.88", step_reason("mlp_cuda_graphs"))
+        missing("mlp example on cuda:0 with --gpu-graphs on --gpu-data device", ">= 0.88", step_reason("mlp_cuda_graphs"))
     else:
         plain = ((sections.get("mlp_gpu") or {}).get("runs") or [{}])[-1].get("samples_per_s")
         sps = (e.get("runs") or [{}])[-1].get("samples_per_s", 0)
         vs = f" ({sps / plain:.3f}x without)" if number(plain) else ""
-        add("mlp example on cuda:0 with --gpu-graphs on", f"accuracy {acc:.4f}, {sps:.0f} samples/s{vs}", ">= 0.88", acc >= 0.88)
+        add("mlp example on cuda:0 with --gpu-graphs on --gpu-data device", f"accuracy {acc:.4f}, {sps:.0f} samples/s{vs}", ">= 0.88", acc >= 0.88)
     # Checkpoints across GPU and CPU: each round trip against a straight run of the device it ends on.
     for name, label, straight in (("ckpt_gpu_cpu", "checkpoint cuda:0 -> cpu:2", "ckpt_straight_cpu"),
                                   ("ckpt_cpu_gpu", "checkpoint cpu:2 -> cuda:0", "ckpt_straight_gpu")):

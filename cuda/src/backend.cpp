@@ -22,7 +22,7 @@ class Backend final : public DeviceBackend {
   std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec& spec, const RuntimeOptions& o) override {
     const int gpus = device_count();
     if (gpus == 0) throw ConfigError("devices = '" + spec.text + "': no usable GPU (" + no_device_reason() + ")");
-    const CudaDevice::Options co{o.gpu.in_flight, o.gpu.input_bytes, o.gpu.gather, o.gpu.wait, o.schedule.deterministic, o.gpu.graphs};
+    const CudaDevice::Options co{o.gpu.in_flight, o.gpu.input_bytes, o.gpu.gather, o.gpu.wait, o.schedule.deterministic, o.gpu.graphs, o.gpu.resident};
     std::vector<std::unique_ptr<Device>> out;
     if (m_parts) {
       const auto parts = make_partitions(0, spec);

@@ -23,8 +23,10 @@ namespace stealbatch::cuda {
 
 // One staging slot: pinned host bytes, their device copy, and the events that order and track the chunk using them.
 struct CudaDevice::Slot {
-  PinnedBuffer<std::byte> staging;
-  DeviceBuffer<std::byte> input;
+  PinnedBuffer<std::byte> staging;  // the chunk's rows gathered on the host (none with Options::resident)
+  DeviceBuffer<std::byte> input;    // ... on the device
+  PinnedBuffer<std::uint32_t> ids;  // Options::resident: the chunk's sample ids, and their device copy
+  DeviceBuffer<std::uint32_t> device_ids;
   Event copied;   // the H2D copy is done: compute may read `input`
   Event started;  // the compute stream reached the chunk: its inputs are there and the chunk before it is done
   Event done;     // the chunk's kernels are done: the slot may be reused
@@ -81,7 +83,7 @@ CudaDevice::~CudaDevice() {
   m_slots.clear();
   m_synced.reset();
   m_ready.reset();
-  m_params = {}, m_grad = {}, m_m = {}, m_v = {}, m_loss = {};
+  m_params = {}, m_grad = {}, m_m = {}, m_v = {}, m_loss = {}, m_resident = {};
   m_loss_host = {};
   m_compute.reset();
   m_copy.reset();
@@ -144,6 +146,20 @@ void CudaDevice::bind() {
   m_loss_host = PinnedBuffer<float>(1);
   *m_loss_host.data() = 0.0f;
   SB_CUDA_CHECK(cudaMemsetAsync(m_loss.data(), 0, sizeof(float), m_compute.get()));
+  if (m_o.resident > 0) hold_resident();
+}
+
+void CudaDevice::hold_resident() {
+  const std::size_t row = m_o.input_bytes, n = m_o.resident;
+  // Gathered once, on the host in parallel, into pinned memory, and copied; the pinned copy goes once it has arrived.
+  PinnedBuffer<std::byte> host(n * row);
+  std::byte* dst = host.data();
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 256), [&](const tbb::blocked_range<std::size_t>& r) {
+    for (std::size_t i = r.begin(); i != r.end(); ++i) m_o.gather(static_cast<std::uint32_t>(i), dst + i * row);
+  });
+  m_resident = DeviceBuffer<std::byte>(n * row);
+  SB_CUDA_CHECK(cudaMemcpyAsync(m_resident.data(), host.data(), n * row, cudaMemcpyHostToDevice, m_copy.get()));
+  SB_CUDA_CHECK(cudaStreamSynchronize(m_copy.get()));
 }
 
 void CudaDevice::sync_compute(const std::string& what) {
@@ -231,9 +247,15 @@ void CudaDevice::load_grad(std::span<const float> sum, std::uint64_t samples) {
   sync_compute("loading the reduced gradient");  // `sum` is the caller's
 }
 
-void CudaDevice::grow_staging(Slot& s, std::size_t bytes) {
-  if (s.staging.size() >= bytes) return;
-  s.staging = PinnedBuffer<std::byte>(bytes);
+void CudaDevice::grow_staging(Slot& s, std::size_t samples) {
+  const std::size_t bytes = samples * m_o.input_bytes;
+  if (s.input.size() >= bytes) return;
+  if (m_o.resident > 0) {
+    s.ids = PinnedBuffer<std::uint32_t>(samples);
+    s.device_ids = DeviceBuffer<std::uint32_t>(samples);
+  } else {
+    s.staging = PinnedBuffer<std::byte>(bytes);
+  }
   s.input = DeviceBuffer<std::byte>(bytes);
   for (std::size_t i = 0; i < m_slots.size(); ++i) {
     if (m_slots[i].get() == &s) m_graphs.clear_slot(i);  // its graphs read the old input
@@ -242,11 +264,11 @@ void CudaDevice::grow_staging(Slot& s, std::size_t bytes) {
 
 void CudaDevice::reserve(std::size_t max_chunk_samples) {
   const std::size_t bytes = max_chunk_samples * m_o.input_bytes;
-  if (bytes == 0 || m_slots.empty() || m_slots.front()->staging.size() >= bytes) return;
+  if (bytes == 0 || m_slots.empty() || m_slots.front()->input.size() >= bytes) return;
   // Between steps, on the runtime's thread: every slot is free (finish_chunks waited for them). A part's memory is
   // its GPU's primary context's, which DeviceScope makes current here.
   const DeviceScope on(m_gpu);
-  for (auto& s : m_slots) grow_staging(*s, bytes);
+  for (auto& s : m_slots) grow_staging(*s, max_chunk_samples);
 }
 
 void CudaDevice::begin_step(std::uint64_t /*step*/, std::chrono::steady_clock::time_point /*start*/) {
@@ -280,31 +302,10 @@ ChunkTiming CudaDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   Slot& s = *m_slots[m_next_slot];
   wait_slot(s);  // normally already free: the previous call waited until fewer than in_flight were running
   cudaStream_t compute = m_compute.get();
-  if (m_o.input_bytes > 0) {
-    const std::size_t bytes = ctx.samples.size() * m_o.input_bytes;
-    // Reserved before the step (reserve); growing here would synchronize the GPU, so it happens only to a caller
-    // that drives the device without a runtime.
-    grow_staging(s, bytes);
-    std::byte* dst = s.staging.data();
-    const auto samples = ctx.samples;
-    const std::size_t row = m_o.input_bytes;
-    const auto gather = [&](const tbb::blocked_range<std::size_t>& r) {
-      for (std::size_t i = r.begin(); i != r.end(); ++i) m_o.gather(samples[i], dst + i * row);
-    };
-    if (bytes <= kInlineGatherBytes) {
-      gather(tbb::blocked_range<std::size_t>(0, samples.size()));
-    } else {
-      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, samples.size(), 16), gather);
-    }
-    SB_CUDA_CHECK(cudaMemcpyAsync(s.input.data(), dst, bytes, cudaMemcpyHostToDevice, m_copy.get()));
-    SB_CUDA_CHECK(cudaEventRecord(s.copied.get(), m_copy.get()));
-    SB_CUDA_CHECK(cudaStreamWaitEvent(compute, s.copied.get(), 0));
-    ctx.input = s.input.data();
-  }
   ctx.stream = compute;
   ctx.blas = m_blas.get();
   ctx.device_loss = m_loss.data();
-  SB_CUDA_CHECK(cudaEventRecord(s.started.get(), compute));  // behind the input's copy and the chunk before
+  stage_inputs(ctx, s);  // records s.started: behind the input's copy and the chunk before
   if (m_o.graphs) {
     run_graphed(ctx, fn, m_next_slot);
   } else {
@@ -322,6 +323,46 @@ ChunkTiming CudaDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   // Leave a slot free before taking the next chunk: with every slot busy, wait for the oldest chunk.
   wait_slot(*m_slots[m_next_slot]);
   return {};  // its time is the events' (call_device_times(), once its slot is waited for), not the call's
+}
+
+void CudaDevice::stage_inputs(ChunkContext& ctx, Slot& s) {
+  cudaStream_t compute = m_compute.get();
+  if (m_o.input_bytes == 0) {
+    SB_CUDA_CHECK(cudaEventRecord(s.started.get(), compute));
+    return;
+  }
+  const auto samples = ctx.samples;
+  // Reserved before the step (reserve); growing here would synchronize the GPU, so it happens only to a caller that
+  // drives the device without a runtime.
+  grow_staging(s, samples.size());
+  if (m_o.resident > 0) {
+    std::uint32_t* ids = s.ids.data();
+    for (std::size_t i = 0; i < samples.size(); ++i) {
+      if (samples[i] >= m_o.resident) {
+        fail("chunk " + std::to_string(ctx.chunk), "sample " + std::to_string(samples[i]) + " is not among the " + std::to_string(m_o.resident) +
+                                                       " samples held on the device (gpu.resident)");
+      }
+      ids[i] = samples[i];
+    }
+    SB_CUDA_CHECK(cudaMemcpyAsync(s.device_ids.data(), ids, samples.size() * sizeof(std::uint32_t), cudaMemcpyHostToDevice, m_copy.get()));
+  } else {
+    std::byte* dst = s.staging.data();
+    const std::size_t row = m_o.input_bytes, bytes = samples.size() * row;
+    const auto gather = [&](const tbb::blocked_range<std::size_t>& r) {
+      for (std::size_t i = r.begin(); i != r.end(); ++i) m_o.gather(samples[i], dst + i * row);
+    };
+    if (bytes <= kInlineGatherBytes) {
+      gather(tbb::blocked_range<std::size_t>(0, samples.size()));
+    } else {
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, samples.size(), 16), gather);
+    }
+    SB_CUDA_CHECK(cudaMemcpyAsync(s.input.data(), dst, bytes, cudaMemcpyHostToDevice, m_copy.get()));
+  }
+  SB_CUDA_CHECK(cudaEventRecord(s.copied.get(), m_copy.get()));
+  SB_CUDA_CHECK(cudaStreamWaitEvent(compute, s.copied.get(), 0));
+  SB_CUDA_CHECK(cudaEventRecord(s.started.get(), compute));
+  if (m_o.resident > 0) detail::gather_rows(m_resident.data(), m_o.input_bytes, s.device_ids.data(), samples.size(), s.input.data(), compute);
+  ctx.input = s.input.data();
 }
 
 void CudaDevice::run_graphed(ChunkContext& ctx, const ChunkFunction& fn, std::size_t slot) {

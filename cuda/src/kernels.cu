@@ -44,6 +44,13 @@ __global__ void adam_kernel(float* params, const float* grad, float* m1, float* 
 
 __global__ void set_kernel(float* at, float value) { *at = value; }
 
+// Block i copies row ids[i] of `rows` into row i of `out`, `words` 32-bit words a row.
+__global__ void gather_rows_kernel(const unsigned* rows, std::size_t words, const std::uint32_t* ids, unsigned* out) {
+  const unsigned* src = rows + static_cast<std::size_t>(ids[blockIdx.x]) * words;
+  unsigned* dst = out + static_cast<std::size_t>(blockIdx.x) * words;
+  for (std::size_t w = threadIdx.x; w < words; w += blockDim.x) dst[w] = src[w];
+}
+
 __global__ void sum_kernel(float* const* bufs, std::size_t count, std::size_t n) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     float s = 0.0f;
@@ -93,6 +100,12 @@ void adam_update(float* params, const float* grad, float* m, float* v, std::size
 
 void set_value(float* at, float value, cudaStream_t s) {
   set_kernel<<<1, 1, 0, s>>>(at, value);
+  SB_CUDA_CHECK(cudaGetLastError());
+}
+
+void gather_rows(const std::byte* rows, std::size_t row_bytes, const std::uint32_t* ids, std::size_t n, std::byte* out, cudaStream_t s) {
+  if (n == 0) return;
+  gather_rows_kernel<<<static_cast<unsigned>(n), 128, 0, s>>>(reinterpret_cast<const unsigned*>(rows), row_bytes / 4, ids, reinterpret_cast<unsigned*>(out));
   SB_CUDA_CHECK(cudaGetLastError());
 }
 

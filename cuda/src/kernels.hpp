@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace stealbatch::cuda::detail {
 
@@ -13,6 +14,8 @@ void sgd_update(float* params, const float* grad, float* velocity, std::size_t n
 void adam_update(float* params, const float* grad, float* m, float* v, std::size_t n, float lr, float beta1, float beta2, float eps,
                  float weight_decay, float c1, float c2, cudaStream_t s);
 void set_value(float* at, float value, cudaStream_t s);
+// out's row i = rows' row ids[i], for i < n (at most 2^31 - 1); row_bytes a multiple of 4, every address 4-aligned.
+void gather_rows(const std::byte* rows, std::size_t row_bytes, const std::uint32_t* ids, std::size_t n, std::byte* out, cudaStream_t s);
 // out_k[i] = sum over d of bufs[d][i] for every buffer k (the sum written back into all of them). bufs is a
 // device array of `count` device pointers.
 void sum_into_all(float* const* bufs, std::size_t count, std::size_t n, cudaStream_t s);

@@ -45,7 +45,7 @@ bool quiet_rank() { return g_cluster && g_cluster->rank() != 0; }
 // share: all but those naming what each rank has or writes of its own. Set by parse_command_line(); checked across
 // the ranks before anything else that they do together (run_reporting_errors()).
 std::vector<std::pair<std::string, std::string>> g_shared_flags;
-const std::set<std::string, std::less<>> kPerRankFlags{"--help", "--devices", "--slowdown", "--gpu-wait", "--gpu-graphs", "--json", "--trace", "--cache", "--plain-threads"};
+const std::set<std::string, std::less<>> kPerRankFlags{"--help", "--devices", "--slowdown", "--gpu-wait", "--gpu-data", "--gpu-graphs", "--json", "--trace", "--cache", "--plain-threads"};
 
 // The progress line: epoch, samples, samples/s, ETA, loss. On a terminal it is redrawn in place; into a file or a pipe
 // it is one plain line at each epoch's end (and every 10 s of a long epoch).
@@ -287,12 +287,17 @@ PolicyRun::PolicyRun(const TrainerFlags& flags, const PolicyChoice& policy, cons
   if (f.gpu_graphs == "on" && model.chunk_function_on_gpus) {
     throw ConfigError("--gpu-graphs on: this model's chunk function runs host code at every call (libtorch), which a graph's replay would skip");
   }
+  if (f.gpu_data == "device" && !gpu) throw ConfigError("--gpu-data device: devices = '" + f.devices + "' are not GPUs (cuda: or vgpu:)");
+  if (f.gpu_data == "device" && model.chunk_function_on_gpus) {
+    throw ConfigError("--gpu-data device: this model's chunk function holds its own copy of the data on each GPU (libtorch); leave --gpu-data at host");
+  }
   ro.gpu.graphs = gpu && f.gpu_graphs == "on";
   if (gpu && !model.chunk_function_on_gpus) {
     if (!model.gpu_chunk) throw ConfigError("devices = '" + f.devices + "': " + model.no_gpu_reason);
     // A GPU chunk's samples travel as rows of features + label, gathered on the host into pinned staging.
     ro.gpu.input_bytes = gpu_input_bytes(train_set);
     ro.gpu.gather = [&set = train_set](std::uint32_t s, std::byte* dst) { gather_sample(set, s, dst); };
+    if (f.gpu_data == "device") ro.gpu.resident = train_set.count;
   }
   rt = std::make_unique<Runtime>(ro);
   rt->register_parameters(*model.layout, model.initial);
@@ -452,6 +457,8 @@ void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<voi
                "summed in 64-bit fixed point, each on one thread; compare runs by the 'parameters sha256' line (CPU devices)");
   app.add_option("--gpu-wait", f.gpu_wait, "GPU devices: spin (CUDA's default scheduling, as PyTorch waits) or block (blocking-sync events: no CPU, a wake-up per wait)")
       ->check(CLI::IsMember({"spin", "block"}))->capture_default_str();
+  app.add_option("--gpu-data", f.gpu_data, "GPU devices, the mlp and cnn examples: host gathers each chunk's samples on the host and copies them; device holds the training set on each GPU and gathers there by index")
+      ->check(CLI::IsMember({"host", "device"}))->capture_default_str();
   app.add_option("--gpu-graphs", f.gpu_graphs, "GPU devices, the mlp and cnn examples: on replays each chunk size's kernels from a CUDA graph (one launch a chunk); off launches them one by one")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_flag("--compare", f.compare, "run each of --compare-policies on the same work, each warmed up by one untimed step, alternating epoch by epoch; print every dashboard and each one's speedup over the first, of the median epochs");

@@ -42,6 +42,7 @@ struct TrainerFlags {
   std::string merge_stolen = "on";  // "on": a thief runs what it steals in one call (RuntimeOptions::schedule.merge_stolen)
   std::string schedule = "cosine";
   std::string gpu_wait = "spin";
+  std::string gpu_data = "host";   // "device": the training set held on each GPU, chunks gathered there (RuntimeOptions::gpu.resident)
   std::string gpu_graphs = "off";  // "on": the GPU models' chunks replayed from CUDA graphs (RuntimeOptions::gpu.graphs)
   std::string save{};            // checkpoint folder; empty = no checkpoints
   std::size_t save_every = 0;    // steps between checkpoints (0 = at each epoch's end only)

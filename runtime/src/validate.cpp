@@ -70,6 +70,12 @@ void validate(const GpuOptions& o) {
   if (o.gather && o.input_bytes == 0) {
     throw ConfigError("a gather function is set but input_bytes = 0: no inputs travel, so it would never be called; set input_bytes");
   }
+  check_size("resident", o.resident, 0, std::size_t{1} << 32);
+  if (o.resident > 0 && o.input_bytes == 0) throw ConfigError("resident = " + std::to_string(o.resident) + " samples but input_bytes = 0: no inputs to hold");
+  if (o.resident > 0 && o.input_bytes % 4 != 0) {
+    throw ConfigError("resident = " + std::to_string(o.resident) + " with input_bytes = " + std::to_string(o.input_bytes) +
+                      ": the device gathers rows in 4-byte words; give input_bytes a multiple of 4");
+  }
 }
 
 void validate(const SimOptions& o) {

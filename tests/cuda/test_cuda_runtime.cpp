@@ -262,6 +262,46 @@ TEST_CASE("CudaRuntime.GraphsReplayChunksAndTrainAsWithout") {
   }
 }
 
+// gpu.resident: the samples held on the device and a chunk's rows gathered there by id give the very bytes the host's
+// gather copies, so the gradient is the same bits; a sample beyond those held fails its chunk, naming it.
+TEST_CASE("CudaRuntime.ResidentSamplesGiveTheHostGathersGradient") {
+  if (skip_without_gpu()) return;
+  cuda::enable();
+  Synthetic s(1024, 784, 14);
+  const examples::MlpModel cpu({784, 256, 128, 10});
+  const examples::MlpCuda gpu({784, 256, 128, 10});
+  const std::vector<float> p = cpu.initial_parameters(9);
+  const ChunkFunction fn = [&](ChunkContext& c) { gpu.accumulate(c); };
+  for (const char* devices : {"cuda:0", "vgpu:16,8"}) {
+    INFO(devices);
+    std::vector<float> g[2];
+    for (const std::size_t resident : {std::size_t{0}, std::size_t{1024}}) {
+      RuntimeOptions o = gpu_options(devices, 64, s.data);
+      o.schedule.policy = SchedulePolicy::kStatic;
+      o.gpu.resident = resident;
+      Runtime rt(o);
+      rt.register_parameters(cpu.layout(), p);
+      std::vector<std::uint32_t> idx(512);
+      for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<std::uint32_t>((i * 7) % 1024);  // not in order
+      rt.compute_gradient(idx, fn);
+      g[resident > 0].assign(rt.gradient().begin(), rt.gradient().end());
+    }
+    CHECK(g[0] == g[1]);
+  }
+  RuntimeOptions o = gpu_options("cuda:0", 64, s.data);
+  o.gpu.resident = 100;
+  Runtime rt(o);
+  rt.register_parameters(cpu.layout(), p);
+  std::vector<std::uint32_t> idx(128);
+  std::iota(idx.begin(), idx.end(), 0u);
+  try {
+    rt.compute_gradient(idx, fn);
+    FAIL("a sample beyond gpu.resident must fail its chunk");
+  } catch (const ChunkError& e) {
+    CHECK(std::string(e.what()).find("sample 100 is not among the 100 samples held on the device (gpu.resident)") != std::string::npos);
+  }
+}
+
 TEST_CASE("CudaRuntime.MlpCudaRefusesLayerCountsItCannotRun") {  // runs everywhere: nothing touches a GPU
   CHECK_THROWS_AS(examples::MlpCuda({784}), ConfigError);
   CHECK_THROWS_AS(examples::MlpCuda(std::vector<std::size_t>(examples::MlpCuda::kMaxLayers + 2, 8)), ConfigError);

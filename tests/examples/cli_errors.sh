@@ -79,6 +79,7 @@ for flag in --limit --seed --save-every --stop-after --keep --batch; do
 done
 # CUDA graphs are for GPU devices.
 expect 2 "--gpu-graphs on: devices = 'cpu:2' are not GPUs" -- "$mlp" "${small[@]}" --gpu-graphs on
+expect 2 "--gpu-data device: devices = 'cpu:2' are not GPUs" -- "$mlp" "${small[@]}" --gpu-data device
 # Simulated speeds have a range.
 expect 2 "simulated speeds must lie in" -- "$mlp" "${base[@]}" --devices sim:1e-9
 expect 2 "simulated speeds must lie in" -- "$mlp" "${base[@]}" --devices sim:1,1e-300

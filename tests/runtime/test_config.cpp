@@ -59,6 +59,10 @@ TEST_CASE("Config.EveryFieldOutsideItsRangeNamesFieldAndValue") {
       {"input_bytes", "2147483648", [](RuntimeOptions& o) { o.gpu.input_bytes = std::size_t{1} << 31; }},
       {"input_bytes", "16", [](RuntimeOptions& o) { o.gpu.input_bytes = 16; }},  // no gather function
       {"input_bytes = 0", "never be called", [](RuntimeOptions& o) { o.gpu.gather = [](std::uint32_t, std::byte*) {}; }},
+      {"resident = 8 samples but input_bytes = 0", "no inputs to hold", [](RuntimeOptions& o) { o.gpu.resident = 8; }},
+      {"resident = 8 with input_bytes = 6", "multiple of 4",
+       [](RuntimeOptions& o) { o.gpu.resident = 8, o.gpu.input_bytes = 6, o.gpu.gather = [](std::uint32_t, std::byte*) {}; }},
+      {"resident", "4294967297", [](RuntimeOptions& o) { o.gpu.resident = (std::size_t{1} << 32) + 1; }},
       {"placement_weights has 2 values", "ignored", [](RuntimeOptions& o) { o.schedule.placement_weights = {1, 2}; }},
       {"placement = throughput with policy = static", "auto",
        [](RuntimeOptions& o) { o.schedule.placement = PlacementPolicy::kThroughput, o.schedule.policy = SchedulePolicy::kStatic; }},

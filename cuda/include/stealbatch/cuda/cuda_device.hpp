@@ -50,6 +50,8 @@ class CudaDevice final : public Device {
     bool deterministic = false;
     // Chunk calls replayed from CUDA graphs (RuntimeOptions::gpu.graphs; graph_cache.hpp says which and when).
     bool graphs = false;
+    // Samples [0, resident) held in device memory (RuntimeOptions::gpu.resident): a chunk's rows gathered there by id.
+    std::size_t resident = 0;
   };
   // `part` (may be null) confines the device's kernels to a green context of GPU `gpu`.
   CudaDevice(std::size_t index, int gpu, Options options, std::shared_ptr<Partition> part = nullptr);
@@ -102,7 +104,12 @@ class CudaDevice final : public Device {
   void wait_slot(Slot& s);
   // fn(ctx) on the compute stream: eagerly, or captured into a graph and launched, or a graph replayed.
   void run_graphed(ChunkContext& ctx, const ChunkFunction& fn, std::size_t slot);
-  void grow_staging(Slot& s, std::size_t bytes);
+  void grow_staging(Slot& s, std::size_t samples);
+  // The chunk's inputs into slot s's device rows: gathered on the host and copied, or gathered on the device from the
+  // resident samples (by ids copied), behind `started` then (the gather is the chunk's work, as a PyTorch user's
+  // index_select is). Sets ctx.input.
+  void stage_inputs(ChunkContext& ctx, Slot& s);
+  void hold_resident();  // Options::resident: the samples into device memory (bind())
   // Waits for everything enqueued on the compute stream so far, the way Options::wait says; throws naming `what`.
   void sync_compute(const std::string& what);
   [[noreturn]] void fail(const std::string& what, const std::string& detail) const;
@@ -120,6 +127,7 @@ class CudaDevice final : public Device {
   std::size_t m_next_slot = 0;
   std::size_t m_count = 0;  // parameters
   DeviceBuffer<float> m_params, m_grad, m_m, m_v, m_loss;
+  DeviceBuffer<std::byte> m_resident;  // Options::resident rows of input_bytes
   PinnedBuffer<float> m_loss_host;  // the step's loss, copied back with the stream sync that ends the chunks
   // Deterministic mode: the step's cells in fixed point (int64, modulo 2^64), and each tensor's largest |value| as
   // its bit pattern; made at the first cell (one synchronizing allocation, in the first step).

@@ -141,6 +141,11 @@ struct GpuOptions {
   // (ChunkContext::input). gather(sample, dst) writes input_bytes bytes of that sample at dst.
   std::size_t input_bytes = 0;                     // [0, 1 << 30]; 0 = no inputs travel (the chunk function finds its own)
   std::function<void(std::uint32_t sample, std::byte* dst)> gather{};
+  // Samples [0, resident) held on each GPU device: gathered once, at its start, through `gather`, then a chunk's rows
+  // are gathered on the device by index (its sample ids copied, not its inputs), as a PyTorch user with the data on the
+  // GPU does. 0 = every chunk's inputs gathered on the host and copied. input_bytes must then be a multiple of 4, and a
+  // chunk with a sample id >= resident fails, naming it.
+  std::size_t resident = 0;
   // Chunk calls replayed from CUDA graphs, one per sample count and staging slot: a count's first call runs as is, its
   // second is captured, and later ones replay that graph (one launch for the chunk's kernels). Only for a chunk
   // function that enqueues all its work on ctx.stream, reads its inputs from ctx.input, and whose kernels and
