@@ -223,6 +223,9 @@ def main():
         add("vgpu static efficiency", f"{st_.get('efficiency', 0):.3f} ({st_.get('step_ms_median', 0):.2f} ms)", "(baseline)", None)
         add("vgpu steal efficiency", f"{sl.get('efficiency', 0):.3f} ({sl.get('step_ms_median', 0):.2f} ms, ideal {v.get('ideal_ms', 0):.2f})", ">= 0.9",
             sl.get("efficiency", 0) >= 0.9)
+        eff = number(sl.get("efficiency_in_situ"))
+        if eff:
+            add("vgpu steal vs the ideal in situ (the parts' speeds while all run)", f"{eff:.3f} (ideal {v.get('in_situ_ideal_ms', 0):.2f} ms)", ">= 0.9", eff >= 0.9)
         r = v.get("speedup_over_ideal_speedup", 0)
         add("vgpu steal speedup vs ideal speedup", f"{v.get('speedup', 0):.2f}x of {v.get('ideal_speedup', 0):.2f}x = {r:.3f}", ">= 0.9", r >= 0.9)
     else:

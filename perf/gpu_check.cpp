@@ -76,16 +76,21 @@ std::vector<float> mean_gradient(RuntimeOptions o, const ParameterLayout& layout
 // Median step time and samples/s of `steps` training steps after `warmup`, over consecutive batches.
 struct Timing {
   double step_ms = 0, samples_per_s = 0, reduce_ms = 0;
+  double tail_ms = 0;  // median of the reduction and the update, after the chunks
   std::uint64_t steals = 0;
   std::size_t chunk_samples = 0;  // device 0's, in the last step
   std::vector<double> util;
+  // Each device's samples/s while all of them ran: its samples over its device-timed compute (StepReport's
+  // compute_s; on a GPU the sum of its chunks' CUDA-event times), summed over the timed steps.
+  std::vector<double> rate;
 };
 
 Timing time_steps(Runtime& rt, const DenseData& d, std::size_t batch, std::size_t warmup, std::size_t steps, const ChunkFunction& fn) {
   std::vector<std::uint32_t> idx(batch);
-  std::vector<double> step_s, reduce_s;
+  std::vector<double> step_s, reduce_s, tail_s;
   Timing t;
   std::vector<std::vector<double>> util(rt.device_count());
+  std::vector<double> samples(rt.device_count()), busy(rt.device_count());
   StepReport last;
   for (std::size_t i = 0; i < warmup + steps; ++i) {
     for (std::size_t k = 0; k < batch; ++k) idx[k] = static_cast<std::uint32_t>((i * batch + k) % d.count);
@@ -94,9 +99,15 @@ Timing time_steps(Runtime& rt, const DenseData& d, std::size_t batch, std::size_
     if (i < warmup) continue;
     step_s.push_back(r.step_s);
     reduce_s.push_back(r.reduce_s);
+    tail_s.push_back(r.reduce_s + r.optimizer_s);
     t.steals += r.steals;
-    for (std::size_t dv = 0; dv < r.devices.size(); ++dv) util[dv].push_back(r.devices[dv].utilization);
+    for (std::size_t dv = 0; dv < r.devices.size(); ++dv) {
+      util[dv].push_back(r.devices[dv].utilization);
+      if (dv < samples.size()) samples[dv] += static_cast<double>(r.devices[dv].samples), busy[dv] += r.devices[dv].compute_s;
+    }
   }
+  t.tail_ms = median(tail_s) * 1e3;
+  for (std::size_t dv = 0; dv < samples.size(); ++dv) t.rate.push_back(busy[dv] > 0 ? samples[dv] / busy[dv] : 0.0);
   t.step_ms = median(step_s) * 1e3;
   t.reduce_ms = median(reduce_s) * 1e3;
   t.samples_per_s = static_cast<double>(batch) / median(step_s);
@@ -253,10 +264,12 @@ int main(int argc, char** argv) {
                 {"model", "mlp 784-" + std::to_string(vgpu_hidden) + "-" + std::to_string(vgpu_hidden) + "-10"}, {"ideal_ms", ideal_ms},
                 {"ideal_speedup", static_ideal_ms / ideal_ms}};
       double t_static = 0, t_steal = 0;
+      Timing timed[2];
       for (const auto& [pname, pol] : {std::pair{std::string("static"), SchedulePolicy::kStatic}, std::pair{std::string("steal"), SchedulePolicy::kSteal}}) {
         Runtime rt(options("vgpu:" + vgpu, pol, vgpu_chunk, train));
         rt.register_parameters(wide.layout(), p);
         const Timing tm = time_steps(rt, train, vgpu_batch, 5, vgpu_steps, wide_fn);
+        timed[pol == SchedulePolicy::kSteal] = tm;
         (pol == SchedulePolicy::kStatic ? t_static : t_steal) = tm.step_ms;
         v[pname] = {{"step_ms_median", tm.step_ms}, {"efficiency", ideal_ms / tm.step_ms}, {"steals_per_step", static_cast<double>(tm.steals) / vgpu_steps},
                     {"utilization", tm.util}, {"reduce_ms_median", tm.reduce_ms}};
@@ -264,6 +277,17 @@ int main(int argc, char** argv) {
         for (double u : tm.util) us += (us.empty() ? "" : ",") + std::to_string(u).substr(0, 4);
         line("vgpu: %-6s %.2f ms/step (ideal %.2f), efficiency %.3f, util %s", pname.c_str(), tm.step_ms, ideal_ms, ideal_ms / tm.step_ms, us.c_str());
       }
+      // The ideal in situ: each part's speed while every part runs (the static run's: each runs its share at once, as
+      // they share the memory bandwidth and the L2), so T* = W / sum of those speeds, plus the steal run's own
+      // reduction and update. The ideal from the parts alone overrates them when they run together.
+      const double in_situ = std::accumulate(timed[0].rate.begin(), timed[0].rate.end(), 0.0);
+      const double in_situ_ms = in_situ > 0 ? static_cast<double>(vgpu_batch) / in_situ * 1e3 + timed[1].tail_ms : 0.0;
+      v["in_situ_speeds"] = timed[0].rate;
+      v["in_situ_ideal_ms"] = in_situ_ms;
+      v["steal"]["efficiency_in_situ"] = in_situ_ms > 0 ? in_situ_ms / t_steal : 0.0;
+      line("vgpu: ideal in situ %.2f ms (the parts' speeds while all run, from the static run's device-timed chunks, plus steal's "
+           "reduction and update %.2f ms); steal %.3f of it (target >= 0.9)",
+           in_situ_ms, timed[1].tail_ms, in_situ_ms > 0 ? in_situ_ms / t_steal : 0.0);
       v["speedup"] = t_static / t_steal;
       v["speedup_over_ideal_speedup"] = (t_static / t_steal) / (static_ideal_ms / ideal_ms);
       line("vgpu: steal %.2fx faster than static; ideal speedup %.2fx (ratio %.3f; target >= 0.9); steal efficiency %.3f (target >= 0.9)",

@@ -53,6 +53,10 @@ CudaDevice::CudaDevice(std::size_t index, int gpu, Options options, std::shared_
     : m_index(index), m_gpu(gpu), m_o(std::move(options)), m_part(std::move(part)),
       m_graphs(kGraphs, [](cudaGraphExec_t g) { SB_CUDA_WARN(cudaGraphExecDestroy(g)); }) {
   check_in_flight(m_o.in_flight);
+  if (m_o.resident > 0 && (m_o.input_bytes == 0 || m_o.input_bytes % 4 != 0 || !m_o.gather)) {
+    throw ConfigError("CudaDevice: resident = " + std::to_string(m_o.resident) + " needs a gather function and input_bytes a multiple of 4 (" +
+                      std::to_string(m_o.input_bytes) + ")");
+  }
 }
 
 CudaDevice::~CudaDevice() {
@@ -173,6 +177,8 @@ void CudaDevice::sync_compute(const std::string& what) {
 
 void CudaDevice::init_replica(std::span<const float> initial, const OptimizerOptions& options) {
   m_graphs.clear();  // they hold the old replica's addresses
+  // An update may still be queued on the old replica (apply_update() does not wait): done before it is freed.
+  if (m_compute) sync_compute("before a new replica");
   m_count = initial.size();
   m_opt = options;
   m_t = 0;
@@ -307,7 +313,7 @@ ChunkTiming CudaDevice::run_chunk(ChunkContext& ctx, const ChunkFunction& fn) {
   ctx.device_loss = m_loss.data();
   stage_inputs(ctx, s);  // records s.started: behind the input's copy and the chunk before
   if (m_o.graphs) {
-    run_graphed(ctx, fn, m_next_slot);
+    run_graphed(ctx, fn, s, m_next_slot);
   } else {
     fn(ctx);
   }
@@ -338,9 +344,9 @@ void CudaDevice::stage_inputs(ChunkContext& ctx, Slot& s) {
   if (m_o.resident > 0) {
     std::uint32_t* ids = s.ids.data();
     for (std::size_t i = 0; i < samples.size(); ++i) {
-      if (samples[i] >= m_o.resident) {
-        fail("chunk " + std::to_string(ctx.chunk), "sample " + std::to_string(samples[i]) + " is not among the " + std::to_string(m_o.resident) +
-                                                       " samples held on the device (gpu.resident)");
+      if (samples[i] >= m_o.resident) {  // the caller's batch, not the GPU: the device stays usable
+        throw ConfigError(name() + ": chunk " + std::to_string(ctx.chunk) + ": sample " + std::to_string(samples[i]) + " is not among the " +
+                          std::to_string(m_o.resident) + " samples held on the device (gpu.resident)");
       }
       ids[i] = samples[i];
     }
@@ -365,7 +371,7 @@ void CudaDevice::stage_inputs(ChunkContext& ctx, Slot& s) {
   ctx.input = s.input.data();
 }
 
-void CudaDevice::run_graphed(ChunkContext& ctx, const ChunkFunction& fn, std::size_t slot) {
+void CudaDevice::run_graphed(ChunkContext& ctx, const ChunkFunction& fn, Slot& s, std::size_t slot) {
   cudaStream_t compute = m_compute.get();
   const std::size_t n = ctx.samples.size();
   cudaGraphExec_t exec = nullptr;
@@ -406,10 +412,13 @@ void CudaDevice::run_graphed(ChunkContext& ctx, const ChunkFunction& fn, std::si
     std::fprintf(stderr, "stealbatch: %s: a chunk of %zu samples could not be captured in a CUDA graph (%s); it runs without one\n",
                  name().c_str(), n, cudaGetErrorName(made));
     m_graphs.failed(n, slot);
+    SB_CUDA_CHECK(cudaEventRecord(s.started.get(), compute));  // the capture's host time is not the call's
     fn(ctx);
     return;
   }
   m_graphs.captured(n, slot, exec);
+  // The call's time starts here: the stream may have gone idle while the host captured and instantiated.
+  SB_CUDA_CHECK(cudaEventRecord(s.started.get(), compute));
   SB_CUDA_CHECK(cudaGraphLaunch(exec, compute));
 }
 

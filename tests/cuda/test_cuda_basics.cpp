@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -164,4 +165,18 @@ TEST_CASE("GraphCache.EvictsTheLeastRecentlyUsedPastItsCapacity") {
     CHECK(c.plan(2, 0, &g) == Cache::Action::kEager);  // evicted: starts over
   }
   CHECK(destroyed.size() == 3);  // the cache's end destroys what it kept
+  CHECK_THROWS_AS(Cache(0, [](int) {}), std::invalid_argument);
+}
+
+TEST_CASE("GraphCache.ForgetsCountsSeenOnceWithoutAGraph") {
+  using Cache = cuda::GraphCache<int>;
+  Cache c(2, [](int) {});
+  int g = 0;
+  REQUIRE(c.plan(7, 0, &g) == Cache::Action::kEager);
+  REQUIRE(c.plan(7, 0, &g) == Cache::Action::kCapture);
+  c.captured(7, 0, 70);
+  for (std::size_t n = 100; n < 140; ++n) CHECK(c.plan(n, 0, &g) == Cache::Action::kEager);  // a varying tail, each once
+  CHECK(c.plan(7, 0, &g) == Cache::Action::kReplay);  // the kept graph stays
+  CHECK(g == 70);
+  CHECK(c.plan(100, 0, &g) == Cache::Action::kEager);  // forgotten: seen once again, not captured yet
 }

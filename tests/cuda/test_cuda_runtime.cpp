@@ -210,9 +210,10 @@ TEST_CASE("CudaRuntime.StepsQueuedWithoutHostWaitsTrainAsTheCpu") {
   }
 }
 
-// gpu.graphs: each sample count and slot runs eagerly once, is captured at its second call and replayed after. The
-// replayed kernels are the eager ones, so 6 steps end where they end without graphs; a chunk function that cannot be
-// captured (it queries its stream) runs eagerly, with the same result.
+// gpu.graphs: each sample count and slot runs eagerly first, is captured at a later call and replayed after. The
+// replayed kernels are the eager ones, so 6 steps end where they end without graphs, and 6 more after the parameters
+// are registered again (a new replica: every graph stale), with the samples held on the device too; a chunk function
+// that cannot be captured (it queries its stream) runs eagerly, with the same result.
 TEST_CASE("CudaRuntime.GraphsReplayChunksAndTrainAsWithout") {
   if (skip_without_gpu()) return;
   cuda::enable();
@@ -226,16 +227,19 @@ TEST_CASE("CudaRuntime.GraphsReplayChunksAndTrainAsWithout") {
     (void)cudaStreamQuery(static_cast<cudaStream_t>(c.stream));  // not allowed while capturing: the capture fails
     (void)cudaGetLastError();                                    // (not ready is no error of the chunk)
   };
-  auto train = [&](const std::string& devices, bool graphs, const ChunkFunction& fn) {
+  auto train = [&](const std::string& devices, bool graphs, const ChunkFunction& fn, std::size_t resident = 0) {
     RuntimeOptions o = gpu_options(devices, 32, s.data);
     o.schedule.policy = SchedulePolicy::kStatic;  // the same chunks on the same devices, with graphs or without
     o.gpu.graphs = graphs;
+    o.gpu.resident = resident;
     Runtime rt(o);
-    rt.register_parameters(cpu.layout(), p);
     std::vector<std::uint32_t> idx(512);
-    for (std::uint32_t step = 0; step < 6; ++step) {
-      std::iota(idx.begin(), idx.end(), step * 500u);
-      (void)rt.step(idx, fn);
+    for (int round = 0; round < 2; ++round) {
+      rt.register_parameters(cpu.layout(), round == 0 ? p : rt.parameters(0));  // the second: a new replica, where the first ended
+      for (std::uint32_t step = 0; step < 6; ++step) {
+        std::iota(idx.begin(), idx.end(), step * 500u);
+        (void)rt.step(idx, fn);
+      }
     }
     cuda::GraphCache<cudaGraphExec_t>::Stats total;
     for (std::size_t d = 0; d < rt.device_count(); ++d) {
@@ -255,6 +259,9 @@ TEST_CASE("CudaRuntime.GraphsReplayChunksAndTrainAsWithout") {
     CHECK(st.replayed > st.captured);
     CHECK(st.failed == 0);
     CHECK(max_relative_error(with, without) <= 1e-6);
+    const auto [held, held_st] = train(devices, true, plain, s.data.count);
+    CHECK(held_st.replayed > held_st.captured);
+    CHECK(held == without);  // the same input bytes, the same kernels
     const auto [eager, failed] = train(devices, true, uncapturable);
     CHECK(failed.failed > 0);
     CHECK(failed.replayed == 0);

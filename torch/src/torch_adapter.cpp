@@ -121,7 +121,11 @@ std::int64_t Sequences::token_count() const noexcept {
   if (!x.defined() || x.device() == device) return x;
   // Host to GPU: staged in pinned memory and copied without blocking, on the current stream (a chunk's: the device's
   // compute stream). The caching host allocator keeps the pinned block until that copy is done.
-  if (x.is_cpu() && device.is_cuda()) return x.pin_memory().to(device, /*non_blocking=*/true);
+  // Always a block of its own: pin_memory() of a tensor already pinned is that tensor, which its owner may refill
+  // before the copy has run.
+  if (x.is_cpu() && device.is_cuda()) {
+    return ::torch::empty(x.sizes(), x.options().pinned_memory(true)).copy_(x).to(device, /*non_blocking=*/true);
+  }
   return x.to(device);
 }
 
@@ -185,6 +189,12 @@ void run_gpu_chunk(::torch::nn::Module& module, const ParameterLayout& layout, C
     throw ConfigError("libtorch: device " + std::to_string(ctx.device) + " gave a GPU chunk whose gradient buffer is not GPU memory");
   }
   const ::torch::Device device(::torch::kCUDA, static_cast<c10::DeviceIndex>(where.device));
+  // A module's pass runs host code and allocates through libtorch's caching allocator at every call: a graph's replay
+  // would run none of the first and reuse the second's blocks. gpu.graphs is refused, not captured.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(ctx.stream), &capturing) == cudaSuccess && capturing != cudaStreamCaptureStatusNone) {
+    throw ConfigError("libtorch: device " + std::to_string(ctx.device) + ": a module's chunks cannot be replayed from CUDA graphs; leave gpu.graphs off");
+  }
   // The module's kernels run on the device's stream, in order with the runtime's copies, events and reduction.
   const c10::cuda::CUDAStreamGuard on_stream(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(ctx.stream), device.index()));
   struct Scope {

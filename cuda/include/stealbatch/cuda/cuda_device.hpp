@@ -51,6 +51,7 @@ class CudaDevice final : public Device {
     // Chunk calls replayed from CUDA graphs (RuntimeOptions::gpu.graphs; graph_cache.hpp says which and when).
     bool graphs = false;
     // Samples [0, resident) held in device memory (RuntimeOptions::gpu.resident): a chunk's rows gathered there by id.
+    // Each device holds its own copy, the parts of one GPU too.
     std::size_t resident = 0;
   };
   // `part` (may be null) confines the device's kernels to a green context of GPU `gpu`.
@@ -103,7 +104,7 @@ class CudaDevice final : public Device {
   struct Slot;
   void wait_slot(Slot& s);
   // fn(ctx) on the compute stream: eagerly, or captured into a graph and launched, or a graph replayed.
-  void run_graphed(ChunkContext& ctx, const ChunkFunction& fn, std::size_t slot);
+  void run_graphed(ChunkContext& ctx, const ChunkFunction& fn, Slot& s, std::size_t slot);
   void grow_staging(Slot& s, std::size_t samples);
   // The chunk's inputs into slot s's device rows: gathered on the host and copied, or gathered on the device from the
   // resident samples (by ids copied), behind `started` then (the gather is the chunk's work, as a PyTorch user's

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iterator>
+#include <stdexcept>
 #include <unordered_map>
 #include <utility>
 
@@ -15,12 +17,14 @@ namespace stealbatch::cuda {
 // A graph replays the kernels a chunk function enqueued when it was captured, with the same arguments: the same
 // sample count (the kernels' sizes), the same staging slot (the input's address), the same replica and workspace
 // (their addresses). So graphs are kept per (sample count, slot), and every address change makes them stale:
-//   - a count's first call runs eagerly: it warms up, and grows the workspace to what that count needs;
+//   - a count's first call runs eagerly: it warms up, and grows the workspace to what that count needs (a growth
+//     clears every graph, this count's entry too, so such a count runs eagerly twice);
 //   - its second call is captured (and then launched);
 //   - every later call replays the graph;
 //   - a count whose capture failed runs eagerly from then on;
 //   - clear() when the replica or the workspace moves, clear_slot() when a slot's staging moves;
-//   - past `capacity` graphs, the least recently used goes.
+//   - past `capacity` graphs, the least recently used goes; past kEntriesPerGraph x capacity counts seen, those
+//     without a graph are forgotten (a failed count is then tried again).
 // Handle is the executable graph (cudaGraphExec_t); `destroy` releases one (a graph in flight is freed once done).
 template <class Handle>
 class GraphCache {
@@ -30,13 +34,17 @@ class GraphCache {
     std::uint64_t eager = 0, captured = 0, replayed = 0, failed = 0;
   };
 
-  GraphCache(std::size_t capacity, std::function<void(Handle)> destroy) : m_capacity(capacity), m_destroy(std::move(destroy)) {}
+  GraphCache(std::size_t capacity, std::function<void(Handle)> destroy) : m_capacity(capacity), m_destroy(std::move(destroy)) {
+    if (m_capacity == 0) throw std::invalid_argument("GraphCache: capacity 0 would destroy each graph as it is kept");
+  }
   GraphCache(const GraphCache&) = delete;
   GraphCache& operator=(const GraphCache&) = delete;
   ~GraphCache() { clear(); }
 
   // What to do with a call of `samples` samples staged in `slot`; with kReplay, `*graph` is the one to launch.
   Action plan(std::size_t samples, std::size_t slot, Handle* graph) {
+    // Counts seen once and never again (a varying tail) would pile up: past a bound, those without a graph start over.
+    if (m_entries.size() > kEntriesPerGraph * m_capacity) forget_unkept();
     Entry& e = m_entries[key(samples, slot)];
     e.last_use = ++m_clock;
     if (e.graph) {
@@ -88,6 +96,7 @@ class GraphCache {
 
  private:
   static constexpr std::uint64_t kSlots = 64;
+  static constexpr std::size_t kEntriesPerGraph = 8;
   static_assert(kSlots > kMaxInFlight, "a key holds the slot below kSlots");
   struct Entry {
     Handle graph{};
@@ -95,6 +104,9 @@ class GraphCache {
     bool failed = false;
   };
   static std::uint64_t key(std::size_t samples, std::size_t slot) noexcept { return static_cast<std::uint64_t>(samples) * kSlots + slot; }
+  void forget_unkept() {
+    for (auto it = m_entries.begin(); it != m_entries.end();) it = it->second.graph ? std::next(it) : m_entries.erase(it);
+  }
   void evict() {
     while (graphs() > m_capacity) {
       auto oldest = m_entries.end();
