@@ -12,10 +12,12 @@
 #include <stealbatch/cuda/handles.hpp>
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/runtime.hpp>
+#include <stealbatch/runtime/testing.hpp>
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -307,6 +309,44 @@ TEST_CASE("CudaRuntime.ResidentSamplesGiveTheHostGathersGradient") {
   } catch (const ChunkError& e) {
     CHECK(std::string(e.what()).find("sample 100 is not among the 100 samples held on the device (gpu.resident)") != std::string::npos);
   }
+}
+
+// A part of the GPU lost mid-step (on_device_failure = exclude): the step ends on the other parts with the whole GPU's
+// gradient (what the lost part had run is run again on them), and training goes on without it.
+TEST_CASE("CudaRuntime.ALostPartEndsTheStepOnTheOthersExactly") {
+  if (skip_without_gpu()) return;
+  cuda::enable();
+  Synthetic s(1024, 784, 15);
+  const examples::MlpModel cpu({784, 256, 128, 10});
+  const examples::MlpCuda gpu({784, 256, 128, 10});
+  const std::vector<float> p = cpu.initial_parameters(10);
+  const ChunkFunction fn = [&](ChunkContext& c) { gpu.accumulate(c); };
+  std::vector<std::uint32_t> idx(768);
+  std::iota(idx.begin(), idx.end(), 0u);
+  const auto whole = gradient("cuda:0", SchedulePolicy::kStatic, cpu.layout(), p, s.data, idx.size(), 32, fn);
+
+  RuntimeOptions o = gpu_options("vgpu:16,16,16", 32, s.data);
+  o.on_device_failure = OnDeviceFailure::kExclude;
+  o.schedule.placement = PlacementPolicy::kEqual;  // part 1 surely runs its own chunks, in order
+  o.schedule.policy = SchedulePolicy::kStatic;
+  std::atomic<int> seen{0};
+  Runtime rt(o);
+  stealbatch::testing::inject_faults(rt, [&](std::size_t device, std::uint64_t step, ChunkId) {
+    return device == 1 && step == 2 && seen.fetch_add(1) == 2 ? stealbatch::testing::Fault::kDeviceLoss : stealbatch::testing::Fault::kNone;
+  });
+  rt.register_parameters(cpu.layout(), p);
+  rt.compute_gradient(idx, fn);
+  const StepReport r = rt.compute_gradient(idx, fn);
+  REQUIRE(r.excluded_devices.size() == 1);
+  CHECK(r.rerun_chunks >= 2);
+  CHECK(rt.device_count() == 2);
+  const double err = max_relative_error(rt.gradient(), whole);
+  MESSAGE("a lost vgpu part: gradient vs the whole GPU's, relative error " << err);
+  CHECK(err <= 1e-5);
+  const StepReport r3 = rt.step(idx, fn);
+  CHECK(r3.excluded_devices.empty());
+  CHECK(r3.devices.size() == 2);
+  CHECK(std::isfinite(r3.loss));
 }
 
 TEST_CASE("CudaRuntime.MlpCudaRefusesLayerCountsItCannotRun") {  // runs everywhere: nothing touches a GPU
