@@ -62,6 +62,19 @@ RuntimeOptions gpu_options(const std::string& devices, std::size_t chunk, const 
   return o;
 }
 
+// The 784-256-128-10 MLP on `count` synthetic samples: the CPU model, the GPU one, its parameters and chunk function.
+struct GpuMlp {
+  Synthetic s;
+  examples::MlpModel cpu{{784, 256, 128, 10}};
+  examples::MlpCuda gpu{{784, 256, 128, 10}};
+  std::vector<float> p;
+  ChunkFunction fn;
+  GpuMlp(std::size_t count, std::uint64_t data_seed, std::uint64_t param_seed)
+      : s(count, 784, data_seed), p(cpu.initial_parameters(param_seed)), fn([this](ChunkContext& c) { gpu.accumulate(c); }) {}
+  GpuMlp(const GpuMlp&) = delete;
+  GpuMlp& operator=(const GpuMlp&) = delete;
+};
+
 // The full-batch mean gradient of `fn` over the first `batch` samples on `devices`.
 std::vector<float> gradient(const std::string& devices, SchedulePolicy policy, const ParameterLayout& layout, std::span<const float> params,
                             const DenseData& d, std::size_t batch, std::size_t chunk, const ChunkFunction& fn, bool deterministic = false) {
@@ -182,10 +195,8 @@ TEST_CASE("CudaRuntime.VirtualGpusLeaveTheCallersContextUsable") {
 TEST_CASE("CudaRuntime.StepsQueuedWithoutHostWaitsTrainAsTheCpu") {
   if (skip_without_gpu()) return;
   cuda::enable();
-  Synthetic s(4096, 784, 12);
-  const examples::MlpModel cpu({784, 256, 128, 10});
-  const examples::MlpCuda gpu({784, 256, 128, 10});
-  const std::vector<float> p = cpu.initial_parameters(6);
+  const GpuMlp m(4096, 12, 6);
+  const auto& [s, cpu, gpu, p, plain] = m;
   auto train = [&](const std::string& devices, const ChunkFunction& fn) {
     RuntimeOptions o = gpu_options(devices, 32, s.data);
     o.optimizer = {.kind = OptimizerKind::kSgd, .lr = 0.05f, .momentum = 0.9f};
@@ -219,11 +230,8 @@ TEST_CASE("CudaRuntime.StepsQueuedWithoutHostWaitsTrainAsTheCpu") {
 TEST_CASE("CudaRuntime.GraphsReplayChunksAndTrainAsWithout") {
   if (skip_without_gpu()) return;
   cuda::enable();
-  Synthetic s(4096, 784, 13);
-  const examples::MlpModel cpu({784, 256, 128, 10});
-  const examples::MlpCuda gpu({784, 256, 128, 10});
-  const std::vector<float> p = cpu.initial_parameters(8);
-  const ChunkFunction plain = [&](ChunkContext& c) { gpu.accumulate(c); };
+  const GpuMlp m(4096, 13, 8);
+  const auto& [s, cpu, gpu, p, plain] = m;
   const ChunkFunction uncapturable = [&](ChunkContext& c) {
     gpu.accumulate(c);
     (void)cudaStreamQuery(static_cast<cudaStream_t>(c.stream));  // not allowed while capturing: the capture fails
@@ -276,11 +284,8 @@ TEST_CASE("CudaRuntime.GraphsReplayChunksAndTrainAsWithout") {
 TEST_CASE("CudaRuntime.ResidentSamplesGiveTheHostGathersGradient") {
   if (skip_without_gpu()) return;
   cuda::enable();
-  Synthetic s(1024, 784, 14);
-  const examples::MlpModel cpu({784, 256, 128, 10});
-  const examples::MlpCuda gpu({784, 256, 128, 10});
-  const std::vector<float> p = cpu.initial_parameters(9);
-  const ChunkFunction fn = [&](ChunkContext& c) { gpu.accumulate(c); };
+  const GpuMlp m(1024, 14, 9);
+  const auto& [s, cpu, gpu, p, fn] = m;
   for (const char* devices : {"cuda:0", "vgpu:16,8"}) {
     INFO(devices);
     std::vector<float> g[2];
@@ -316,11 +321,8 @@ TEST_CASE("CudaRuntime.ResidentSamplesGiveTheHostGathersGradient") {
 TEST_CASE("CudaRuntime.ALostPartEndsTheStepOnTheOthersExactly") {
   if (skip_without_gpu()) return;
   cuda::enable();
-  Synthetic s(1024, 784, 15);
-  const examples::MlpModel cpu({784, 256, 128, 10});
-  const examples::MlpCuda gpu({784, 256, 128, 10});
-  const std::vector<float> p = cpu.initial_parameters(10);
-  const ChunkFunction fn = [&](ChunkContext& c) { gpu.accumulate(c); };
+  const GpuMlp m(1024, 15, 10);
+  const auto& [s, cpu, gpu, p, fn] = m;
   std::vector<std::uint32_t> idx(768);
   std::iota(idx.begin(), idx.end(), 0u);
   const auto whole = gradient("cuda:0", SchedulePolicy::kStatic, cpu.layout(), p, s.data, idx.size(), 32, fn);
