@@ -4,6 +4,8 @@
 #include <stealbatch/torch.hpp>
 
 #if defined(STEALBATCH_TORCH_CUDA)
+#include <c10/core/AutogradState.h>
+#include <torch/version.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -204,6 +206,18 @@ void run_gpu_chunk(::torch::nn::Module& module, const ParameterLayout& layout, C
     Scope& operator=(const Scope&) = delete;
   } scope(device);
   libtorch::bind_module(module, layout, ctx.params, ctx.grad, device);
+  // libtorch runs a CUDA backward pass on one engine thread per device index, and every part of a GPU (vgpu:) is the
+  // same index: the parts' backward passes would queue behind each other there. With the engine's multithreading off
+  // (thread-local, libtorch 2.0 and later) this worker runs its own backward pass, on its own stream.
+#if TORCH_VERSION_MAJOR >= 2
+  struct BackwardHere {
+    bool was = c10::AutogradState::get_tls_state().get_multithreading_enabled();
+    BackwardHere() { c10::AutogradState::get_tls_state().set_multithreading_enabled(false); }
+    ~BackwardHere() { c10::AutogradState::get_tls_state().set_multithreading_enabled(was); }
+    BackwardHere(const BackwardHere&) = delete;
+    BackwardHere& operator=(const BackwardHere&) = delete;
+  } here;
+#endif
   const ::torch::Tensor loss = pass();
   libtorch::settle(module, layout, ctx.grad, device);
   // Added in stream order; the runtime reads the device's loss after the step's chunks.
