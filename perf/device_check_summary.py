@@ -319,6 +319,31 @@ def main():
         x = number(lm.get("steal_over_static")) or 0
         add(f"torch_lm steal vs static on {lm.get('parts')}, grouped",
             f"{lm.get('steal_tokens_per_s', 0):.0f} vs {lm.get('static_tokens_per_s', 0):.0f} tokens/s = {x:.2f}x", ">= 1.0x", x >= 1.0)
+    # TorchLm at a realistic size (torch_gpu_check's "lm_large": 256 documents up to 2048 bytes a step): steal against
+    # static and the packer, on equal and unequal parts, grouped and shuffled. Judged where the targets say: grouped on
+    # equal parts, steal >= 1.3x static and >= 1.0x the packer; grouped on unequal parts, >= 1.1x the packer.
+    large = tg.get("lm_large") if isinstance(tg.get("lm_large"), list) else []
+    if not large:
+        why = (tg.get("errors") or {}).get("torch_lm_large") or step_reason("torch_gpu_check")
+        missing("torch_lm 256 documents on vgpu parts", "steal >= 1.3x static, >= 1.0x / 1.1x the packer", why)
+    for r in large:
+        if not isinstance(r, dict):
+            continue
+        st_, sl, pk = (number(r.get(k)) or 0 for k in ("static_tokens_per_s", "steal_tokens_per_s", "packer_tokens_per_s"))
+        equal = r.get("parts") == "vgpu:4"
+        grouped = r.get("order") == "grouped"
+        fig = f"steal {sl:.0f}, static {st_:.0f}, packer {pk:.0f} tokens/s"
+        label = f"torch_lm {r.get('documents')} documents <= {r.get('max_bytes')} bytes on {r.get('parts')}, {r.get('order')}"
+        if not (sl and st_ and pk):
+            add(label, fig, "(figures)", False, "a rate is missing or 0")
+            continue
+        if grouped and equal:
+            add(f"{label}: steal vs static", f"{fig}: {sl / st_:.2f}x", ">= 1.3x", sl / st_ >= 1.3)
+            add(f"{label}: steal vs the packer", f"{sl / pk:.2f}x", ">= 1.0x", sl / pk >= 1.0)
+        elif grouped:
+            add(f"{label}: steal vs the packer", f"{fig}: {sl / pk:.2f}x the packer, {sl / st_:.2f}x static", ">= 1.1x", sl / pk >= 1.1)
+        else:
+            add(label, f"{fig}: {sl / st_:.2f}x static, {sl / pk:.2f}x the packer", "(reported)", None)
     # stealbench on this machine's cores (simulated devices): the targets for steal-adaptive (perf/README.md).
     for n in (16, 32):
         recs = sections.get(f"stealbench{n}")

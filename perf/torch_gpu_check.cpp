@@ -9,7 +9,9 @@
 //   - the gradient of a 64-document batch through the adapter on cuda:0 against cpu:1;
 //   - tokens/s through the adapter on cuda:0 against plain libtorch eager on it (the same batches, Adam);
 //   - tokens/s of static against steal on four equal vgpu parts of GPU 0, each batch grouped by length (longest
-//     first): the equal split gives the first part the long documents.
+//     first): the equal split gives the first part the long documents;
+//   - at a realistic size (256 documents a step, median 600 bytes, up to 2048): static, steal and the packer on four
+//     equal parts and on parts of 48, 24, 24 and 24 SMs, grouped and shuffled (one run each, within a time budget).
 //
 //   torch_gpu_check [--json FILE] [--rounds N] [--steps N]
 //
@@ -179,18 +181,22 @@ Figures check(const char* name, const std::function<std::shared_ptr<Net>()>& mak
   return f;
 }
 
-// TorchLm's documents: synthetic bytes (printable ASCII) of long-tailed lengths.
-constexpr std::int64_t kLmMaxLen = 512;
-constexpr std::size_t kDocs = 4096, kLmBatch = 64;  // kDocs a multiple of kLmBatch
+// TorchLm's documents: synthetic bytes (printable ASCII) of long-tailed lengths. The adapter's row: 64 a step, up to
+// 512 bytes; the realistic one: 256 a step, up to 2048 bytes.
+constexpr std::int64_t kLmMaxLen = 512, kLargeMaxLen = 2048;
+constexpr std::size_t kDocs = 4096, kLmBatch = 64, kLargeBatch = 256;  // kDocs a multiple of both batches
 const char* const kLmParts = "vgpu:4";  // four equal parts of what the driver can partition (24 SMs each on an H200)
+// The realistic row's parts: four equal ones, and unequal ones that fit the H200's 15 groups of 8 SMs (120).
+const char* const kLargeParts[] = {"vgpu:4", "vgpu:48,24,24,24"};
 
 struct Docs {
   std::vector<std::vector<std::uint8_t>> bytes;
-  std::vector<std::uint32_t> order;  // shuffled once; batch s is order[s * 64, (s + 1) * 64) (mod kDocs)
+  std::vector<std::uint32_t> order;  // shuffled once; batch s is order[s * per_batch, (s + 1) * per_batch) (mod kDocs)
+  std::size_t per_batch = kLmBatch;
   std::span<const std::uint8_t> of(std::uint32_t i) const { return bytes[i]; }
   std::vector<std::uint32_t> batch(std::size_t s, bool grouped) const {
-    const auto at = static_cast<std::ptrdiff_t>((s * kLmBatch) % kDocs);
-    std::vector<std::uint32_t> b(order.begin() + at, order.begin() + at + static_cast<std::ptrdiff_t>(kLmBatch));
+    const auto at = static_cast<std::ptrdiff_t>((s * per_batch) % kDocs);
+    std::vector<std::uint32_t> b(order.begin() + at, order.begin() + at + static_cast<std::ptrdiff_t>(per_batch));
     if (grouped) std::stable_sort(b.begin(), b.end(), [this](std::uint32_t x, std::uint32_t y) { return bytes[x].size() > bytes[y].size(); });
     return b;
   }
@@ -201,14 +207,15 @@ struct Docs {
   }
 };
 
-Docs synthetic_docs() {
+Docs synthetic_docs(std::size_t per_batch = kLmBatch, std::int64_t max_len = kLmMaxLen, double median_len = 300) {
   std::mt19937_64 rng(5);
-  std::lognormal_distribution<double> len(std::log(300.0), 0.9);
+  std::lognormal_distribution<double> len(std::log(median_len), 0.9);
   std::uniform_int_distribution<int> byte(32, 126);
   Docs d;
+  d.per_batch = per_batch;
   d.bytes.resize(kDocs);
   for (auto& doc : d.bytes) {
-    doc.resize(static_cast<std::size_t>(std::clamp(std::round(len(rng)), 16.0, static_cast<double>(kLmMaxLen))));
+    doc.resize(static_cast<std::size_t>(std::clamp(std::round(len(rng)), 16.0, static_cast<double>(max_len))));
     for (auto& b : doc) b = static_cast<std::uint8_t>(byte(rng));
   }
   d.order.resize(kDocs);
@@ -247,8 +254,10 @@ std::vector<float> lm_gradient(const char* devices, const MakeLm& make, const Do
 
 // tokens/s of `steps` steps through the adapter on `devices` (after `warm` untimed ones), each step given its tokens.
 double lm_adapter_rate(const char* devices, SchedulePolicy policy, std::size_t chunk, bool grouped, const MakeLm& make, const Docs& d,
-                       std::span<const float> weights, std::size_t warm, std::size_t steps) {
-  Runtime rt({.devices = devices, .schedule = {.chunk_size = chunk, .policy = policy}, .optimizer = {.kind = OptimizerKind::kAdam, .lr = 1e-3f}});
+                       std::span<const float> weights, std::size_t warm, std::size_t steps, PlacementPolicy placement = PlacementPolicy::kAuto) {
+  Runtime rt({.devices = devices,
+              .schedule = {.chunk_size = chunk, .policy = policy, .placement = placement},
+              .optimizer = {.kind = OptimizerKind::kAdam, .lr = 1e-3f}});
   auto chunks = lm_chunks(make, d, rt.device_count());
   rt.register_parameters(chunks->layout(), weights);
   const auto fn = chunks->function();
@@ -323,6 +332,46 @@ LmFigures check_lm(const Docs& d, std::size_t rounds, std::size_t steps) {
   return f;
 }
 
+// TorchLm at a realistic size: 256 documents a step of up to 2048 bytes, on equal and unequal parts, each batch grouped
+// by length and shuffled; static (equal samples), steal (each step's tokens as its costs) and the packer (static,
+// packed by tokens, blind to the parts' speeds). One timed run of each, in that order, part spec after part spec,
+// until kLargeBudgetS have gone (the rest is left out and said so: the device check's step has a deadline, and the
+// JSON is written at the end).
+constexpr double kLargeBudgetS = 75;
+struct LargeRow {
+  std::string parts, order;
+  double static_rate = 0, steal_rate = 0, packer_rate = 0;
+};
+
+std::vector<LargeRow> check_lm_large(std::size_t steps) {
+  const MakeLm make = [] { return std::make_shared<TorchLmImpl>(examples::TorchLmOptions{.width = 128, .layers = 2, .heads = 4, .max_len = kLargeMaxLen}); };
+  ::torch::manual_seed(2);
+  const std::vector<float> weights = libtorch::values_of(*make());
+  const Docs d = synthetic_docs(kLargeBatch, kLargeMaxLen, 600);
+  std::vector<LargeRow> rows;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const char* parts : kLargeParts) {
+    for (const bool grouped : {true, false}) {
+      if (seconds_since(t0) > kLargeBudgetS) {
+        std::printf("torch_lm large: %s %s left out: %.0f s of its %.0f s budget used\n", parts, grouped ? "grouped" : "shuffled", seconds_since(t0),
+                    kLargeBudgetS);
+        continue;
+      }
+      LargeRow r{parts, grouped ? "grouped" : "shuffled"};
+      r.static_rate = lm_adapter_rate(parts, SchedulePolicy::kStatic, 8, grouped, make, d, weights, 2, steps);
+      r.steal_rate = lm_adapter_rate(parts, SchedulePolicy::kSteal, 8, grouped, make, d, weights, 2, steps);
+      r.packer_rate = lm_adapter_rate(parts, SchedulePolicy::kStatic, 8, grouped, make, d, weights, 2, steps, PlacementPolicy::kPacked);
+      std::printf("torch_lm large: %s %s, %zu documents up to %lld bytes: static %.0f, steal %.0f, packer %.0f tokens/s; steal %.2fx static, "
+                  "%.2fx the packer\n",
+                  parts, r.order.c_str(), kLargeBatch, static_cast<long long>(kLargeMaxLen), r.static_rate, r.steal_rate, r.packer_rate,
+                  r.steal_rate / r.static_rate, r.steal_rate / r.packer_rate);
+      std::fflush(stdout);
+      rows.push_back(r);
+    }
+  }
+  return rows;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -370,6 +419,8 @@ int main(int argc, char** argv) {
       lm = check_lm(synthetic_docs(), rounds, steps);
       lm_ran = true;
     });
+    std::vector<LargeRow> large;
+    attempt("torch_lm_large", [&] { large = check_lm_large(std::max<std::size_t>(4, steps / 16)); });
     bool ok = errors.empty();
     // A figure in JSON: a NaN or an infinity (a broken gradient) as a string, which no gate reads as a pass.
     const auto figure = [](double x) {
@@ -399,6 +450,20 @@ int main(int argc, char** argv) {
                     "\"steal_over_static\": %.4f}",
                     kLmBatch, figure(lm.gradient_error).c_str(), lm.ours, lm.eager, lm.ratio, kLmParts, lm.part_static, lm.part_steal, lm.part_speedup);
       out += row;
+    }
+    if (!large.empty()) {
+      out += ", \"lm_large\": [";
+      for (std::size_t i = 0; i < large.size(); ++i) {
+        const LargeRow& r = large[i];
+        char row[512];
+        std::snprintf(row, sizeof row,
+                      "%s{\"parts\": \"%s\", \"order\": \"%s\", \"documents\": %zu, \"max_bytes\": %lld, \"static_tokens_per_s\": %.1f, "
+                      "\"steal_tokens_per_s\": %.1f, \"packer_tokens_per_s\": %.1f}",
+                      i ? ", " : "", r.parts.c_str(), r.order.c_str(), kLargeBatch, static_cast<long long>(kLargeMaxLen), r.static_rate, r.steal_rate,
+                      r.packer_rate);
+        out += row;
+      }
+      out += "]";
     }
     out += ", \"errors\": {" + errors + "}}\n";
     std::fputs(out.c_str(), stdout);

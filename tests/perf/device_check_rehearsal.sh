@@ -57,7 +57,7 @@ PY
 ROWS=("mlp GPU vs CPU gradient" "cnn GPU vs CPU gradient" "mlp samples/s vs the best PyTorch peer" "cnn samples/s vs the best PyTorch peer"
       "wide mlp 784-2048-2048-10 samples/s vs the best PyTorch peer" "vgpu static/steal/ideal" "NCCL allreduce" "curve"
       "mlp example on cuda:0" "mlp example on cuda:0 with --gpu-graphs on --gpu-data device" "cnn example on cuda:0" "checkpoint cuda:0 -> cpu:2" "checkpoint cpu:2 -> cuda:0" "torch_mlp adapter on cuda:0"
-      "torch_cnn adapter on cuda:0" "torch_lm adapter on cuda:0 and vgpu parts" "stealbench 16 devices" "stealbench 32 devices"
+      "torch_cnn adapter on cuda:0" "torch_lm adapter on cuda:0 and vgpu parts" "torch_lm 256 documents on vgpu parts" "stealbench 16 devices" "stealbench 32 devices"
       "deterministic: one sha256 on cuda:0 and vgpu parts")
 STEPS=(test_cuda_basics test_cuda_runtime gpu_check:equivalence-mlp gpu_check:equivalence-cnn gpu_check:throughput-mlp gpu_check:throughput-cnn
        gpu_check:vgpu gpu_check:curve gpu_check:reduce gpu_check:deterministic torch_ref mlp_cuda mlp_cuda_graphs mlp_vgpu cnn_cuda ckpt_gpu_cpu ckpt_cpu_gpu ckpt_straight_cpu
