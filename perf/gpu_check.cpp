@@ -263,20 +263,19 @@ int main(int argc, char** argv) {
       json v = {{"spec", "vgpu:" + vgpu}, {"sms", sms}, {"speeds", speed}, {"batch", vgpu_batch}, {"chunk", vgpu_chunk},
                 {"model", "mlp 784-" + std::to_string(vgpu_hidden) + "-" + std::to_string(vgpu_hidden) + "-10"}, {"ideal_ms", ideal_ms},
                 {"ideal_speedup", static_ideal_ms / ideal_ms}};
-      double t_static = 0, t_steal = 0;
-      Timing timed[2];
+      Timing timed[2];  // static, steal
       for (const auto& [pname, pol] : {std::pair{std::string("static"), SchedulePolicy::kStatic}, std::pair{std::string("steal"), SchedulePolicy::kSteal}}) {
         Runtime rt(options("vgpu:" + vgpu, pol, vgpu_chunk, train));
         rt.register_parameters(wide.layout(), p);
         const Timing tm = time_steps(rt, train, vgpu_batch, 5, vgpu_steps, wide_fn);
         timed[pol == SchedulePolicy::kSteal] = tm;
-        (pol == SchedulePolicy::kStatic ? t_static : t_steal) = tm.step_ms;
         v[pname] = {{"step_ms_median", tm.step_ms}, {"efficiency", ideal_ms / tm.step_ms}, {"steals_per_step", static_cast<double>(tm.steals) / vgpu_steps},
                     {"utilization", tm.util}, {"reduce_ms_median", tm.reduce_ms}};
         std::string us;
         for (double u : tm.util) us += (us.empty() ? "" : ",") + std::to_string(u).substr(0, 4);
         line("vgpu: %-6s %.2f ms/step (ideal %.2f), efficiency %.3f, util %s", pname.c_str(), tm.step_ms, ideal_ms, ideal_ms / tm.step_ms, us.c_str());
       }
+      const double t_static = timed[0].step_ms, t_steal = timed[1].step_ms;
       // The ideal in situ: each part's speed while every part runs (the static run's: each runs its share at once, as
       // they share the memory bandwidth and the L2), so T* = W / sum of those speeds, plus the steal run's own
       // reduction and update. The ideal from the parts alone overrates them when they run together.

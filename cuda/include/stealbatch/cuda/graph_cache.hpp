@@ -62,6 +62,7 @@ class GraphCache {
   void captured(std::size_t samples, std::size_t slot, Handle graph) {
     Entry& e = m_entries[key(samples, slot)];
     if (e.graph) m_destroy(e.graph);
+    else ++m_kept;
     e.graph = graph;
     ++m_stats.captured;
     evict();
@@ -76,6 +77,7 @@ class GraphCache {
       if (e.graph) m_destroy(e.graph);
     }
     m_entries.clear();
+    m_kept = 0;
   }
   void clear_slot(std::size_t slot) {
     for (auto it = m_entries.begin(); it != m_entries.end();) {
@@ -83,15 +85,11 @@ class GraphCache {
         ++it;
         continue;
       }
-      if (it->second.graph) m_destroy(it->second.graph);
+      if (it->second.graph) m_destroy(it->second.graph), --m_kept;
       it = m_entries.erase(it);
     }
   }
-  std::size_t graphs() const noexcept {
-    std::size_t n = 0;
-    for (const auto& [k, e] : m_entries) n += e.graph ? 1 : 0;
-    return n;
-  }
+  std::size_t graphs() const noexcept { return m_kept; }
   const Stats& stats() const noexcept { return m_stats; }
 
  private:
@@ -114,6 +112,7 @@ class GraphCache {
         if (it->second.graph && (oldest == m_entries.end() || it->second.last_use < oldest->second.last_use)) oldest = it;
       }
       m_destroy(oldest->second.graph);
+      --m_kept;
       m_entries.erase(oldest);  // its count starts over: eager, then captured again
     }
   }
@@ -122,6 +121,7 @@ class GraphCache {
   std::function<void(Handle)> m_destroy;
   std::unordered_map<std::uint64_t, Entry> m_entries;
   std::uint64_t m_clock = 0;
+  std::size_t m_kept = 0;  // entries that hold a graph
   Stats m_stats;
 };
 
