@@ -1,0 +1,25 @@
+# The Python the package's extension is built for, and pybind11 (Python through CMake's FindPython).
+# The Python is the one given (-DPython3_EXECUTABLE=...), else the first of python3 on PATH and /usr/bin/python3 that
+# imports torch (the package's tests and examples need it; the extension itself does not link libtorch), else
+# python3. pybind11_FOUND tells whether both were found.
+set(PYBIND11_FINDPYTHON ON)
+if(NOT Python3_EXECUTABLE AND NOT SKBUILD)
+  foreach(candidate python3 /usr/bin/python3)
+    find_program(_sb_py NAMES ${candidate} NO_CACHE)
+    if(_sb_py)
+      execute_process(COMMAND ${_sb_py} -c "import torch" RESULT_VARIABLE _sb_py_rc OUTPUT_QUIET ERROR_QUIET WORKING_DIRECTORY /)
+      if(_sb_py_rc EQUAL 0)
+        set(Python3_EXECUTABLE ${_sb_py} CACHE FILEPATH "The Python the package is built for")
+        unset(_sb_py)
+        break()
+      endif()
+    endif()
+    unset(_sb_py)
+  endforeach()
+endif()
+find_package(Python3 COMPONENTS Interpreter Development.Module QUIET)
+if(Python3_FOUND)
+  find_package(pybind11 CONFIG QUIET)
+else()
+  set(pybind11_FOUND FALSE)
+endif()

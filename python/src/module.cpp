@@ -1,0 +1,436 @@
+// stealbatch._core: the runtime for Python. The extension links the runtime and Python alone, not libtorch: a
+// device's buffers reach Python as buffers (host memory, through the buffer protocol: torch.frombuffer) or as CUDA
+// array interfaces (GPU memory: torch.as_tensor), so the package runs with whichever torch the user has, 1.13 or 2.x,
+// whatever C++ ABI it was built with. The Python side (stealbatch/_runtime.py) binds a module's parameters to those
+// buffers and calls the user's loss.
+//
+// Threads and the GIL: a step runs on a stepping thread of the runtime's own while the calling thread, GIL released,
+// waits for it in slices of 50 ms and checks for signals between them, so Ctrl-C reaches Python during a step. Each
+// device's worker takes the GIL for its chunk's Python and nothing else; torch releases it inside its operators and
+// its backward pass, so devices overlap there.
+#include <stealbatch/error.hpp>
+#include <stealbatch/runtime/runtime.hpp>
+#if defined(STEALBATCH_PY_MPI)
+#include <stealbatch/mpi/mpi_cluster.hpp>
+#endif
+#if defined(STEALBATCH_PY_CUDA)
+#include <stealbatch/cuda/backend.hpp>
+
+#include <cuda_runtime_api.h>
+#endif
+
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace py = pybind11;
+namespace sb = stealbatch;
+
+namespace {
+
+// Thrown from a chunk when the step is being cancelled (Ctrl-C) or when a chunk's Python raised: the runtime fails the
+// step, applies nothing, and the stepping thread hands the Python exception back to the caller.
+struct Cancelled : std::exception {
+  const char* what() const noexcept override { return "the step was cancelled"; }
+};
+
+// One thread that runs a runtime's steps, one at a time, so that the runtime always sees the same caller.
+class Stepper {
+ public:
+  Stepper() : m_thread([this] { loop(); }) {}
+  ~Stepper() {
+    {
+      const std::lock_guard lock(m_mutex);
+      m_stop = true;
+    }
+    m_cv.notify_all();
+    m_thread.join();
+  }
+  Stepper(const Stepper&) = delete;
+  Stepper& operator=(const Stepper&) = delete;
+
+  // Starts `job`; done() then tells when it has finished, and rethrow() what it threw.
+  void start(std::function<void()> job) {
+    const std::lock_guard lock(m_mutex);
+    m_job = std::move(job), m_done = false, m_error = nullptr;
+    m_cv.notify_all();
+  }
+  bool wait_for(std::chrono::milliseconds slice) {
+    std::unique_lock lock(m_mutex);
+    return m_cv.wait_for(lock, slice, [&] { return m_done; });
+  }
+  void rethrow() {
+    if (m_error) std::rethrow_exception(m_error);
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(m_mutex);
+    for (;;) {
+      m_cv.wait(lock, [&] { return m_stop || m_job; });
+      if (m_stop) return;
+      std::function<void()> job = std::move(m_job);
+      m_job = nullptr;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        job();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      m_error = error, m_done = true;
+      m_cv.notify_all();
+    }
+  }
+
+  std::mutex m_mutex;
+  std::condition_variable m_cv;
+  std::function<void()> m_job;
+  std::exception_ptr m_error;
+  bool m_done = true, m_stop = false;
+  std::thread m_thread;  // last: it starts once the rest is made
+};
+
+// What one chunk call shows Python: the device, its sample ids and the device's buffers.
+struct PyChunk {
+  const sb::ChunkContext* ctx = nullptr;
+  std::vector<std::int64_t> ids;  // ctx->samples widened to int64, torch's index type
+  void check() const {
+    if (ctx == nullptr) throw sb::ConfigError("a chunk's context was used after its chunk function returned");
+  }
+};
+
+py::memoryview host_floats(const float* p, std::size_t n) {
+  return py::memoryview::from_memory(const_cast<float*>(p), static_cast<py::ssize_t>(n * sizeof(float)), /*readonly=*/false);
+}
+
+int gpu_index([[maybe_unused]] const float* p) {
+#if defined(STEALBATCH_PY_CUDA)
+  cudaPointerAttributes where{};
+  if (cudaPointerGetAttributes(&where, p) == cudaSuccess && where.type == cudaMemoryTypeDevice) return where.device;
+  (void)cudaGetLastError();
+#endif
+  return -1;
+}
+
+void bind_chunk(py::module_& m) {
+  py::class_<PyChunk>(m, "Chunk", "One chunk call: valid only inside the chunk function it was given to.")
+      .def_property_readonly("device", [](const PyChunk& c) { return c.check(), c.ctx->device; })
+      .def_property_readonly("home_device", [](const PyChunk& c) { return c.check(), c.ctx->home_device; })
+      .def_property_readonly("chunk", [](const PyChunk& c) { return c.check(), c.ctx->chunk; })
+      .def_property_readonly("samples",
+                             [](const PyChunk& c) {
+                               c.check();
+                               auto& ids = const_cast<std::vector<std::int64_t>&>(c.ids);
+                               return py::memoryview::from_memory(ids.data(), static_cast<py::ssize_t>(ids.size() * sizeof(std::int64_t)));
+                             },
+                             "the sample ids, int64, valid during the call (copy them to keep them)")
+      .def_property_readonly("on_gpu", [](const PyChunk& c) { return c.check(), c.ctx->stream != nullptr; })
+      .def_property_readonly("params_address", [](const PyChunk& c) { return c.check(), reinterpret_cast<std::uintptr_t>(c.ctx->params.data()); })
+      .def_property_readonly("grad_address", [](const PyChunk& c) { return c.check(), reinterpret_cast<std::uintptr_t>(c.ctx->grad.data()); })
+      .def_property_readonly("size", [](const PyChunk& c) { return c.check(), c.ctx->params.size(); })
+      .def("params", [](const PyChunk& c) { return c.check(), host_floats(c.ctx->params.data(), c.ctx->params.size()); },
+           "the device's parameters (host memory), as a writable buffer the runtime owns")
+      .def("grad", [](const PyChunk& c) { return c.check(), host_floats(c.ctx->grad.data(), c.ctx->grad.size()); },
+           "the device's gradient sum (host memory)")
+      .def_property_readonly("gpu_index", [](const PyChunk& c) { return c.check(), gpu_index(c.ctx->grad.data()); },
+                             "the CUDA device holding the chunk's buffers (-1 on the host)")
+      .def_property_readonly("stream", [](const PyChunk& c) { return c.check(), reinterpret_cast<std::uintptr_t>(c.ctx->stream); })
+      .def_property_readonly("device_loss_address", [](const PyChunk& c) { return c.check(), reinterpret_cast<std::uintptr_t>(c.ctx->device_loss); })
+      .def("add_loss", [](const PyChunk& c, double sum) { c.check(), c.ctx->add_loss(sum); }, "adds the chunk's summed loss (host devices)");
+}
+
+// The options a Python Runtime sets, flat; to_options() groups them as RuntimeOptions.
+struct PyOptions {
+  std::string devices, policy = "steal", placement = "auto", optimizer = "sgd", on_device_failure = "fail", trace_path, cluster = "none";
+  std::size_t chunk_size = 0, in_flight = 2;
+  float lr = 0.05f, momentum = 0.9f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+  bool deterministic = false, merge_stolen = true, gpu_graphs = false;
+  int threads_per_device = 0;
+  std::vector<double> slowdown, placement_weights;
+  double stall_timeout = 600, heartbeat_timeout = 10;
+  std::uint64_t seed = 0x5eedba7c;
+};
+
+sb::PlacementPolicy parse_placement(const std::string& s) {
+  if (s == "auto") return sb::PlacementPolicy::kAuto;
+  if (s == "equal") return sb::PlacementPolicy::kEqual;
+  if (s == "throughput") return sb::PlacementPolicy::kThroughput;
+  if (s == "given") return sb::PlacementPolicy::kGiven;
+  if (s == "previous") return sb::PlacementPolicy::kPreviousStep;
+  if (s == "packed") return sb::PlacementPolicy::kPacked;
+  throw sb::ConfigError("placement = '" + s + "': use auto, equal, throughput, given, previous or packed");
+}
+
+std::shared_ptr<sb::Cluster> make_cluster(const std::string& name) {
+  if (name == "none") return nullptr;
+#if defined(STEALBATCH_PY_MPI)
+  if (name == "mpi") return sb::mpi::MpiCluster::world();
+#endif
+  if (name == "mpi") throw sb::ConfigError("cluster = 'mpi': this stealbatch was built without MPI (install libopenmpi-dev and rebuild)");
+  throw sb::ConfigError("cluster = '" + name + "': use none or mpi");
+}
+
+sb::RuntimeOptions to_options(const PyOptions& p) {
+  sb::RuntimeOptions o;
+  o.devices = p.devices, o.trace_path = p.trace_path, o.stall_timeout = p.stall_timeout;
+  o.schedule.chunk_size = p.chunk_size, o.schedule.policy = sb::parse_policy(p.policy), o.schedule.placement = parse_placement(p.placement);
+  o.schedule.placement_weights = p.placement_weights, o.schedule.deterministic = p.deterministic;
+  o.schedule.merge_stolen = p.merge_stolen, o.schedule.seed = p.seed;
+  o.optimizer = {.kind = sb::parse_optimizer(p.optimizer), .lr = p.lr, .momentum = p.momentum, .beta1 = p.beta1, .beta2 = p.beta2,
+                 .eps = p.eps, .weight_decay = p.weight_decay};
+  o.host.slowdown = p.slowdown, o.host.threads_per_device = p.threads_per_device;
+  o.gpu.in_flight = p.in_flight, o.gpu.graphs = p.gpu_graphs;
+  if (p.on_device_failure == "exclude") o.on_device_failure = sb::OnDeviceFailure::kExclude;
+  else if (p.on_device_failure != "fail") throw sb::ConfigError("on_device_failure = '" + p.on_device_failure + "': use fail or exclude");
+  o.cluster.job = make_cluster(p.cluster), o.cluster.heartbeat_timeout = p.heartbeat_timeout;
+  return o;
+}
+
+// A runtime driven from Python: its steps run on the stepping thread, its chunks call a Python function.
+class PyRuntime {
+ public:
+  explicit PyRuntime(const PyOptions& o) : m_rt(std::make_unique<sb::Runtime>(to_options(o))) {}
+  ~PyRuntime() {
+    const py::gil_scoped_release released;  // the workers may still be returning from Python
+    m_stepper.reset();
+    m_rt.reset();
+  }
+  PyRuntime(const PyRuntime&) = delete;
+  PyRuntime& operator=(const PyRuntime&) = delete;
+
+  sb::Runtime& rt() { return *m_rt; }
+
+  // `initial`: the address of `count` contiguous float32 values on the host (a tensor's data_ptr(), kept alive by the
+  // caller during the call).
+  void register_parameters(const std::vector<std::pair<std::string, std::vector<std::size_t>>>& tensors, std::uintptr_t initial,
+                           std::size_t count) {
+    sb::ParameterLayout layout;
+    for (const auto& [name, shape] : tensors) layout.add(name, shape.empty() ? std::vector<std::size_t>{1} : shape);
+    if (count != layout.size()) {
+      throw sb::ConfigError("register_parameters: " + std::to_string(count) + " initial values for a layout of " + std::to_string(layout.size()));
+    }
+    const auto* p = reinterpret_cast<const float*>(initial);
+    const std::vector<float> values(p, p + count);
+    const py::gil_scoped_release released;
+    m_rt->register_parameters(std::move(layout), values);
+  }
+
+  // One step (update = false: the gradient alone) over `count` sample ids (int64, at `samples`), calling `fn(chunk)`
+  // for each chunk; `cost`: 0, or the address of one float64 per sample. The caller keeps both alive during the call.
+  sb::StepReport step(std::uintptr_t samples, std::size_t count, const py::function& fn, std::uintptr_t cost, bool update) {
+    const auto* given = reinterpret_cast<const std::int64_t*>(samples);
+    std::vector<std::uint32_t> ids(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      if (given[i] < 0 || given[i] > 0xffffffffLL) throw sb::ConfigError("step: sample id " + std::to_string(given[i]) + " is outside [0, 2^32)");
+      ids[i] = static_cast<std::uint32_t>(given[i]);
+    }
+    std::vector<double> costs;
+    if (cost != 0) costs.assign(reinterpret_cast<const double*>(cost), reinterpret_cast<const double*>(cost) + count);
+    m_cancel = false;
+    m_error = py::object();
+    const sb::ChunkFunction chunk = [this, &fn](sb::ChunkContext& ctx) { run_chunk(fn, ctx); };
+    sb::StepReport report;
+    m_stepper->start([&] { report = update ? m_rt->step(ids, chunk, costs) : m_rt->compute_gradient(ids, chunk, costs); });
+    wait_checking_signals();
+    return report;
+  }
+
+ private:
+  // On a device's worker: the chunk's Python, under the GIL. The first Python exception of the step is kept, with its
+  // traceback, and every later chunk of the step ends at once.
+  void run_chunk(const py::function& fn, sb::ChunkContext& ctx) {
+    if (m_cancel.load(std::memory_order_relaxed)) throw Cancelled();
+    const py::gil_scoped_acquire gil;
+    PyChunk chunk{&ctx, {ctx.samples.begin(), ctx.samples.end()}};
+    try {
+      fn(py::cast(&chunk, py::return_value_policy::reference));
+      chunk.ctx = nullptr;
+    } catch (py::error_already_set& e) {
+      chunk.ctx = nullptr;
+      if (!m_error) {  // the exception object, with the chunk's traceback
+        m_error = e.value();
+        if (e.trace()) PyException_SetTraceback(m_error.ptr(), e.trace().ptr());
+      }
+      m_cancel = true;
+      throw Cancelled();
+    }
+  }
+
+  // The calling thread, GIL released, waits for the step; between slices it checks for signals (Ctrl-C), and cancels
+  // the step if one raised. Once the step is over: a chunk's Python exception is raised as itself, a runtime error
+  // as the package's exception.
+  void wait_checking_signals() {
+    std::optional<py::error_already_set> interrupted;
+    for (;;) {
+      bool done = false;
+      {
+        const py::gil_scoped_release released;
+        done = m_stepper->wait_for(std::chrono::milliseconds(50));
+      }
+      if (done) break;
+      if (!interrupted && PyErr_CheckSignals() != 0) {
+        interrupted.emplace();  // takes the pending KeyboardInterrupt
+        m_cancel = true;
+      }
+    }
+    if (interrupted) throw *interrupted;
+    try {
+      m_stepper->rethrow();
+    } catch (const sb::Error&) {
+      if (m_error) {
+        py::object error = std::move(m_error);
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+        throw py::error_already_set();
+      }
+      throw;
+    }
+  }
+
+  std::unique_ptr<sb::Runtime> m_rt;
+  std::unique_ptr<Stepper> m_stepper = std::make_unique<Stepper>();
+  std::atomic<bool> m_cancel{false};
+  py::object m_error;  // set and read under the GIL
+};
+
+void bind_reports(py::module_& m) {
+  py::class_<sb::DeviceReport>(m, "DeviceReport", "One device's part of a step.")
+      .def_readonly("name", &sb::DeviceReport::name)
+      .def_readonly("compute_s", &sb::DeviceReport::compute_s)
+      .def_readonly("busy_s", &sb::DeviceReport::busy_s)
+      .def_readonly("idle_s", &sb::DeviceReport::idle_s)
+      .def_readonly("barrier_wait_s", &sb::DeviceReport::barrier_wait_s)
+      .def_readonly("utilization", &sb::DeviceReport::utilization)
+      .def_readonly("chunks_run", &sb::DeviceReport::chunks_run)
+      .def_readonly("chunks_stolen", &sb::DeviceReport::chunks_stolen)
+      .def_readonly("samples", &sb::DeviceReport::samples)
+      .def_readonly("chunk_samples", &sb::DeviceReport::chunk_samples);
+  py::class_<sb::StepReport>(m, "StepReport", "What a step did: its time split, each device's part, the chunks stolen.")
+      .def_readonly("step", &sb::StepReport::step)
+      .def_readonly("step_s", &sb::StepReport::step_s)
+      .def_readonly("chunks_s", &sb::StepReport::chunks_s)
+      .def_readonly("reduce_s", &sb::StepReport::reduce_s)
+      .def_readonly("optimizer_s", &sb::StepReport::optimizer_s)
+      .def_readonly("samples", &sb::StepReport::samples)
+      .def_readonly("chunks", &sb::StepReport::chunks)
+      .def_readonly("steals", &sb::StepReport::steals)
+      .def_readonly("loss", &sb::StepReport::loss)
+      .def_readonly("devices", &sb::StepReport::devices)
+      .def_readonly("ranks", &sb::StepReport::ranks)
+      .def_readonly("remote_steals", &sb::StepReport::remote_steals)
+      .def_readonly("excluded_devices", &sb::StepReport::excluded_devices)
+      .def("dashboard", [](const sb::StepReport& r, const std::string& title) { return sb::format_dashboard(r, title); }, py::arg("title") = "step")
+      .def("__repr__", [](const sb::StepReport& r) {
+        return "StepReport(step=" + std::to_string(r.step) + ", samples=" + std::to_string(r.samples) + ", step_s=" + std::to_string(r.step_s) +
+               ", steals=" + std::to_string(r.steals) + ", loss=" + std::to_string(r.loss) + ")";
+      });
+}
+
+void bind_options(py::module_& m) {
+  py::class_<PyOptions>(m, "Options", "The runtime's settings (stealbatch.Runtime's keyword arguments set them).")
+      .def(py::init<>())
+      .def_readwrite("devices", &PyOptions::devices).def_readwrite("policy", &PyOptions::policy)
+      .def_readwrite("placement", &PyOptions::placement).def_readwrite("placement_weights", &PyOptions::placement_weights)
+      .def_readwrite("optimizer", &PyOptions::optimizer).def_readwrite("lr", &PyOptions::lr)
+      .def_readwrite("momentum", &PyOptions::momentum).def_readwrite("beta1", &PyOptions::beta1)
+      .def_readwrite("beta2", &PyOptions::beta2).def_readwrite("eps", &PyOptions::eps)
+      .def_readwrite("weight_decay", &PyOptions::weight_decay).def_readwrite("chunk_size", &PyOptions::chunk_size)
+      .def_readwrite("deterministic", &PyOptions::deterministic).def_readwrite("merge_stolen", &PyOptions::merge_stolen)
+      .def_readwrite("threads_per_device", &PyOptions::threads_per_device).def_readwrite("slowdown", &PyOptions::slowdown)
+      .def_readwrite("stall_timeout", &PyOptions::stall_timeout).def_readwrite("heartbeat_timeout", &PyOptions::heartbeat_timeout)
+      .def_readwrite("on_device_failure", &PyOptions::on_device_failure).def_readwrite("trace_path", &PyOptions::trace_path)
+      .def_readwrite("cluster", &PyOptions::cluster).def_readwrite("seed", &PyOptions::seed)
+      .def_readwrite("in_flight", &PyOptions::in_flight).def_readwrite("gpu_graphs", &PyOptions::gpu_graphs);
+}
+
+py::bytes as_bytes(const std::vector<float>& v) { return {reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)}; }
+
+void bind_runtime(py::module_& m) {
+  py::class_<PyRuntime>(m, "Runtime", "The runtime itself; stealbatch.Runtime wraps it with a module's binding.")
+      .def(py::init<const PyOptions&>(), py::call_guard<py::gil_scoped_release>())
+      .def("register_parameters", &PyRuntime::register_parameters)
+      .def("step", &PyRuntime::step, py::arg("samples"), py::arg("count"), py::arg("fn"), py::arg("cost"), py::arg("update"))
+      .def("set_learning_rate", [](PyRuntime& r, float lr) { r.rt().set_learning_rate(lr); })
+      .def("save_checkpoint", [](PyRuntime& r, const std::filesystem::path& p, const sb::CheckpointMetadata& meta) { r.rt().save_checkpoint(p, meta); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("load_checkpoint", [](PyRuntime& r, const std::filesystem::path& p) { return r.rt().load_checkpoint(p); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("parameters", [](PyRuntime& r, std::size_t d) { return as_bytes(r.rt().parameters(d)); }, py::arg("device") = 0)
+      .def("gradient", [](PyRuntime& r) { const auto g = r.rt().gradient(); return py::bytes(reinterpret_cast<const char*>(g.data()), g.size_bytes()); })
+      .def_property_readonly("device_count", [](PyRuntime& r) { return r.rt().device_count(); })
+      .def("device_name", [](PyRuntime& r, std::size_t d) { return r.rt().device(d).name(); })
+      .def("throughput_estimates", [](PyRuntime& r) { return r.rt().throughput_estimates(); });
+}
+
+// The runtime's errors as Python exceptions, all under stealbatch.Error; those that say what was wrong with an
+// argument are also ValueErrors, a checkpoint's also OSErrors, a stall also a TimeoutError.
+void bind_errors(py::module_& m) {
+  static py::exception<sb::Error> error(m, "Error", PyExc_RuntimeError);
+  const auto with = [&](PyObject* other) { return py::make_tuple(error, py::handle(other)); };
+  static py::exception<sb::ConfigError> config(m, "ConfigError", with(PyExc_ValueError));
+  static py::exception<sb::DataError> data(m, "DataError", with(PyExc_ValueError));
+  static py::exception<sb::CheckpointError> checkpoint(m, "CheckpointError", with(PyExc_OSError));
+  static py::exception<sb::TimeoutError> timeout(m, "TimeoutError", with(PyExc_TimeoutError));
+  static py::exception<sb::ChunkError> chunk(m, "ChunkError", error);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const sb::ConfigError& e) {
+      config(e.what());
+    } catch (const sb::DataError& e) {
+      data(e.what());
+    } catch (const sb::CheckpointError& e) {
+      checkpoint(e.what());
+    } catch (const sb::TimeoutError& e) {
+      timeout(e.what());
+    } catch (const sb::ChunkError& e) {
+      chunk(e.what());
+    } catch (const sb::Error& e) {
+      error(e.what());
+    }
+  });
+}
+
+}  // namespace
+
+#if defined(PYBIND11_VERSION_HEX) && PYBIND11_VERSION_HEX >= 0x020D0000
+// Declared free-threading safe (PEP 703): a free-threaded CPython then runs the devices' chunks in parallel.
+#define STEALBATCH_PY_MODULE(name, m) PYBIND11_MODULE(name, m, py::mod_gil_not_used())
+#else
+#define STEALBATCH_PY_MODULE(name, m) PYBIND11_MODULE(name, m)
+#endif
+
+STEALBATCH_PY_MODULE(_core, m) {
+  m.doc() = "stealbatch's runtime (the extension behind the stealbatch package)";
+#if defined(STEALBATCH_PY_CUDA)
+  sb::cuda::enable();
+  m.attr("has_cuda") = true;
+#else
+  m.attr("has_cuda") = false;
+#endif
+#if defined(STEALBATCH_PY_MPI)
+  m.attr("has_mpi") = true;
+#else
+  m.attr("has_mpi") = false;
+#endif
+  bind_errors(m);
+  bind_chunk(m);
+  bind_options(m);
+  bind_reports(m);
+  bind_runtime(m);
+}

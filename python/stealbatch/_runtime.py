@@ -1,0 +1,254 @@
+"""The Runtime: a torch.nn.Module trained on stealbatch's runtime (the _core extension)."""
+import copy
+import os
+import threading
+
+import torch
+
+from . import _core
+
+
+class _CudaArray:
+    """GPU memory the runtime owns, seen by torch.as_tensor through the CUDA array interface (no copy)."""
+
+    def __init__(self, address, count):
+        self.__cuda_array_interface__ = {"shape": (count,), "typestr": "<f4", "data": (address, False), "version": 2}
+
+
+def launch_environment():
+    """What the launcher set: (rank, world size, local rank) from torchrun's or Open MPI's variables, else (0, 1, 0)."""
+    env = os.environ
+    for rank, size, local in (("RANK", "WORLD_SIZE", "LOCAL_RANK"),
+                              ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")):
+        if rank in env and size in env:
+            return int(env[rank]), int(env[size]), int(env.get(local, "0"))
+    return 0, 1, 0
+
+
+def _usable_cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class Runtime:
+    """Trains `module` on the given devices; see the package's docstring.
+
+    module: a torch.nn.Module whose parameters are float32. It stays yours: the runtime trains one replica of it per
+        device (copies made here) and copy_to() writes the trained values back into it.
+    devices: "cpu:N", "cuda:all", "cuda:0,1", "vgpu:64,16" (parts of one GPU), "sim:1,0.5"; "" = every GPU, else CPUs.
+    optimizer: "sgd" (lr, momentum, weight_decay) or "adam" (lr, betas, eps, weight_decay): the runtime's own, applied
+        once per step to every replica.
+    policy: "steal" (the default) or "static" (an equal split, no stealing: what DDP does).
+    chunk_size: samples per chunk; 0 picks each device's size from its measured throughput.
+    cluster: "none", or "mpi" for one process per node started by mpirun, every rank calling step() with the same batch.
+    The rest are RuntimeOptions' (runtime.hpp): placement, placement_weights, deterministic, merge_stolen,
+    threads_per_device, slowdown, stall_timeout, heartbeat_timeout, on_device_failure, trace (a Chrome trace's path),
+    seed, in_flight, gpu_graphs.
+    """
+
+    def __init__(self, module, *, devices="", optimizer="sgd", lr=0.05, momentum=0.9, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=0.0, policy="steal", chunk_size=0, placement="auto", placement_weights=None,
+                 deterministic=False, merge_stolen=True, threads_per_device=0, slowdown=None, stall_timeout=600.0,
+                 heartbeat_timeout=10.0, on_device_failure="fail", trace=None, cluster="none", seed=0x5eedba7c,
+                 in_flight=2, gpu_graphs=False):
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        named = list(module.named_parameters())
+        if not named:
+            raise _core.ConfigError("module: it has no parameters")
+        for name, p in named:
+            if p.dtype != torch.float32:
+                raise _core.ConfigError(f"module: parameter '{name}' is {p.dtype}; the runtime trains float32 parameters")
+        o = _core.Options()
+        o.devices, o.optimizer, o.lr, o.momentum = devices, optimizer, float(lr), float(momentum)
+        o.beta1, o.beta2, o.eps, o.weight_decay = float(betas[0]), float(betas[1]), float(eps), float(weight_decay)
+        o.policy, o.chunk_size, o.placement = policy, int(chunk_size), placement
+        o.placement_weights = list(placement_weights or [])
+        o.deterministic, o.merge_stolen, o.threads_per_device = bool(deterministic), bool(merge_stolen), int(threads_per_device)
+        o.slowdown = list(slowdown or [])
+        o.stall_timeout, o.heartbeat_timeout, o.on_device_failure = float(stall_timeout), float(heartbeat_timeout), on_device_failure
+        o.trace_path, o.cluster, o.seed, o.in_flight, o.gpu_graphs = trace or "", cluster, int(seed), int(in_flight), bool(gpu_graphs)
+        self._rt = _core.Runtime(o)
+        self._module = module
+        self._slots = []  # (offset, count, shape) per parameter, in named_parameters() order
+        offset = 0
+        for _, p in named:
+            self._slots.append((offset, p.numel(), tuple(p.shape)))
+            offset += p.numel()
+        self._size = offset
+        initial = torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for _, p in named]).contiguous()
+        self._rt.register_parameters([(n, list(p.shape)) for n, p in named], initial.data_ptr(), initial.numel())
+        count = self._rt.device_count
+        self._replicas = [copy.deepcopy(module) for _ in range(count)]
+        self._bound = [None] * count  # the (params, grad) addresses each replica is bound to
+        self._threads = int(threads_per_device) or max(1, _usable_cores() // count)
+        self._local = threading.local()
+
+    # -- what a DDP user calls -------------------------------------------------------------------------------------
+
+    def step(self, samples, loss_fn, *, data=None, cost=None):
+        """One training step over `samples` (sample ids: a tensor or a sequence of ints) and the optimizer's update.
+
+        loss_fn(replica, ids) -> the summed loss of those samples (a scalar tensor); with data=(X, Y, ...), tensors
+        whose first dimension is the sample, loss_fn(replica, X[ids], Y[ids], ...) instead. The runtime divides the
+        summed gradient by the number of samples. cost: one positive number per sample (its tokens, say), with
+        which the batch is cut and placed by cost. Returns a StepReport."""
+        return self._step(samples, loss_fn, data, cost, update=True)
+
+    def compute_gradient(self, samples, loss_fn, *, data=None, cost=None):
+        """As step(), without the update: gradient() then holds the full-batch mean gradient."""
+        return self._step(samples, loss_fn, data, cost, update=False)
+
+    def gradient(self):
+        """The last compute_gradient()'s mean gradient, flat, in the module's named_parameters() order (a copy)."""
+        return torch.frombuffer(bytearray(self._rt.gradient()), dtype=torch.float32)
+
+    def parameters(self, device=0):
+        """The trained values, flat, in named_parameters() order (a copy)."""
+        return torch.frombuffer(bytearray(self._rt.parameters(device)), dtype=torch.float32)
+
+    def state_dict(self):
+        """The trained values as {name: tensor} (copies), as the module's state_dict() names its parameters."""
+        flat = self.parameters()
+        names = [n for n, _ in self._module.named_parameters()]
+        return {n: flat[o:o + c].view(s).clone() for n, (o, c, s) in zip(names, self._slots)}
+
+    def copy_to(self, module=None):
+        """Writes the trained values into `module` (default: the module given at construction) and returns it."""
+        module = self._module if module is None else module
+        flat = self.parameters()
+        with torch.no_grad():
+            for (o, c, s), p in zip(self._slots, module.parameters()):
+                p.copy_(flat[o:o + c].view(s))
+        return module
+
+    @property
+    def lr(self):
+        raise AttributeError("lr is write-only: set it for the following steps")
+
+    @lr.setter
+    def lr(self, value):
+        self._rt.set_learning_rate(float(value))
+
+    def save_checkpoint(self, path, metadata=None):
+        """Writes the parameters, the optimizer's state and `metadata` (str -> str) in safetensors, crash-safe."""
+        self._rt.save_checkpoint(os.fspath(path), {str(k): str(v) for k, v in (metadata or {}).items()})
+
+    def load_checkpoint(self, path):
+        """Restores what save_checkpoint() (here or in C++) wrote; returns its metadata. Checked before applied."""
+        return dict(self._rt.load_checkpoint(os.fspath(path)))
+
+    @property
+    def device_count(self):
+        return self._rt.device_count
+
+    @property
+    def device_names(self):
+        return [self._rt.device_name(d) for d in range(self._rt.device_count)]
+
+    # -- the chunks ------------------------------------------------------------------------------------------------
+
+    def _step(self, samples, loss_fn, data, cost, update):
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+        ids = torch.as_tensor(samples)
+        if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise _core.ConfigError(f"samples: one-dimensional integer sample ids expected, got {tuple(ids.shape)} {ids.dtype}")
+        ids = ids.to("cpu", torch.int64).contiguous()
+        if data is not None:
+            data = tuple(data) if isinstance(data, (tuple, list)) else (data,)
+            for i, t in enumerate(data):
+                if not isinstance(t, torch.Tensor):
+                    raise TypeError(f"data[{i}] must be a tensor, got {type(t).__name__}")
+        costs = None
+        if cost is not None:
+            costs = torch.as_tensor(cost, dtype=torch.float64).to("cpu").contiguous()
+            if costs.shape != ids.shape:
+                raise _core.ConfigError(f"cost: one per sample expected ({ids.numel()}), got shape {tuple(costs.shape)}")
+
+        def chunk(c):
+            self._run_chunk(c, loss_fn, data)
+
+        return self._rt.step(ids.data_ptr(), ids.numel(), chunk, 0 if costs is None else costs.data_ptr(), update)
+
+    def _run_chunk(self, c, loss_fn, data):
+        d = c.device
+        replica = self._replicas[d]
+        if c.on_gpu:
+            return self._run_gpu_chunk(c, replica, loss_fn, data)
+        if getattr(self._local, "threads", None) != self._threads:
+            torch.set_num_threads(self._threads)  # this worker's intra-op threads
+            self._local.threads = self._threads
+        if self._bound[d] != (c.params_address, c.grad_address):
+            self._bind(replica, torch.frombuffer(c.params(), dtype=torch.float32), torch.frombuffer(c.grad(), dtype=torch.float32))
+            self._bound[d] = (c.params_address, c.grad_address)
+        ids = torch.frombuffer(c.samples, dtype=torch.int64).clone()
+        loss = self._loss(loss_fn, replica, ids, data, None)
+        loss.backward()
+        self._settle(replica, d)
+        c.add_loss(float(loss.detach()))
+
+    def _run_gpu_chunk(self, c, replica, loss_fn, data):
+        device = torch.device("cuda", torch.cuda.current_device() if c.gpu_index < 0 else c.gpu_index)
+        stream = torch.cuda.ExternalStream(c.stream, device=device)
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            if self._bound[c.device] != (c.params_address, c.grad_address):
+                flat_p = torch.as_tensor(_CudaArray(c.params_address, c.size), device=device)
+                flat_g = torch.as_tensor(_CudaArray(c.grad_address, c.size), device=device)
+                self._bind(replica, flat_p, flat_g)
+                self._bound[c.device] = (c.params_address, c.grad_address)
+            ids = torch.frombuffer(c.samples, dtype=torch.int64).clone()
+            # Every part of a GPU is one device index, whose backward passes libtorch would run on one engine thread:
+            # with its multithreading off (torch 2.0 and later) this worker runs its own, on its own stream.
+            off = getattr(torch.autograd, "set_multithreading_enabled", None)
+            with (off(False) if off is not None else _nothing()):
+                loss = self._loss(loss_fn, replica, ids, data, device)
+                loss.backward()
+            self._settle(replica, c.device)
+            total = torch.as_tensor(_CudaArray(c.device_loss_address, 1), device=device)
+            total.add_(loss.detach().to(torch.float32).reshape(1))  # in stream order; read after the step's chunks
+
+    @staticmethod
+    def _loss(loss_fn, replica, ids, data, device):
+        if data is None:
+            loss = loss_fn(replica, ids if device is None else ids.to(device, non_blocking=True))
+        else:
+            rows = [t.index_select(0, ids.to(t.device)) for t in data]
+            if device is not None:
+                rows = [r if r.device == device else r.pin_memory().to(device, non_blocking=True) for r in rows]
+            loss = loss_fn(replica, *rows)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TypeError(f"loss_fn must return the chunk's summed loss as a one-element tensor, got {_describe(loss)}")
+        return loss
+
+    def _bind(self, replica, flat_p, flat_g):
+        """The replica's parameters become views of the runtime's parameters, their gradients views of its gradient."""
+        for (o, c, s), p in zip(self._slots, replica.parameters()):
+            p.data = flat_p[o:o + c].view(s)
+            p.grad = flat_g[o:o + c].view(s)
+        replica._sb_grads = [flat_g[o:o + c].view(s) for o, c, s in self._slots]
+
+    def _settle(self, replica, d):
+        """A gradient that autograd replaced instead of accumulating in place is added to the view and the view restored."""
+        for p, view in zip(replica.parameters(), replica._sb_grads):
+            g = p.grad
+            if g is None or g.data_ptr() != view.data_ptr():
+                if g is not None:
+                    view.copy_(g)  # the replaced gradient holds what the view held plus this chunk's
+                p.grad = view
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _describe(x):
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)}"
+    return type(x).__name__
