@@ -2,6 +2,7 @@
 #include <stealbatch/runtime/cpu_device.hpp>
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <algorithm>
 
@@ -9,9 +10,32 @@ namespace stealbatch {
 
 namespace {
 
+// `name` in the process's global scope, else in any library it has loaded: a library loaded with RTLD_LOCAL (a Python
+// extension's, such as torch's BLAS under `import torch`) is not in the global scope, and its pool is still the one
+// the devices' products run on.
+void* find_symbol(const char* name) noexcept {
+  if (void* global = ::dlsym(RTLD_DEFAULT, name)) return global;
+  struct Search {
+    const char* name;
+    void* found;
+  } search{name, nullptr};
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* data) -> int {
+        auto* s = static_cast<Search*>(data);
+        if (info->dlpi_name == nullptr || info->dlpi_name[0] == '\0') return 0;
+        void* lib = ::dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);  // already loaded: a handle, no load
+        if (lib == nullptr) return 0;
+        s->found = ::dlsym(lib, s->name);
+        ::dlclose(lib);  // drops the reference dlopen added; the library stays loaded
+        return s->found != nullptr ? 1 : 0;
+      },
+      &search);
+  return search.found;
+}
+
 template <class F>
 F find(const char* name) noexcept {
-  return reinterpret_cast<F>(::dlsym(RTLD_DEFAULT, name));
+  return reinterpret_cast<F>(find_symbol(name));
 }
 
 }  // namespace

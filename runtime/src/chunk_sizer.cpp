@@ -195,9 +195,9 @@ void ChunkSizer::settle_at_least(std::size_t device, std::size_t samples) noexce
 
 void ChunkSizer::end_step(std::size_t device, std::size_t share) noexcept {
   State& s = m_devices[device];
-  // The line the cost model cuts by: one that tells a fixed part and holds the calls' times (within kFitted); calls
+  // The line the cost model cuts by: one that tells a fixed part and holds the calls' times (within kLineHolds); calls
   // of one size keep the last, calls that scatter about it (costs that vary by position) drop it.
-  if (s.fit.separates() && s.fit.scatter() > kFitted) {
+  if (s.fit.separates() && s.fit.scatter() > kLineHolds) {
     s.line = {};
   } else if (has_fixed_part(s.fit)) {
     s.line = s.fit.line();

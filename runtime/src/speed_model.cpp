@@ -99,14 +99,14 @@ void SpeedModel::learn_from_step(std::size_t batch, const ChunkTable& t, const S
   for (std::size_t d = 0; d < n && d < t.calls.size(); ++d) {
     for (const auto& [cost, seconds] : t.calls[d]) call_fit[d].add(cost, seconds);
   }
-  // Where the cost model cut this step, a device whose step no longer follows its line (off by more than kFitted: it
-  // slowed down, or sped up) loses it: the model then waits for a line fitted to what the device does now.
+  // Where the cost model cut this step, a device whose step no longer follows its line (off by more than kLineHolds:
+  // it slowed down, or sped up) loses it: the model then waits for a line fitted to what the device does now.
   for (std::size_t d = 0; d < n && !plan.lines.empty(); ++d) {
     const detail::CallFit::Line l = chunk_sizer.line(d);
     const DeviceReport& dr = local[d];
     if (!(l.per_unit > 0) || dr.chunks_run == 0 || !(dr.compute_s > 0)) continue;
     const double predicted = static_cast<double>(dr.chunks_run) * l.per_call + l.per_unit * static_cast<double>(dr.samples);
-    if (std::abs(dr.compute_s / predicted - 1) > detail::ChunkSizer::kFitted) chunk_sizer.forget_line(d);
+    if (std::abs(dr.compute_s / predicted - 1) > detail::ChunkSizer::kLineHolds) chunk_sizer.forget_line(d);
   }
   if (plan.sized()) {
     if (m_by_chunk) {

@@ -274,6 +274,35 @@ TEST_CASE("ChunkSizer.AProbeWhoseChunksWereStolenIsRunAgain") {
   CHECK(t.line(0).per_unit == doctest::Approx(c.b).epsilon(1e-6));
 }
 
+TEST_CASE("ChunkSizer.ALineHoldsThroughAHostsNoiseAndNotThroughCostsThatVary") {
+  // Calls a + b n scattered by up to 25% either way (a Python chunk function on two busy cores scatters 9-18% about its
+  // line): the line holds, and the cost model keeps cutting by it. Calls whose cost is not their size (4x at one end
+  // of the batch) drop it.
+  const Curve c{4e-4, 1.2e-5};
+  const auto noisy = [&](std::size_t i, std::size_t m) { return c.seconds(m) * (1.0 + 0.25 * std::sin(1.7 * static_cast<double>(i))); };
+  ChunkSizer s(1);
+  std::vector<std::uint32_t> probe;
+  ChunkSizer::probe_sizes(4096, probe);
+  std::size_t i = 0;
+  for (std::uint32_t m : probe) s.observe_chunk(0, m, noisy(i++, m));
+  s.end_step(0, 4096);
+  for (int step = 0; step < 20; ++step) {
+    for (std::size_t m : {64, 128, 256, 512, 1024}) s.observe_chunk(0, m, noisy(i++, m));
+    s.end_step(0, 4096);
+    CAPTURE(step);
+    CHECK(s.fit(0).scatter() > ChunkSizer::kFitted / 2);
+    REQUIRE(s.line(0).per_call > 0);
+    CHECK(s.line(0).per_call == doctest::Approx(c.a).epsilon(0.35));
+    CHECK(s.line(0).per_unit == doctest::Approx(c.b).epsilon(0.15));
+  }
+  for (int step = 0; step < 30; ++step) {
+    for (std::size_t m : {64, 128, 256, 512, 1024}) s.observe_chunk(0, m, (step % 2 == 0 ? 4.0 : 1.0) * c.seconds(m));
+    s.end_step(0, 4096);
+  }
+  CHECK(s.fit(0).scatter() > ChunkSizer::kLineHolds);
+  CHECK(s.line(0).per_call == 0);
+}
+
 TEST_CASE("ChunkSizer.ALineStartsAtItsChoiceAndSettlesInAFewSteps") {
   // Chunk times a + b n: the first step's chunks give a and b, and the second step runs the rung the line says the
   // rule chooses, the same rung a ladder climbed from 8 chooses. The fastest rung's choice is then made; the smallest

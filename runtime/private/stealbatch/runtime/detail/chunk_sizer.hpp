@@ -57,6 +57,11 @@ class ChunkSizer {
   // A rung measured within this of the line's prediction confirms the line: about the spread of a rung's median
   // under the noise of a shared host, and well inside the 2x per rung of a launch-bound device.
   static constexpr double kFitted = 0.1;
+  // A line holds a device's calls while they scatter about it by at most this (CallFit::scatter()), and its steps
+  // while they run within this of it: a shared host's noise scatters calls by 10-20% (a Python chunk function on two
+  // busy cores: 9-18%), costs that vary by position by 30% and more, and a device that slowed down is off by its
+  // slowdown.
+  static constexpr double kLineHolds = 0.25;
   static constexpr std::uint64_t kRefreshSteps = 1000;
   static constexpr std::uint64_t kMaxExploreSteps = 48;  // a device whose chunks are always stolen stops exploring
   // Probe steps a device timed by chunk runs at most while its line is not known (fewer than CallFit::kMinCalls of
@@ -112,7 +117,7 @@ class ChunkSizer {
   std::vector<std::pair<std::size_t, double>> curve(std::size_t device) const;
   // The device's call time against its chunk's samples, from its rung-sized chunks (Timing::kByChunk).
   const CallFit& fit(std::size_t device) const noexcept { return m_devices[device].fit; }
-  // The device's last line that told a fixed part a > 0 from b > 0 and held its calls' times within kFitted ({0, 0}
+  // The device's last line that told a fixed part a > 0 from b > 0 and held its calls' times within kLineHolds ({0, 0}
   // until one did, and again once its calls scatter about it). Kept while its calls no longer tell a from b: a device
   // that runs one size for 128 calls still has the line it was cut by.
   CallFit::Line line(std::size_t device) const noexcept { return m_devices[device].line; }
