@@ -374,7 +374,8 @@ void bind_runtime(py::module_& m) {
       .def("gradient", [](PyRuntime& r) { const auto g = r.rt().gradient(); return py::bytes(reinterpret_cast<const char*>(g.data()), g.size_bytes()); })
       .def_property_readonly("device_count", [](PyRuntime& r) { return r.rt().device_count(); })
       .def("device_name", [](PyRuntime& r, std::size_t d) { return r.rt().device(d).name(); })
-      .def("throughput_estimates", [](PyRuntime& r) { return r.rt().throughput_estimates(); });
+      .def("throughput_estimates", [](PyRuntime& r) { return r.rt().throughput_estimates(); })
+      .def("chunk_curve", [](PyRuntime& r, std::size_t d) { return r.rt().chunk_curve(d); });
 }
 
 // The runtime's errors as Python exceptions, all under stealbatch.Error; those that say what was wrong with an
