@@ -9,6 +9,7 @@ packages=(
   libdnnl-dev zlib1g-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   openmpi-bin libopenmpi-dev
   libtorch-dev libopenblas0-pthread
+  python3-dev python3-torch pybind11-dev python3-pybind11 python3-pytest
   dataset-fashion-mnist
   clang libclang-rt-14-dev xz-utils
   iproute2 iputils-ping iptables nftables libnetfilter-queue-dev util-linux
