@@ -160,7 +160,7 @@ struct PyOptions {
   std::string devices, policy = "steal", placement = "auto", optimizer = "sgd", on_device_failure = "fail", trace_path, cluster = "none";
   std::size_t chunk_size = 0, in_flight = 2;
   float lr = 0.05f, momentum = 0.9f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
-  bool deterministic = false, merge_stolen = true, gpu_graphs = false;
+  bool deterministic = false, merge_stolen = true, gpu_graphs = false, endgame = true;
   int threads_per_device = 0;
   std::vector<double> slowdown, placement_weights;
   double stall_timeout = 600, heartbeat_timeout = 10;
@@ -192,6 +192,7 @@ sb::RuntimeOptions to_options(const PyOptions& p) {
   o.schedule.chunk_size = p.chunk_size, o.schedule.policy = sb::parse_policy(p.policy), o.schedule.placement = parse_placement(p.placement);
   o.schedule.placement_weights = p.placement_weights, o.schedule.deterministic = p.deterministic;
   o.schedule.merge_stolen = p.merge_stolen, o.schedule.seed = p.seed;
+  o.schedule.endgame = p.endgame ? sb::EndGame::kOn : sb::EndGame::kOff;
   o.optimizer = {.kind = sb::parse_optimizer(p.optimizer), .lr = p.lr, .momentum = p.momentum, .beta1 = p.beta1, .beta2 = p.beta2,
                  .eps = p.eps, .weight_decay = p.weight_decay};
   o.host.slowdown = p.slowdown, o.host.threads_per_device = p.threads_per_device;
@@ -351,6 +352,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("beta2", &PyOptions::beta2).def_readwrite("eps", &PyOptions::eps)
       .def_readwrite("weight_decay", &PyOptions::weight_decay).def_readwrite("chunk_size", &PyOptions::chunk_size)
       .def_readwrite("deterministic", &PyOptions::deterministic).def_readwrite("merge_stolen", &PyOptions::merge_stolen)
+      .def_readwrite("endgame", &PyOptions::endgame)
       .def_readwrite("threads_per_device", &PyOptions::threads_per_device).def_readwrite("slowdown", &PyOptions::slowdown)
       .def_readwrite("stall_timeout", &PyOptions::stall_timeout).def_readwrite("heartbeat_timeout", &PyOptions::heartbeat_timeout)
       .def_readwrite("on_device_failure", &PyOptions::on_device_failure).def_readwrite("trace_path", &PyOptions::trace_path)

@@ -43,14 +43,14 @@ class Runtime:
     policy: "steal" (the default) or "static" (an equal split, no stealing: what DDP does).
     chunk_size: samples per chunk; 0 picks each device's size from its measured throughput.
     cluster: "none", or "mpi" for one process per node started by mpirun, every rank calling step() with the same batch.
-    The rest are RuntimeOptions' (runtime.hpp): placement, placement_weights, deterministic, merge_stolen,
+    The rest are RuntimeOptions' (runtime.hpp): placement, placement_weights, deterministic, merge_stolen, endgame,
     threads_per_device, slowdown, stall_timeout, heartbeat_timeout, on_device_failure, trace (a Chrome trace's path),
     seed, in_flight, gpu_graphs.
     """
 
     def __init__(self, module, *, devices="", optimizer="sgd", lr=0.05, momentum=0.9, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, policy="steal", chunk_size=0, placement="auto", placement_weights=None,
-                 deterministic=False, merge_stolen=True, threads_per_device=0, slowdown=None, stall_timeout=600.0,
+                 deterministic=False, merge_stolen=True, endgame=True, threads_per_device=0, slowdown=None, stall_timeout=600.0,
                  heartbeat_timeout=10.0, on_device_failure="fail", trace=None, cluster="none", seed=0x5eedba7c,
                  in_flight=2, gpu_graphs=False):
         if not isinstance(module, torch.nn.Module):
@@ -66,7 +66,8 @@ class Runtime:
         o.beta1, o.beta2, o.eps, o.weight_decay = float(betas[0]), float(betas[1]), float(eps), float(weight_decay)
         o.policy, o.chunk_size, o.placement = policy, int(chunk_size), placement
         o.placement_weights = list(placement_weights or [])
-        o.deterministic, o.merge_stolen, o.threads_per_device = bool(deterministic), bool(merge_stolen), int(threads_per_device)
+        o.deterministic, o.merge_stolen, o.endgame = bool(deterministic), bool(merge_stolen), bool(endgame)
+        o.threads_per_device = int(threads_per_device)
         o.slowdown = list(slowdown or [])
         o.stall_timeout, o.heartbeat_timeout, o.on_device_failure = float(stall_timeout), float(heartbeat_timeout), on_device_failure
         o.trace_path, o.cluster, o.seed, o.in_flight, o.gpu_graphs = trace or "", cluster, int(seed), int(in_flight), bool(gpu_graphs)
