@@ -20,88 +20,17 @@ the first when there are several) and the validation bits per byte.
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
 import time
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "python"))
 from torch_ref import spawn_ddp  # noqa: E402  (the same process start and slowdown as the examples' DDP peer)
-
-
-class Block(nn.Module):
-    def __init__(self, width, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(width)
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-        self.ln2 = nn.LayerNorm(width)
-        self.fc = nn.Linear(width, 4 * width)
-        self.out = nn.Linear(4 * width, width)
-
-    def attend(self, x):
-        b, l, w = x.shape
-        dh = w // self.heads
-        h = self.qkv(x).view(b, l, 3, self.heads, dh).permute(2, 0, 3, 1, 4)
-        att = torch.matmul(h[0], h[1].transpose(-2, -1)) * (1.0 / math.sqrt(dh))
-        later = torch.ones(l, l, dtype=torch.bool).triu(1)
-        att = att.masked_fill(later, float("-inf")).softmax(-1)
-        return self.proj(torch.matmul(att, h[2]).transpose(1, 2).reshape(b, l, w))
-
-    def forward(self, x, lengths):
-        y = self.ln1(x)
-        x = x + torch.cat([self.attend(part) for part in y.split(lengths, 1)], 1)
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class TorchLm(nn.Module):
-    def __init__(self, width, layers, heads, max_len):
-        super().__init__()
-        self.tok = nn.Embedding(256, width)
-        self.pos = nn.Embedding(max_len, width)
-        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
-        self.ln = nn.LayerNorm(width)
-        self.head = nn.Linear(width, 256)
-
-    def forward(self, tokens, positions, lengths):
-        x = self.tok(tokens) + self.pos(positions)
-        for b in self.blocks:
-            x = b(x, lengths)
-        return self.head(self.ln(x))
-
-
-def packed(docs):
-    """The documents end to end: tokens, positions, next-byte targets (-100 after each document's last byte)."""
-    tokens, positions, targets, lengths = [], [], [], []
-    for d in docs:
-        tokens += d
-        positions += range(len(d))
-        targets += d[1:] + [-100]
-        lengths.append(len(d))
-    t = lambda v: torch.tensor([v], dtype=torch.long)
-    return t(tokens), t(positions), t(targets), lengths
-
-
-def summed_loss(model, docs):
-    tokens, positions, targets, lengths = packed(docs)
-    logits = model(tokens, positions, lengths)
-    return F.cross_entropy(logits.reshape(-1, 256), targets.reshape(-1), reduction="sum", ignore_index=-100)
-
-
-def bits_per_byte(model, docs):
-    with torch.no_grad():
-        nats = sum(summed_loss(model, docs[i:i + 16]).item() for i in range(0, len(docs), 16))
-    return nats / math.log(2) / sum(len(d) - 1 for d in docs)
-
-
-def cosine_lr(lr, step, total):
-    return max(1e-6, lr * 0.5 * (1.0 + math.cos(math.pi * step / total)))
+from lm_model import bits_per_byte, cosine_lr, load_run, make_model, summed_loss  # noqa: E402  (torch_lm's model in PyTorch)
 
 
 def train(run, model, rank=0, world=1, factor=1.0, log=print, mode="cpu"):
@@ -136,20 +65,6 @@ def train(run, model, rank=0, world=1, factor=1.0, log=print, mode="cpu"):
     timed = epochs[1:] if len(epochs) > 1 else epochs
     return {"epoch_seconds": epochs, "tokens_per_s": tokens / statistics.median(timed),
             "validation_bits_per_byte": bits_per_byte(model.module if world > 1 else model, run["validation"])}
-
-
-def make_model(run):
-    torch.manual_seed(run["seed"])
-    m = run["model"]
-    return TorchLm(m["width"], m["layers"], m["heads"], m["max_len"])
-
-
-def load_run(path):
-    with open(path) as f:
-        run = json.load(f)
-    if run.get("form") != "packed":
-        sys.exit(f"torch_lm_ref: {path} was exported with --form {run.get('form')}; this peer runs the packed form")
-    return run
 
 
 def run_cpu(a):
