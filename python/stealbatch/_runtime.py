@@ -25,6 +25,21 @@ def launch_environment():
     return 0, 1, 0
 
 
+def _cluster(cluster):
+    """cluster="auto": "mpi" when mpirun started several processes, "none" for one; torchrun's several are refused."""
+    if cluster != "auto":
+        return cluster
+    rank, world, _ = launch_environment()
+    if world <= 1:
+        return "none"
+    if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ:
+        return "mpi"
+    raise _core.ConfigError(
+        f"cluster = 'auto': this is rank {rank} of {world} started by torchrun (RANK, WORLD_SIZE), and stealbatch joins "
+        f"processes through MPI, not torch.distributed: start them with mpirun (cluster='mpi'), or start one process "
+        f"(torchrun --nproc_per_node 1) that drives every device of the node (devices='cpu:N', 'cuda:all')")
+
+
 def _usable_cores():
     try:
         return len(os.sched_getaffinity(0))
@@ -42,7 +57,9 @@ class Runtime:
         once per step to every replica.
     policy: "steal" (the default) or "static" (an equal split, no stealing: what DDP does).
     chunk_size: samples per chunk; 0 picks each device's size from its measured throughput.
-    cluster: "none", or "mpi" for one process per node started by mpirun, every rank calling step() with the same batch.
+    cluster: "auto" (the default: "mpi" under mpirun with more than one process, else "none"), "none", or "mpi": one
+        process per node (or per device) started by mpirun, every rank calling step() with the same batch. Several
+        processes started by torchrun (WORLD_SIZE > 1) are refused: they join through MPI, not torch.distributed.
     The rest are RuntimeOptions' (runtime.hpp): placement, placement_weights, deterministic, merge_stolen, endgame,
     threads_per_device, slowdown, stall_timeout, heartbeat_timeout, on_device_failure, trace (a Chrome trace's path),
     seed, in_flight, gpu_graphs.
@@ -51,7 +68,7 @@ class Runtime:
     def __init__(self, module, *, devices="", optimizer="sgd", lr=0.05, momentum=0.9, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, policy="steal", chunk_size=0, placement="auto", placement_weights=None,
                  deterministic=False, merge_stolen=True, endgame=True, threads_per_device=0, slowdown=None, stall_timeout=600.0,
-                 heartbeat_timeout=10.0, on_device_failure="fail", trace=None, cluster="none", seed=0x5eedba7c,
+                 heartbeat_timeout=10.0, on_device_failure="fail", trace=None, cluster="auto", seed=0x5eedba7c,
                  in_flight=2, gpu_graphs=False):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
@@ -70,7 +87,7 @@ class Runtime:
         o.threads_per_device = int(threads_per_device)
         o.slowdown = list(slowdown or [])
         o.stall_timeout, o.heartbeat_timeout, o.on_device_failure = float(stall_timeout), float(heartbeat_timeout), on_device_failure
-        o.trace_path, o.cluster, o.seed, o.in_flight, o.gpu_graphs = trace or "", cluster, int(seed), int(in_flight), bool(gpu_graphs)
+        o.trace_path, o.cluster, o.seed, o.in_flight, o.gpu_graphs = trace or "", _cluster(cluster), int(seed), int(in_flight), bool(gpu_graphs)
         self._rt = _core.Runtime(o)
         self._module = module
         self._slots = []  # (offset, count, shape) per parameter, in named_parameters() order
