@@ -6,7 +6,10 @@ round is one process per side running --epochs epochs; the figure is each epoch'
 median over rounds, and the ratio of medians. It shows whether the GIL serialises the devices: the Python side's
 workers each take the GIL for their chunk's Python and release it inside torch.
 
-  PYTHONPATH=build/python python3 perf/python_vs_adapter.py --build build --devices cpu:2,cpu:4 [--rounds 3] [--epochs 3]
+  PYTHONPATH=build/python python3 perf/python_vs_adapter.py --build build --devices cpu:2,cpu:4 [--rounds 3] [--epochs 3] [--ranks]
+
+--ranks adds the other way to keep Python's devices apart: one process a device, started by mpirun and joined by
+the runtime's cross-rank stealing (cluster="mpi"), no GIL shared.
 """
 import argparse
 import gzip
@@ -41,7 +44,10 @@ def python_side(a):
     x, y = load_fashion_mnist(torch)
     model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128), torch.nn.ReLU(),
                                 torch.nn.Linear(128, 10))
-    rt = sb.Runtime(model, devices=a.python, optimizer="adam", lr=0.003)
+    rank, world, _ = sb.launch_environment()
+    # Under mpirun: one device a rank, the cores shared out among the ranks.
+    threads = max(1, (os.cpu_count() or 1) // world) if world > 1 else 0
+    rt = sb.Runtime(model, devices=a.python, optimizer="adam", lr=0.003, threads_per_device=threads)
 
     def loss_fn(m, xb, yb):
         return F.cross_entropy(m(xb), yb, reduction="sum")
@@ -54,11 +60,14 @@ def python_side(a):
         for b in range(0, x.shape[0], a.batch):
             loss = rt.step(order[b:b + a.batch], loss_fn, data=(x, y)).loss
         dt = time.perf_counter() - t0
-        print(f"epoch {epoch + 1} {x.shape[0] / dt:.0f} samples/s loss {loss:.4f}", flush=True)
+        if rank == 0:
+            print(f"epoch {epoch + 1} {x.shape[0] / dt:.0f} samples/s loss {loss:.4f}", flush=True)
 
 
-def run_python(a, devices):
+def run_python(a, devices, ranks=1):
     cmd = [sys.executable, os.path.abspath(__file__), "--python", devices, "--epochs", str(a.epochs), "--batch", str(a.batch)]
+    if ranks > 1:  # one process a device, joined through MPI (cross-rank stealing)
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks), "-x", "PYTHONPATH"] + cmd
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         sys.exit(f"python side failed:\n{out.stderr[-3000:]}")
@@ -86,6 +95,7 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--ranks", action="store_true", help="also one process a device under mpirun (cross-rank stealing)")
     p.add_argument("--python", help=argparse.SUPPRESS)  # internal: run the package's side on these devices
     a = p.parse_args()
     if a.epochs < 2 or a.rounds < 1 or a.batch < 1:
@@ -99,14 +109,18 @@ def main():
         p.error(f"--devices '{a.devices}': a comma-separated list of cpu:N")
     print(f"# python_vs_adapter: {machine_info.cpu_model()}, {os.cpu_count()} cores, commit {machine_info.commit()}, "
           f"batch {a.batch}, {a.epochs} epochs x {a.rounds} rounds (epochs past the first)")
-    print(f"{'devices':8} {'python samples/s':>17} {'C++ samples/s':>14} {'python/C++':>11}")
+    print(f"{'devices':8} {'python, threads':>16} {'python, ranks':>14} {'C++ adapter':>12} {'threads/C++':>12} {'ranks/C++':>10}  (samples/s)")
     for spec in specs:
-        py, cpp = [], []
+        n = int(spec.split(":")[1])
+        py, ranks, cpp = [], [], []
         for _ in range(a.rounds):
             py += run_python(a, spec)[1:]
+            if a.ranks and n > 1:
+                ranks += run_python(a, "cpu:1", ranks=n)[1:]
             cpp += run_cpp(a, spec)[1:]
         mp, mc = statistics.median(py), statistics.median(cpp)
-        print(f"{spec:8} {mp:17.0f} {mc:14.0f} {mp / mc:11.2f}", flush=True)
+        mr = statistics.median(ranks) if ranks else float("nan")
+        print(f"{spec:8} {mp:16.0f} {mr:14.0f} {mc:12.0f} {mp / mc:12.2f} {mr / mc:10.2f}", flush=True)
 
 
 if __name__ == "__main__":
