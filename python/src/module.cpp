@@ -8,6 +8,7 @@
 // waits for it in slices of 50 ms and checks for signals between them, so Ctrl-C reaches Python during a step. Each
 // device's worker takes the GIL for its chunk's Python and nothing else; torch releases it inside its operators and
 // its backward pass, so devices overlap there.
+#include <stealbatch/cores.hpp>
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/runtime.hpp>
 #if defined(STEALBATCH_PY_MPI)
@@ -33,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <semaphore>
 #include <string>
 #include <thread>
 #include <vector>
@@ -243,8 +245,11 @@ class PyRuntime {
     }
     std::vector<double> costs;
     if (cost != 0) costs.assign(reinterpret_cast<const double*>(cost), reinterpret_cast<const double*>(cost) + count);
+    // One step at a time: the calling thread waits without the GIL, so another Python thread could call in meanwhile.
+    const std::unique_lock stepping(m_stepping, std::try_to_lock);
+    if (!stepping.owns_lock()) throw sb::ConfigError("step: another thread is running a step of this runtime; a runtime runs one step at a time");
     m_cancel = false;
-    m_error = py::object();
+    set_error(py::object());
     const sb::ChunkFunction chunk = [this, &fn](sb::ChunkContext& ctx) { run_chunk(fn, ctx); };
     sb::StepReport report;
     m_stepper->start([&] { report = update ? m_rt->step(ids, chunk, costs) : m_rt->compute_gradient(ids, chunk, costs); });
@@ -255,8 +260,23 @@ class PyRuntime {
  private:
   // On a device's worker: the chunk's Python, under the GIL. The first Python exception of the step is kept, with its
   // traceback, and every later chunk of the step ends at once.
+  //
+  // On host devices at most as many chunks run their Python at once as the process has cores: more would not run
+  // faster, and a thread that holds the GIL when the OS preempts it for another device's thread stalls every device
+  // (cpu:4 on 2 cores: 50k samples/s without the limit, 78k with it; see perf/README.md, Python).
   void run_chunk(const py::function& fn, sb::ChunkContext& ctx) {
     if (m_cancel.load(std::memory_order_relaxed)) throw Cancelled();
+    const bool host = ctx.stream == nullptr;
+    if (host) m_cores.acquire();
+    struct Release {
+      explicit Release(std::counting_semaphore<>* c) : cores(c) {}
+      std::counting_semaphore<>* cores;
+      ~Release() {
+        if (cores != nullptr) cores->release();
+      }
+      Release(const Release&) = delete;
+      Release& operator=(const Release&) = delete;
+    } release(host ? &m_cores : nullptr);
     const py::gil_scoped_acquire gil;
     PyChunk chunk{&ctx, {ctx.samples.begin(), ctx.samples.end()}};
     try {
@@ -264,9 +284,10 @@ class PyRuntime {
       chunk.ctx = nullptr;
     } catch (py::error_already_set& e) {
       chunk.ctx = nullptr;
-      if (!m_error) {  // the exception object, with the chunk's traceback
-        m_error = e.value();
-        if (e.trace()) PyException_SetTraceback(m_error.ptr(), e.trace().ptr());
+      if (e.trace()) PyException_SetTraceback(e.value().ptr(), e.trace().ptr());  // the exception, with the chunk's traceback
+      {
+        const std::lock_guard lock(m_error_mutex);
+        if (!m_error) m_error = e.value();
       }
       m_cancel = true;
       throw Cancelled();
@@ -294,8 +315,8 @@ class PyRuntime {
     try {
       m_stepper->rethrow();
     } catch (const sb::Error&) {
-      if (m_error) {
-        py::object error = std::move(m_error);
+      py::object error = set_error(py::object());
+      if (error) {
         PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
         throw py::error_already_set();
       }
@@ -303,10 +324,21 @@ class PyRuntime {
     }
   }
 
+  // Replaces the step's Python error and returns what it was. The workers set it with their thread attached to the
+  // interpreter, which under a free-threaded Python (no GIL) is not exclusive: a mutex guards it.
+  py::object set_error(py::object e) {
+    const std::lock_guard lock(m_error_mutex);
+    std::swap(m_error, e);
+    return e;
+  }
+
   std::unique_ptr<sb::Runtime> m_rt;
   std::unique_ptr<Stepper> m_stepper = std::make_unique<Stepper>();
   std::atomic<bool> m_cancel{false};
-  py::object m_error;  // set and read under the GIL
+  std::counting_semaphore<> m_cores{static_cast<std::ptrdiff_t>(std::max(1u, sb::usable_cores()))};  // see run_chunk()
+  std::mutex m_stepping;     // held by the step that runs
+  std::mutex m_error_mutex;  // guards m_error
+  py::object m_error;        // the step's first Python exception
 };
 
 void bind_reports(py::module_& m) {

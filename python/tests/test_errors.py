@@ -132,3 +132,25 @@ def test_ctrl_c_stops_the_step_and_the_next_one_runs(tmp_path):
     assert "interrupted after" in out and "next step ran 16 samples" in out, out
     seconds = float(out.split("interrupted after ")[1].split(" s")[0])
     assert seconds < 0.5 + 2.0  # the step ends at its chunks' next boundary, not after its 100 chunks (20 s)
+
+
+def test_a_second_thread_cannot_step_a_runtime_that_is_stepping():
+    import threading
+    rt = sb.Runtime(torch.nn.Linear(4, 2), devices="cpu:1", chunk_size=4)
+    entered, release, results = threading.Event(), threading.Event(), []
+
+    def held(m, ids):
+        entered.set()
+        assert release.wait(timeout=30)
+        return m(torch.ones(len(ids), 4)).sum()
+
+    t = threading.Thread(target=lambda: results.append(rt.step(torch.arange(4), held)))
+    t.start()
+    try:
+        assert entered.wait(timeout=30)
+        with pytest.raises(sb.ConfigError, match="another thread is running a step"):
+            rt.step(torch.arange(4), lambda m, ids: m(torch.ones(len(ids), 4)).sum())
+    finally:
+        release.set()
+        t.join(timeout=60)
+    assert len(results) == 1 and results[0].samples == 4
