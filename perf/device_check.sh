@@ -194,6 +194,15 @@ bg_start torch_build 240 bash -c 'cmake -S "$0/perf/device_torch" -B "$1" -G Nin
   cmake --build "$1" --parallel "$(nproc)" 2>&1 | tail -40; exit "${PIPESTATUS[0]}"' \
   "$REPO" "$SCRATCH/device-torch" "$TORCH_PREFIX" "$PACK" "$LIB;${NCCL_LIB:-};${CUBLAS_LIB:-}" "$NVCC"
 
+# The Python package's extension (perf/device_python), built for this machine's Python with pip's pybind11 and the
+# packed libraries, beside the adapter's build; collected at step 4d.
+PYBIND11_DIR=$(LD_LIBRARY_PATH="$ORIG_LD" python3 -c 'import pybind11; print(pybind11.get_cmake_dir())' 2>/dev/null)
+echo "pybind11: ${PYBIND11_DIR:-(none: python3 has no pybind11)}"
+bg_start python_build 180 bash -c 'cmake -S "$0/perf/device_python" -B "$1" -G Ninja -Dpybind11_DIR="$2" -DSB_PACK="$3" -DSB_LIBS="$4" \
+  > "$1.configure.log" 2>&1 || { tail -40 "$1.configure.log"; exit 1; }
+  cmake --build "$1" --parallel "$(nproc)" 2>&1 | tail -40; exit "${PIPESTATUS[0]}"' \
+  "$REPO" "$SCRATCH/device-python" "$PYBIND11_DIR" "$PACK" "$LIB;${NCCL_LIB:-};${CUBLAS_LIB:-}"
+
 say "1. nvidia-smi and the GPU tests"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv || echo "device_check: nvidia-smi failed"
 run test_cuda_basics 60 "$PACK/bin/test_cuda_basics" --duration=true
@@ -237,6 +246,11 @@ say "4c. the libtorch adapter on cuda:0, built against this machine's PyTorch (p
 TORCH_LIB=$(dirname "$TORCH_PREFIX" 2>/dev/null)/../lib
 bg_wait torch_build || { note_step torch_gpu_check "not run" 0 "torch_build failed"; false; } &&
   run torch_gpu_check 180 env LD_LIBRARY_PATH="$TORCH_LIB:$LD_LIBRARY_PATH" "$SCRATCH/device-torch/torch_gpu_check" --json "$SCRATCH/json/torch_gpu_check.json"
+
+say "4d. the Python package on cuda:0 (perf/python_gpu_check.py): its gradient against PyTorch's, its samples/s against the adapter's"
+bg_wait python_build || { note_step python_gpu_check "not run" 0 "python_build failed"; false; } &&
+  PYTHONPATH="$SCRATCH/device-python" LD_LIBRARY_PATH="$TORCH_LIB:$LD_LIBRARY_PATH" run python_gpu_check 90 python3 "$REPO/perf/python_gpu_check.py" \
+  --adapter-json "$SCRATCH/json/torch_gpu_check.json" --json "$SCRATCH/json/python_gpu_check.json"
 
 say "5. stealbench: 16 and 32 simulated devices on $(nproc) cores (no GPU)"
 for n in 16 32; do  # 256 samples per device, as in the performance document's tables

@@ -6,7 +6,7 @@ error, else the step's status and first error line, else "not run". A NaN or an 
   python3 perf/device_check_summary.py OUT_DIR [JSON_DIR]
 
 OUT_DIR holds steps.tsv and gets device_check.json; JSON_DIR (default OUT_DIR) holds the sections' JSON:
-gpu_check.SECTION.json, torch_ref.json (its PyTorch peers: each row against PyTorch is judged against the fastest peer
+gpu_check.SECTION.json, python_gpu_check.json, torch_ref.json (its PyTorch peers: each row against PyTorch is judged against the fastest peer
 that ran and agrees with eager, and names it), mlp_gpu.json, cnn_gpu.json, ckpt_*.json, torch_gpu_check.json,
 stealbench16/32.json. device_check.json embeds each of them under "sections", so that it is the one file of figures
 that has to come back.
@@ -319,6 +319,21 @@ def main():
         x = number(lm.get("steal_over_static")) or 0
         add(f"torch_lm steal vs static on {lm.get('parts')}, grouped",
             f"{lm.get('steal_tokens_per_s', 0):.0f} vs {lm.get('static_tokens_per_s', 0):.0f} tokens/s = {x:.2f}x", ">= 1.0x", x >= 1.0)
+    # The Python package on cuda:0 (python_gpu_check): its gradient against PyTorch's, its samples/s against the C++
+    # adapter's on the same MLP and batch.
+    pg = sections.get("python_gpu_check") or {}
+    if "gradient_error" not in pg:
+        why = pg.get("error") or (step_reason("python_build") if st.get("python_build", {}).get("status") != "ok" else step_reason("python_gpu_check"))
+        missing("python mlp on cuda:0", "gradient <= 1e-5, >= 0.9x the adapter", why)
+    else:
+        e = number(pg.get("gradient_error"))
+        add("python mlp gradient cuda:0 vs PyTorch", f"{e:.3g} (batch 1024)" if e is not None else "missing", "<= 1e-5", at_most(e, 1e-5))
+        ratio = number(pg.get("ratio_to_adapter"))
+        if ratio is None:
+            missing("python mlp vs the adapter on cuda:0", ">= 0.9x", pg.get("adapter_error") or "the adapter's figure did not come")
+        else:
+            add("python mlp vs the adapter on cuda:0", f"{pg.get('package_samples_per_s', 0):.0f} vs {pg.get('adapter_samples_per_s', 0):.0f} "
+                f"samples/s = {ratio:.3f}x (eager {pg.get('eager_samples_per_s', 0):.0f})", ">= 0.9x", ratio >= 0.9)
     # TorchLm at a realistic size (torch_gpu_check's "lm_large": 256 documents up to 2048 bytes a step): steal against
     # static and the packer, on equal and unequal parts, grouped and shuffled. Judged where the targets say: grouped on
     # equal parts, steal >= 1.3x static and >= 1.0x the packer; grouped on unequal parts, >= 1.1x the packer.
