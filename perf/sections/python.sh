@@ -1,0 +1,16 @@
+# python: the Python package. Python chunk functions against the C++ adapter on torch_mlp's MLP (threads in one
+# process, and one process a device under mpirun; perf/python_vs_adapter.py, 3 interleaved rounds), then the Python
+# transformer beside its DDP script on grouped and shuffled batches (examples/python/compare.py, 3 rounds). The Python
+# is the build's (Debian's torch) for the first, TORCH_PYTHON (PyPI's torch, DDP's gloo) for the second when given.
+section_python() {
+  [ -d "$build/python/stealbatch" ] || skip "no Python package in this build (STEALBATCH_PYTHON: needs pybind11)"
+  [ -x "$build/examples/torch_mlp" ] || skip "no examples/torch_mlp in this build (STEALBATCH_TORCH: needs libtorch)"
+  local py
+  py=$(sed -n 's/^Python3_EXECUTABLE:FILEPATH=//p' "$build/CMakeCache.txt")
+  {
+    echo "# python: $(machine)"
+    PYTHONPATH="$build/python" "${py:-python3}" perf/python_vs_adapter.py --build "$build" --devices cpu:2,cpu:4 --rounds 3 --epochs 3 --ranks
+    PYTHONPATH="$build/python" "${TORCH_PYTHON:-${py:-python3}}" examples/python/compare.py --build "$build" --rounds 3 --epochs 3 --limit 512
+  } | tee "$out/python.txt"
+  return "${PIPESTATUS[0]}"
+}
