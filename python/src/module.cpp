@@ -278,12 +278,15 @@ class PyRuntime {
       Release& operator=(const Release&) = delete;
     } release(host ? &m_cores : nullptr);
     const py::gil_scoped_acquire gil;
-    PyChunk chunk{&ctx, {ctx.samples.begin(), ctx.samples.end()}};
+    // Owned by Python (a reference kept past the call must not dangle), and emptied after the call: a use of it
+    // later raises, naming the mistake.
+    const py::object chunk = py::cast(PyChunk{&ctx, {ctx.samples.begin(), ctx.samples.end()}});
+    const auto forget = [&] { chunk.cast<PyChunk&>().ctx = nullptr, chunk.cast<PyChunk&>().ids.clear(); };
     try {
-      fn(py::cast(&chunk, py::return_value_policy::reference));
-      chunk.ctx = nullptr;
+      fn(chunk);
+      forget();
     } catch (py::error_already_set& e) {
-      chunk.ctx = nullptr;
+      forget();
       if (e.trace()) PyException_SetTraceback(e.value().ptr(), e.trace().ptr());  // the exception, with the chunk's traceback
       {
         const std::lock_guard lock(m_error_mutex);
