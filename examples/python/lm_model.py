@@ -31,7 +31,7 @@ class Block(nn.Module):
         dh = w // self.heads
         h = self.qkv(x).view(b, l, 3, self.heads, dh).permute(2, 0, 3, 1, 4)
         att = torch.matmul(h[0], h[1].transpose(-2, -1)) * (1.0 / math.sqrt(dh))
-        later = torch.ones(l, l, dtype=torch.bool).triu(1)
+        later = torch.ones(l, l, dtype=torch.bool, device=x.device).triu(1)
         att = att.masked_fill(later, float("-inf")).softmax(-1)
         return self.proj(torch.matmul(att, h[2]).transpose(1, 2).reshape(b, l, w))
 
@@ -57,20 +57,22 @@ class TorchLm(nn.Module):
         return self.head(self.ln(x))
 
 
-def packed(docs):
-    """The documents end to end: tokens, positions, next-byte targets (-100 after each document's last byte)."""
+def packed(docs, device="cpu"):
+    """The documents end to end, on `device`: tokens, positions, next-byte targets (-100 after each document's last
+    byte)."""
     tokens, positions, targets, lengths = [], [], [], []
     for d in docs:
         tokens += d
         positions += range(len(d))
         targets += d[1:] + [-100]
         lengths.append(len(d))
-    t = lambda v: torch.tensor([v], dtype=torch.long)
+    t = lambda v: torch.tensor([v], dtype=torch.long).to(device, non_blocking=True)
     return t(tokens), t(positions), t(targets), lengths
 
 
 def summed_loss(model, docs):
-    tokens, positions, targets, lengths = packed(docs)
+    """The documents' summed next-byte loss, on the device that holds the model (its replica's, on stealbatch)."""
+    tokens, positions, targets, lengths = packed(docs, next(model.parameters()).device)
     logits = model(tokens, positions, lengths)
     return F.cross_entropy(logits.reshape(-1, 256), targets.reshape(-1), reduction="sum", ignore_index=-100)
 

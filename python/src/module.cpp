@@ -111,9 +111,12 @@ class Stepper {
 // What one chunk call shows Python: the device, its sample ids and the device's buffers.
 struct PyChunk {
   const sb::ChunkContext* ctx = nullptr;
-  std::vector<std::int64_t> ids;  // ctx->samples widened to int64, torch's index type
   void check() const {
     if (ctx == nullptr) throw sb::ConfigError("a chunk's context was used after its chunk function returned");
+  }
+  void check_host() const {
+    check();
+    if (ctx->stream != nullptr) throw sb::ConfigError("a GPU chunk's buffers are device memory: use params_address and grad_address");
   }
 };
 
@@ -138,18 +141,19 @@ void bind_chunk(py::module_& m) {
       .def_property_readonly("samples",
                              [](const PyChunk& c) {
                                c.check();
-                               auto& ids = const_cast<std::vector<std::int64_t>&>(c.ids);
-                               return py::memoryview::from_memory(ids.data(), static_cast<py::ssize_t>(ids.size() * sizeof(std::int64_t)));
+                               // A copy, widened to int64 (torch's index type), that the caller owns.
+                               std::vector<std::int64_t> ids(c.ctx->samples.begin(), c.ctx->samples.end());
+                               return py::bytearray(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(std::int64_t));
                              },
-                             "the sample ids, int64, valid during the call (copy them to keep them)")
+                             "the sample ids, int64, as a bytearray of the caller's own")
       .def_property_readonly("on_gpu", [](const PyChunk& c) { return c.check(), c.ctx->stream != nullptr; })
       .def_property_readonly("params_address", [](const PyChunk& c) { return c.check(), reinterpret_cast<std::uintptr_t>(c.ctx->params.data()); })
       .def_property_readonly("grad_address", [](const PyChunk& c) { return c.check(), reinterpret_cast<std::uintptr_t>(c.ctx->grad.data()); })
       .def_property_readonly("size", [](const PyChunk& c) { return c.check(), c.ctx->params.size(); })
-      .def("params", [](const PyChunk& c) { return c.check(), host_floats(c.ctx->params.data(), c.ctx->params.size()); },
-           "the device's parameters (host memory), as a writable buffer the runtime owns")
-      .def("grad", [](const PyChunk& c) { return c.check(), host_floats(c.ctx->grad.data(), c.ctx->grad.size()); },
-           "the device's gradient sum (host memory)")
+      .def("params", [](const PyChunk& c) { return c.check_host(), host_floats(c.ctx->params.data(), c.ctx->params.size()); },
+           "a host device's parameters, as a buffer the runtime owns (valid while the runtime keeps it: params_address tells)")
+      .def("grad", [](const PyChunk& c) { return c.check_host(), host_floats(c.ctx->grad.data(), c.ctx->grad.size()); },
+           "a host device's gradient sum, as a buffer the runtime owns (valid while grad_address is the same)")
       .def_property_readonly("gpu_index", [](const PyChunk& c) { return c.check(), gpu_index(c.ctx->grad.data()); },
                              "the CUDA device holding the chunk's buffers (-1 on the host)")
       .def_property_readonly("stream", [](const PyChunk& c) { return c.check(), reinterpret_cast<std::uintptr_t>(c.ctx->stream); })
@@ -205,6 +209,19 @@ sb::RuntimeOptions to_options(const PyOptions& p) {
   return o;
 }
 
+// Marks a runtime busy for a scope, unless it already was (mine = false): a flag, not a mutex, because a signal
+// handler that Python runs on the thread waiting for a step may call the runtime again.
+struct Busy {
+  explicit Busy(std::atomic<bool>& f) : flag(f), mine(!f.exchange(true)) {}
+  ~Busy() {
+    if (mine) flag.store(false);
+  }
+  Busy(const Busy&) = delete;
+  Busy& operator=(const Busy&) = delete;
+  std::atomic<bool>& flag;
+  const bool mine;
+};
+
 // A runtime driven from Python: its steps run on the stepping thread, its chunks call a Python function.
 class PyRuntime {
  public:
@@ -218,6 +235,13 @@ class PyRuntime {
   PyRuntime& operator=(const PyRuntime&) = delete;
 
   sb::Runtime& rt() { return *m_rt; }
+  // Runs `f(runtime)` when no step is running; a call from a loss function or another thread during a step raises.
+  template <class F>
+  auto when_idle(const char* what, F&& f) {
+    const Busy idle(m_busy);
+    if (!idle.mine) throw sb::ConfigError(std::string(what) + ": a step of this runtime is running; call it between steps");
+    return f(*m_rt);
+  }
 
   // `initial`: the address of `count` contiguous float32 values on the host (a tensor's data_ptr(), kept alive by the
   // caller during the call).
@@ -231,7 +255,7 @@ class PyRuntime {
     const auto* p = reinterpret_cast<const float*>(initial);
     const std::vector<float> values(p, p + count);
     const py::gil_scoped_release released;
-    m_rt->register_parameters(std::move(layout), values);
+    when_idle("register_parameters", [&](sb::Runtime& rt) { rt.register_parameters(std::move(layout), values); });
   }
 
   // One step (update = false: the gradient alone) over `count` sample ids (int64, at `samples`), calling `fn(chunk)`
@@ -246,8 +270,8 @@ class PyRuntime {
     std::vector<double> costs;
     if (cost != 0) costs.assign(reinterpret_cast<const double*>(cost), reinterpret_cast<const double*>(cost) + count);
     // One step at a time: the calling thread waits without the GIL, so another Python thread could call in meanwhile.
-    const std::unique_lock stepping(m_stepping, std::try_to_lock);
-    if (!stepping.owns_lock()) throw sb::ConfigError("step: another thread is running a step of this runtime; a runtime runs one step at a time");
+    const Busy stepping(m_busy);
+    if (!stepping.mine) throw sb::ConfigError("step: another thread is running a step of this runtime; a runtime runs one step at a time");
     m_cancel = false;
     set_error(py::object());
     const sb::ChunkFunction chunk = [this, &fn](sb::ChunkContext& ctx) { run_chunk(fn, ctx); };
@@ -263,7 +287,7 @@ class PyRuntime {
   //
   // On host devices at most as many chunks run their Python at once as the process has cores: more would not run
   // faster, and a thread that holds the GIL when the OS preempts it for another device's thread stalls every device
-  // (cpu:4 on 2 cores: 50k samples/s without the limit, 78k with it; see perf/README.md, Python).
+  // (cpu:4 on 2 cores: 52k samples/s without the limit, 78k with it; see perf/README.md, python).
   void run_chunk(const py::function& fn, sb::ChunkContext& ctx) {
     if (m_cancel.load(std::memory_order_relaxed)) throw Cancelled();
     const bool host = ctx.stream == nullptr;
@@ -277,11 +301,14 @@ class PyRuntime {
       Release(const Release&) = delete;
       Release& operator=(const Release&) = delete;
     } release(host ? &m_cores : nullptr);
+    // A thread state for the call: Python sees a new thread at each chunk (threading.local does not carry over; the
+    // OS thread's ident, threading.get_ident(), does).
     const py::gil_scoped_acquire gil;
+    if (m_cancel.load(std::memory_order_relaxed)) throw Cancelled();  // cancelled while this chunk waited for a core
     // Owned by Python (a reference kept past the call must not dangle), and emptied after the call: a use of it
     // later raises, naming the mistake.
-    const py::object chunk = py::cast(PyChunk{&ctx, {ctx.samples.begin(), ctx.samples.end()}});
-    const auto forget = [&] { chunk.cast<PyChunk&>().ctx = nullptr, chunk.cast<PyChunk&>().ids.clear(); };
+    const py::object chunk = py::cast(PyChunk{&ctx});
+    const auto forget = [&] { chunk.cast<PyChunk&>().ctx = nullptr; };
     try {
       fn(chunk);
       forget();
@@ -314,7 +341,18 @@ class PyRuntime {
         m_cancel = true;
       }
     }
-    if (interrupted) throw *interrupted;
+    if (interrupted) {
+      bool failed = false;
+      try {
+        m_stepper->rethrow();
+      } catch (...) {
+        failed = true;
+      }
+      if (failed) throw *interrupted;  // the step was cancelled: nothing applied
+      // The step had finished its chunks and was applied: it returns, and the interrupt is raised right after.
+      PyErr_SetInterrupt();
+      return;
+    }
     try {
       m_stepper->rethrow();
     } catch (const sb::Error&) {
@@ -339,7 +377,7 @@ class PyRuntime {
   std::unique_ptr<Stepper> m_stepper = std::make_unique<Stepper>();
   std::atomic<bool> m_cancel{false};
   std::counting_semaphore<> m_cores{static_cast<std::ptrdiff_t>(std::max(1u, sb::usable_cores()))};  // see run_chunk()
-  std::mutex m_stepping;     // held by the step that runs
+  std::atomic<bool> m_busy{false};  // a step, or a call that must not overlap one, is running (Busy)
   std::mutex m_error_mutex;  // guards m_error
   py::object m_error;        // the step's first Python exception
 };
@@ -402,13 +440,22 @@ void bind_runtime(py::module_& m) {
       .def(py::init<const PyOptions&>(), py::call_guard<py::gil_scoped_release>())
       .def("register_parameters", &PyRuntime::register_parameters)
       .def("step", &PyRuntime::step, py::arg("samples"), py::arg("count"), py::arg("fn"), py::arg("cost"), py::arg("update"))
-      .def("set_learning_rate", [](PyRuntime& r, float lr) { r.rt().set_learning_rate(lr); })
-      .def("save_checkpoint", [](PyRuntime& r, const std::filesystem::path& p, const sb::CheckpointMetadata& meta) { r.rt().save_checkpoint(p, meta); },
+      .def("set_learning_rate", [](PyRuntime& r, float lr) { r.when_idle("lr", [&](sb::Runtime& rt) { rt.set_learning_rate(lr); }); })
+      .def("save_checkpoint",
+           [](PyRuntime& r, const std::filesystem::path& p, const sb::CheckpointMetadata& meta) {
+             r.when_idle("save_checkpoint", [&](sb::Runtime& rt) { rt.save_checkpoint(p, meta); });
+           },
            py::call_guard<py::gil_scoped_release>())
-      .def("load_checkpoint", [](PyRuntime& r, const std::filesystem::path& p) { return r.rt().load_checkpoint(p); },
+      .def("load_checkpoint",
+           [](PyRuntime& r, const std::filesystem::path& p) { return r.when_idle("load_checkpoint", [&](sb::Runtime& rt) { return rt.load_checkpoint(p); }); },
            py::call_guard<py::gil_scoped_release>())
-      .def("parameters", [](PyRuntime& r, std::size_t d) { return as_bytes(r.rt().parameters(d)); }, py::arg("device") = 0)
-      .def("gradient", [](PyRuntime& r) { const auto g = r.rt().gradient(); return py::bytes(reinterpret_cast<const char*>(g.data()), g.size_bytes()); })
+      .def("parameters",
+           [](PyRuntime& r, std::size_t d) { return as_bytes(r.when_idle("parameters", [&](sb::Runtime& rt) { return rt.parameters(d); })); },
+           py::arg("device") = 0)
+      .def("gradient", [](PyRuntime& r) {
+        const std::vector<float> g = r.when_idle("gradient", [](sb::Runtime& rt) { return std::vector<float>(rt.gradient().begin(), rt.gradient().end()); });
+        return as_bytes(g);
+      })
       .def_property_readonly("device_count", [](PyRuntime& r) { return r.rt().device_count(); })
       .def("device_name", [](PyRuntime& r, std::size_t d) { return r.rt().device(d).name(); })
       .def("throughput_estimates", [](PyRuntime& r) { return r.rt().throughput_estimates(); })
@@ -416,30 +463,44 @@ void bind_runtime(py::module_& m) {
 }
 
 // The runtime's errors as Python exceptions, all under stealbatch.Error; those that say what was wrong with an
-// argument are also ValueErrors, a checkpoint's also OSErrors, a stall also a TimeoutError.
+// argument are also ValueErrors, a checkpoint's also OSErrors, a stall also a TimeoutError. The classes live as long
+// as the process (as a C extension's own exception classes do): the translator may run at any time.
+struct Errors {
+  PyObject *error = nullptr, *config = nullptr, *data = nullptr, *checkpoint = nullptr, *timeout = nullptr, *chunk = nullptr;
+};
+Errors g_errors;
+
+PyObject* new_error(py::module_& m, const char* name, PyObject* bases) {
+  const std::string qualified = std::string("stealbatch.") + name;
+  PyObject* type = PyErr_NewException(qualified.c_str(), bases, nullptr);
+  if (type == nullptr) throw py::error_already_set();
+  m.add_object(name, py::handle(type));  // the module holds a reference; the one PyErr_NewException gave is kept
+  return type;
+}
+
 void bind_errors(py::module_& m) {
-  static py::exception<sb::Error> error(m, "Error", PyExc_RuntimeError);
-  const auto with = [&](PyObject* other) { return py::make_tuple(error, py::handle(other)); };
-  static py::exception<sb::ConfigError> config(m, "ConfigError", with(PyExc_ValueError));
-  static py::exception<sb::DataError> data(m, "DataError", with(PyExc_ValueError));
-  static py::exception<sb::CheckpointError> checkpoint(m, "CheckpointError", with(PyExc_OSError));
-  static py::exception<sb::TimeoutError> timeout(m, "TimeoutError", with(PyExc_TimeoutError));
-  static py::exception<sb::ChunkError> chunk(m, "ChunkError", error);
+  g_errors.error = new_error(m, "Error", PyExc_RuntimeError);
+  const auto with = [](PyObject* other) { return py::make_tuple(py::handle(g_errors.error), py::handle(other)); };
+  g_errors.config = new_error(m, "ConfigError", with(PyExc_ValueError).ptr());
+  g_errors.data = new_error(m, "DataError", with(PyExc_ValueError).ptr());
+  g_errors.checkpoint = new_error(m, "CheckpointError", with(PyExc_OSError).ptr());
+  g_errors.timeout = new_error(m, "TimeoutError", with(PyExc_TimeoutError).ptr());
+  g_errors.chunk = new_error(m, "ChunkError", g_errors.error);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const sb::ConfigError& e) {
-      config(e.what());
+      PyErr_SetString(g_errors.config, e.what());
     } catch (const sb::DataError& e) {
-      data(e.what());
+      PyErr_SetString(g_errors.data, e.what());
     } catch (const sb::CheckpointError& e) {
-      checkpoint(e.what());
+      PyErr_SetString(g_errors.checkpoint, e.what());
     } catch (const sb::TimeoutError& e) {
-      timeout(e.what());
+      PyErr_SetString(g_errors.timeout, e.what());
     } catch (const sb::ChunkError& e) {
-      chunk(e.what());
+      PyErr_SetString(g_errors.chunk, e.what());
     } catch (const sb::Error& e) {
-      error(e.what());
+      PyErr_SetString(g_errors.error, e.what());
     }
   });
 }

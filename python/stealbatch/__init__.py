@@ -25,7 +25,7 @@ for _name in ("libmpi.so.40", "libmpi.so"):
 
 # torch before the extension: both need NCCL and cuBLAS (one libnccl.so.2 per process), and torch's own, which it
 # loads from its wheel, are the newer; the extension binds to whichever is loaded first.
-import torch  # noqa: E402,F401
+import torch  # noqa: E402,F401  (loaded for its libraries)
 
 from . import _core  # noqa: E402
 from ._core import ChunkError, CheckpointError, ConfigError, DataError, Error, StepReport, TimeoutError  # noqa: E402,A004

@@ -62,14 +62,18 @@ class Runtime:
         processes started by torchrun (WORLD_SIZE > 1) are refused: they join through MPI, not torch.distributed.
     The rest are RuntimeOptions' (runtime.hpp): placement, placement_weights, deterministic, merge_stolen, endgame,
     threads_per_device, slowdown, stall_timeout, heartbeat_timeout, on_device_failure, trace (a Chrome trace's path),
-    seed, in_flight, gpu_graphs.
+    seed, in_flight. (gpu.graphs is not offered: a Python loss runs host code and allocates at every call, which a
+    graph's replay would skip.)
+
+    A module's buffers (BatchNorm's running statistics) are each replica's own, as DDP's are each rank's between its
+    broadcasts: copy_to() and state_dict() take device 0's.
     """
 
     def __init__(self, module, *, devices="", optimizer="sgd", lr=0.05, momentum=0.9, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, policy="steal", chunk_size=0, placement="auto", placement_weights=None,
                  deterministic=False, merge_stolen=True, endgame=True, threads_per_device=0, slowdown=None, stall_timeout=600.0,
                  heartbeat_timeout=10.0, on_device_failure="fail", trace=None, cluster="auto", seed=0x5eedba7c,
-                 in_flight=2, gpu_graphs=False):
+                 in_flight=2):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         named = list(module.named_parameters())
@@ -87,7 +91,7 @@ class Runtime:
         o.threads_per_device = int(threads_per_device)
         o.slowdown = list(slowdown or [])
         o.stall_timeout, o.heartbeat_timeout, o.on_device_failure = float(stall_timeout), float(heartbeat_timeout), on_device_failure
-        o.trace_path, o.cluster, o.seed, o.in_flight, o.gpu_graphs = trace or "", _cluster(cluster), int(seed), int(in_flight), bool(gpu_graphs)
+        o.trace_path, o.cluster, o.seed, o.in_flight = trace or "", _cluster(cluster), int(seed), int(in_flight)
         self._rt = _core.Runtime(o)
         self._module = module
         self._slots = []  # (offset, count, shape) per parameter, in named_parameters() order
@@ -101,8 +105,10 @@ class Runtime:
         count = self._rt.device_count
         self._replicas = [copy.deepcopy(module) for _ in range(count)]
         self._bound = [None] * count  # the (params, grad) addresses each replica is bound to
-        self._threads = int(threads_per_device) or max(1, _usable_cores() // count)
-        self._local = threading.local()
+        # torch's intra-op threads on each device's worker: the runtime's CPU devices' share of the cores, one in
+        # deterministic mode (a sum's order must not depend on the thread count).
+        self._threads = 1 if deterministic else int(threads_per_device) or max(1, _usable_cores() // count)
+        self._threads_set = set()  # the OS threads (threading.get_ident()) whose intra-op threads are set
 
     # -- what a DDP user calls -------------------------------------------------------------------------------------
 
@@ -128,18 +134,24 @@ class Runtime:
         return torch.frombuffer(bytearray(self._rt.parameters(device)), dtype=torch.float32)
 
     def state_dict(self):
-        """The trained values as {name: tensor} (copies), as the module's state_dict() names its parameters."""
+        """The trained values as {name: tensor} (copies), as the module's state_dict() names them: the parameters,
+        and device 0's buffers."""
         flat = self.parameters()
         names = [n for n, _ in self._module.named_parameters()]
-        return {n: flat[o:o + c].view(s).clone() for n, (o, c, s) in zip(names, self._slots)}
+        out = {n: flat[o:o + c].view(s).clone() for n, (o, c, s) in zip(names, self._slots)}
+        out.update({n: b.detach().to("cpu").clone() for n, b in self._replicas[0].named_buffers()})
+        return out
 
     def copy_to(self, module=None):
-        """Writes the trained values into `module` (default: the module given at construction) and returns it."""
+        """Writes the trained values into `module` (default: the module given at construction) and returns it: the
+        parameters, and device 0's buffers."""
         module = self._module if module is None else module
         flat = self.parameters()
         with torch.no_grad():
             for (o, c, s), p in zip(self._slots, module.parameters()):
                 p.copy_(flat[o:o + c].view(s))
+            for b, mine in zip(module.buffers(), self._replicas[0].buffers()):
+                b.copy_(mine)
         return module
 
     @property
@@ -196,13 +208,13 @@ class Runtime:
         replica = self._replicas[d]
         if c.on_gpu:
             return self._run_gpu_chunk(c, replica, loss_fn, data)
-        if getattr(self._local, "threads", None) != self._threads:
+        if threading.get_ident() not in self._threads_set:  # each chunk call has a thread state of its own: keyed by OS thread
             torch.set_num_threads(self._threads)  # this worker's intra-op threads
-            self._local.threads = self._threads
+            self._threads_set.add(threading.get_ident())
         if self._bound[d] != (c.params_address, c.grad_address):
             self._bind(replica, torch.frombuffer(c.params(), dtype=torch.float32), torch.frombuffer(c.grad(), dtype=torch.float32))
             self._bound[d] = (c.params_address, c.grad_address)
-        ids = torch.frombuffer(c.samples, dtype=torch.int64).clone()
+        ids = torch.frombuffer(c.samples, dtype=torch.int64)  # a copy of the chunk's own
         loss = self._loss(loss_fn, replica, ids, data, None)
         loss.backward()
         self._settle(replica, d)
@@ -213,11 +225,12 @@ class Runtime:
         stream = torch.cuda.ExternalStream(c.stream, device=device)
         with torch.cuda.device(device), torch.cuda.stream(stream):
             if self._bound[c.device] != (c.params_address, c.grad_address):
+                replica.to(device)  # its buffers; its parameters become views of the device's below
                 flat_p = torch.as_tensor(_CudaArray(c.params_address, c.size), device=device)
                 flat_g = torch.as_tensor(_CudaArray(c.grad_address, c.size), device=device)
                 self._bind(replica, flat_p, flat_g)
                 self._bound[c.device] = (c.params_address, c.grad_address)
-            ids = torch.frombuffer(c.samples, dtype=torch.int64).clone()
+            ids = torch.frombuffer(c.samples, dtype=torch.int64)
             # Every part of a GPU is one device index, whose backward passes libtorch would run on one engine thread:
             # with its multithreading off (torch 2.0 and later) this worker runs its own, on its own stream.
             off = getattr(torch.autograd, "set_multithreading_enabled", None)
@@ -231,11 +244,11 @@ class Runtime:
     @staticmethod
     def _loss(loss_fn, replica, ids, data, device):
         if data is None:
-            loss = loss_fn(replica, ids if device is None else ids.to(device, non_blocking=True))
+            loss = loss_fn(replica, ids if device is None else _to(ids, device))
         else:
-            rows = [t.index_select(0, ids.to(t.device)) for t in data]
+            rows = [t.index_select(0, ids if t.device.type == "cpu" else _to(ids, t.device)) for t in data]
             if device is not None:
-                rows = [r if r.device == device else r.pin_memory().to(device, non_blocking=True) for r in rows]
+                rows = [_to(r, device) for r in rows]
             loss = loss_fn(replica, *rows)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise TypeError(f"loss_fn must return the chunk's summed loss as a one-element tensor, got {_describe(loss)}")
@@ -256,6 +269,16 @@ class Runtime:
                 if g is not None:
                     view.copy_(g)  # the replaced gradient holds what the view held plus this chunk's
                 p.grad = view
+
+
+def _to(t, device):
+    """`t` on `device`, from the host through pinned memory and without blocking (a copy from pageable memory would
+    wait for the stream, and the device's chunks in flight with it); between GPUs as torch copies."""
+    if t.device == device:
+        return t
+    if t.device.type == "cpu" and device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
 class _nothing:

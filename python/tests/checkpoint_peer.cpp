@@ -1,6 +1,6 @@
 // The C++ side of the Python package's checkpoint tests: a runtime with the layout of the tests' Affine module
-// (w [3, 2], b [2]), trained by SGD on the loss 0.5 |w x_s + b - y_s|^2 summed over each step's samples, its gradient
-// written out by hand. The Python side trains the same module through autograd.
+// (lin.weight [2, 3], lin.bias [2]), trained by SGD on the loss 0.5 |w x_s + b - y_s|^2 summed over each step's
+// samples, its gradient written out by hand. The Python side trains the same module through autograd.
 //
 //   checkpoint_peer write PATH STEPS   trains STEPS steps from the tests' start and saves (metadata "from" = "c++")
 //   checkpoint_peer read PATH STEPS    loads PATH, prints its metadata, trains STEPS more steps

@@ -154,3 +154,19 @@ def test_a_second_thread_cannot_step_a_runtime_that_is_stepping():
         release.set()
         t.join(timeout=60)
     assert len(results) == 1 and results[0].samples == 4
+
+
+def test_the_runtime_refuses_calls_from_inside_its_own_step():
+    # A loss function that reads the parameters or sets the learning rate mid-step gets a ConfigError, raised from
+    # step() as the chunk's exception; nothing is applied, and the runtime runs the next step.
+    rt = sb.Runtime(torch.nn.Linear(4, 2), devices="cpu:1", chunk_size=4)
+    before = rt.parameters()
+    for call in (lambda: rt.parameters(), lambda: setattr(rt, "lr", 0.01), lambda: rt.save_checkpoint("/nonexistent/x")):
+        def loss(m, ids, call=call):
+            call()
+            return m(torch.ones(len(ids), 4)).sum()
+        with pytest.raises(sb.ConfigError, match="a step of this runtime is running"):
+            rt.step(torch.arange(8), loss)
+    assert torch.equal(rt.parameters(), before)
+    rt.step(torch.arange(8), lambda m, ids: m(torch.ones(len(ids), 4)).sum())
+    assert not torch.equal(rt.parameters(), before)

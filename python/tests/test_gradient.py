@@ -57,3 +57,35 @@ def test_the_loss_may_read_sample_ids_and_costs_place_the_batch():
     rt.compute_gradient(list(range(x.shape[0])), lambda m, ids: summed_cross_entropy(m, x[ids], y[ids]), cost=cost)
     want = reference_gradient(model, x, y)
     assert (rt.gradient() - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+
+
+def test_deterministic_mode_gives_the_same_bytes_on_any_devices():
+    # Cells' gradients rounded to fixed point: the parameters after 4 steps are the same bytes on cpu:1, cpu:2 and
+    # simulated devices of unequal speeds, static or stealing.
+    x, y = mlp_data()
+    results = []
+    for devices, policy in (("cpu:1", "steal"), ("cpu:2", "steal"), ("cpu:2", "static"), ("sim:1,0.3,2", "steal")):
+        rt = sb.Runtime(mlp(), devices=devices, policy=policy, deterministic=True, chunk_size=16)
+        for step in range(4):
+            rt.step(torch.arange(step * 32, step * 32 + 256) % 512, summed_cross_entropy, data=(x, y))
+        results.append(rt.parameters())
+    for r in results[1:]:
+        assert torch.equal(r, results[0])
+
+
+def test_buffers_are_each_replicas_own_and_come_back_with_the_parameters():
+    # BatchNorm's running statistics: each replica's own, device 0's written back by copy_to() and given by
+    # state_dict(), which the module loads strictly.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 5))
+    x, y = mlp_data()
+    rt = sb.Runtime(model, devices="cpu:1", chunk_size=64)
+    before = model[1].running_mean.clone()
+    rt.step(torch.arange(256), summed_cross_entropy, data=(x, y))
+    state = rt.state_dict()
+    assert "1.running_mean" in state and "1.num_batches_tracked" in state
+    assert not torch.equal(state["1.running_mean"], before)  # the replica's statistics moved
+    assert torch.equal(model[1].running_mean, before)  # the user's module is untouched until copy_to()
+    rt.copy_to()
+    assert torch.equal(model[1].running_mean, state["1.running_mean"])
+    model.load_state_dict(state, strict=True)
