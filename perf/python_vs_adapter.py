@@ -6,7 +6,7 @@ round is one process per side running --epochs epochs; the figure is each epoch'
 median over rounds, and the ratio of medians. It shows whether the GIL serialises the devices: the Python side's
 workers each take the GIL for their chunk's Python and release it inside torch.
 
-  PYTHONPATH=build/python python3 perf/python_vs_adapter.py --build build --devices cpu:2,cpu:4 [--rounds 3] [--epochs 3] [--ranks]
+  build/python/python3 perf/python_vs_adapter.py --build build --devices cpu:2,cpu:4 [--rounds 3] [--epochs 3] [--ranks]
 
 --ranks adds the other way to keep Python's devices apart: one process a device, started by mpirun and joined by
 the runtime's cross-rank stealing (cluster="mpi"), no GIL shared.

@@ -4,7 +4,7 @@ then train_ddp.py (one process a rank, gloo, started as torchrun starts them on 
 (one process, one device a rank's share) alternately, --rounds times each. Prints each one's tokens/s (median epoch
 after the first, the median over rounds), their ratio, and both validation bits/byte.
 
-  PYTHONPATH=build/python python3 examples/python/compare.py --build build [--devices 2] [--rounds 3] [--limit 512]
+  build/python/python3 examples/python/compare.py --build build [--devices 2] [--rounds 3] [--limit 512]
 """
 import argparse
 import os

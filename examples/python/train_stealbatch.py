@@ -3,7 +3,7 @@
 process drives its devices; idle devices steal documents from busy ones; each step's gradient is the whole batch's.
 
   build/examples/torch_lm --export run.json [--order grouped|shuffled] ...     the documents, orders and settings
-  PYTHONPATH=build/python python3 examples/python/train_stealbatch.py --work run.json --devices cpu:2
+  build/python/python3 examples/python/train_stealbatch.py --work run.json --devices cpu:2
 """
 import argparse
 import math
