@@ -65,7 +65,7 @@ class Stepper {
   Stepper(const Stepper&) = delete;
   Stepper& operator=(const Stepper&) = delete;
 
-  // Starts `job`; done() then tells when it has finished, and rethrow() what it threw.
+  // Starts `job`; wait_for() then tells when it has finished, and error() what it threw.
   void start(std::function<void()> job) {
     const std::lock_guard lock(m_mutex);
     m_job = std::move(job), m_done = false, m_error = nullptr;
@@ -75,9 +75,7 @@ class Stepper {
     std::unique_lock lock(m_mutex);
     return m_cv.wait_for(lock, slice, [&] { return m_done; });
   }
-  void rethrow() {
-    if (m_error) std::rethrow_exception(m_error);
-  }
+  std::exception_ptr error() const { return m_error; }  // read once wait_for() returned true
 
  private:
   void loop() {
@@ -166,7 +164,7 @@ struct PyOptions {
   std::string devices, policy = "steal", placement = "auto", optimizer = "sgd", on_device_failure = "fail", trace_path, cluster = "none";
   std::size_t chunk_size = 0, in_flight = 2;
   float lr = 0.05f, momentum = 0.9f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
-  bool deterministic = false, merge_stolen = true, gpu_graphs = false, endgame = true;
+  bool deterministic = false, merge_stolen = true, endgame = true;
   int threads_per_device = 0;
   std::vector<double> slowdown, placement_weights;
   double stall_timeout = 600, heartbeat_timeout = 10;
@@ -202,7 +200,7 @@ sb::RuntimeOptions to_options(const PyOptions& p) {
   o.optimizer = {.kind = sb::parse_optimizer(p.optimizer), .lr = p.lr, .momentum = p.momentum, .beta1 = p.beta1, .beta2 = p.beta2,
                  .eps = p.eps, .weight_decay = p.weight_decay};
   o.host.slowdown = p.slowdown, o.host.threads_per_device = p.threads_per_device;
-  o.gpu.in_flight = p.in_flight, o.gpu.graphs = p.gpu_graphs;
+  o.gpu.in_flight = p.in_flight;  // gpu.graphs stays off: a Python loss runs host code that a replay would skip
   if (p.on_device_failure == "exclude") o.on_device_failure = sb::OnDeviceFailure::kExclude;
   else if (p.on_device_failure != "fail") throw sb::ConfigError("on_device_failure = '" + p.on_device_failure + "': use fail or exclude");
   o.cluster.job = make_cluster(p.cluster), o.cluster.heartbeat_timeout = p.heartbeat_timeout;
@@ -341,20 +339,16 @@ class PyRuntime {
         m_cancel = true;
       }
     }
+    const std::exception_ptr failed = m_stepper->error();
     if (interrupted) {
-      bool failed = false;
-      try {
-        m_stepper->rethrow();
-      } catch (...) {
-        failed = true;
-      }
       if (failed) throw *interrupted;  // the step was cancelled: nothing applied
       // The step had finished its chunks and was applied: it returns, and the interrupt is raised right after.
       PyErr_SetInterrupt();
       return;
     }
+    if (!failed) return;
     try {
-      m_stepper->rethrow();
+      std::rethrow_exception(failed);
     } catch (const sb::Error&) {
       py::object error = set_error(py::object());
       if (error) {
@@ -430,7 +424,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("stall_timeout", &PyOptions::stall_timeout).def_readwrite("heartbeat_timeout", &PyOptions::heartbeat_timeout)
       .def_readwrite("on_device_failure", &PyOptions::on_device_failure).def_readwrite("trace_path", &PyOptions::trace_path)
       .def_readwrite("cluster", &PyOptions::cluster).def_readwrite("seed", &PyOptions::seed)
-      .def_readwrite("in_flight", &PyOptions::in_flight).def_readwrite("gpu_graphs", &PyOptions::gpu_graphs);
+      .def_readwrite("in_flight", &PyOptions::in_flight);
 }
 
 py::bytes as_bytes(const std::vector<float>& v) { return {reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)}; }

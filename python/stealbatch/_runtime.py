@@ -1,4 +1,5 @@
 """The Runtime: a torch.nn.Module trained on stealbatch's runtime (the _core extension)."""
+import contextlib
 import copy
 import os
 import threading
@@ -99,12 +100,12 @@ class Runtime:
         for _, p in named:
             self._slots.append((offset, p.numel(), tuple(p.shape)))
             offset += p.numel()
-        self._size = offset
         initial = torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for _, p in named]).contiguous()
         self._rt.register_parameters([(n, list(p.shape)) for n, p in named], initial.data_ptr(), initial.numel())
         count = self._rt.device_count
         self._replicas = [copy.deepcopy(module) for _ in range(count)]
         self._bound = [None] * count  # the (params, grad) addresses each replica is bound to
+        self._grads = [None] * count  # each replica's gradient views (_bind), which _settle() restores
         # torch's intra-op threads on each device's worker: the runtime's CPU devices' share of the cores, one in
         # deterministic mode (a sum's order must not depend on the thread count).
         self._threads = 1 if deterministic else int(threads_per_device) or max(1, _usable_cores() // count)
@@ -212,7 +213,7 @@ class Runtime:
             torch.set_num_threads(self._threads)  # this worker's intra-op threads
             self._threads_set.add(threading.get_ident())
         if self._bound[d] != (c.params_address, c.grad_address):
-            self._bind(replica, torch.frombuffer(c.params(), dtype=torch.float32), torch.frombuffer(c.grad(), dtype=torch.float32))
+            self._bind(d, torch.frombuffer(c.params(), dtype=torch.float32), torch.frombuffer(c.grad(), dtype=torch.float32))
             self._bound[d] = (c.params_address, c.grad_address)
         ids = torch.frombuffer(c.samples, dtype=torch.int64)  # a copy of the chunk's own
         loss = self._loss(loss_fn, replica, ids, data, None)
@@ -228,13 +229,13 @@ class Runtime:
                 replica.to(device)  # its buffers; its parameters become views of the device's below
                 flat_p = torch.as_tensor(_CudaArray(c.params_address, c.size), device=device)
                 flat_g = torch.as_tensor(_CudaArray(c.grad_address, c.size), device=device)
-                self._bind(replica, flat_p, flat_g)
+                self._bind(c.device, flat_p, flat_g)
                 self._bound[c.device] = (c.params_address, c.grad_address)
             ids = torch.frombuffer(c.samples, dtype=torch.int64)
             # Every part of a GPU is one device index, whose backward passes libtorch would run on one engine thread:
             # with its multithreading off (torch 2.0 and later) this worker runs its own, on its own stream.
             off = getattr(torch.autograd, "set_multithreading_enabled", None)
-            with (off(False) if off is not None else _nothing()):
+            with (off(False) if off is not None else contextlib.nullcontext()):
                 loss = self._loss(loss_fn, replica, ids, data, device)
                 loss.backward()
             self._settle(replica, c.device)
@@ -254,16 +255,16 @@ class Runtime:
             raise TypeError(f"loss_fn must return the chunk's summed loss as a one-element tensor, got {_describe(loss)}")
         return loss
 
-    def _bind(self, replica, flat_p, flat_g):
-        """The replica's parameters become views of the runtime's parameters, their gradients views of its gradient."""
-        for (o, c, s), p in zip(self._slots, replica.parameters()):
+    def _bind(self, d, flat_p, flat_g):
+        """Replica d's parameters become views of the device's parameters, their gradients views of its gradient."""
+        self._grads[d] = [flat_g[o:o + c].view(s) for o, c, s in self._slots]
+        for (o, c, s), p, grad in zip(self._slots, self._replicas[d].parameters(), self._grads[d]):
             p.data = flat_p[o:o + c].view(s)
-            p.grad = flat_g[o:o + c].view(s)
-        replica._sb_grads = [flat_g[o:o + c].view(s) for o, c, s in self._slots]
+            p.grad = grad
 
     def _settle(self, replica, d):
         """A gradient that autograd replaced instead of accumulating in place is added to the view and the view restored."""
-        for p, view in zip(replica.parameters(), replica._sb_grads):
+        for p, view in zip(replica.parameters(), self._grads[d]):
             g = p.grad
             if g is None or g.data_ptr() != view.data_ptr():
                 if g is not None:
@@ -279,14 +280,6 @@ def _to(t, device):
     if t.device.type == "cpu" and device.type == "cuda":
         t = t.pin_memory()
     return t.to(device, non_blocking=True)
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _describe(x):
