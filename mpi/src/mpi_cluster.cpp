@@ -66,6 +66,9 @@ struct MpiCluster::State {
   MPI_Comm node_comm = MPI_COMM_NULL;
   MPI_Win pulse_win = MPI_WIN_NULL;
   std::vector<std::uint64_t*> pulse;
+  // Ranks that joined through a port (joined()): each is its own MPI job, so the job's abort is the cluster's
+  // communicator, and one-sided components see the others as remote wherever they run.
+  bool joined = false;
 };
 
 namespace {
@@ -98,8 +101,11 @@ std::chrono::microseconds progress_period() {
   return std::chrono::microseconds(20);
 }
 
-bool wants_progress_agent(const std::vector<char>& same_node) {
+bool wants_progress_agent(const std::vector<char>& same_node, bool joined) {
   if (const char* v = std::getenv("STEALBATCH_MPI_PROGRESS")) return std::strcmp(v, "0") != 0;
+  // Separate jobs never share a window through osc sm (Open MPI 4.1 picks ucx between them even on one node, and a
+  // thief's atomic on a computing victim then waited 1.8 s for it in a test), whatever the node split says.
+  if (joined) return true;
   for (char c : same_node) {
     if (c == 0) return true;  // ranks on other nodes: the window is not shared memory
   }
@@ -141,19 +147,9 @@ void init_mpi() {
 
 }  // namespace
 
-// Which ranks share this node (a shared-memory split, then each rank's node leader gathered), and each rank's node
-// name, for messages.
+// Each rank's node name (for messages and the split below), then which ranks share this node: a shared-memory split,
+// and each rank's node leader gathered.
 void MpiCluster::find_nodes(State& s) {
-  MPI_Comm node = MPI_COMM_NULL;
-  check(MPI_Comm_split_type(s.comm, MPI_COMM_TYPE_SHARED, s.rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
-  int node_leader = s.rank;
-  check(MPI_Bcast(&node_leader, 1, MPI_INT, 0, node), "MPI_Bcast");
-  s.node_comm = node;
-  MPI_Comm_set_errhandler(node, MPI_ERRORS_RETURN);
-  open_pulses(s);
-  std::vector<int> leaders(static_cast<std::size_t>(s.size));
-  check(MPI_Allgather(&node_leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, s.comm), "MPI_Allgather");
-  for (int l : leaders) s.same_node.push_back(l == node_leader ? 1 : 0);
   std::vector<char> names(static_cast<std::size_t>(s.size) * MPI_MAX_PROCESSOR_NAME, '\0');
   char mine[MPI_MAX_PROCESSOR_NAME] = {};
   int len = 0;
@@ -163,6 +159,29 @@ void MpiCluster::find_nodes(State& s) {
     const char* n = names.data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME;
     s.node_names.emplace_back(n, strnlen(n, MPI_MAX_PROCESSOR_NAME));
   }
+  MPI_Comm node = MPI_COMM_NULL;
+  if (s.joined) {
+    // Ranks of separate jobs: MPI's shared-memory split knows only its own job's processes, so the node is the
+    // processor name's (the first rank of the same name is the colour).
+    int first = s.rank;
+    for (int r = 0; r < s.rank; ++r) {
+      if (s.node_names[static_cast<std::size_t>(r)] == s.node_names[static_cast<std::size_t>(s.rank)]) {
+        first = r;
+        break;
+      }
+    }
+    check(MPI_Comm_split(s.comm, first, s.rank, &node), "MPI_Comm_split");
+  } else {
+    check(MPI_Comm_split_type(s.comm, MPI_COMM_TYPE_SHARED, s.rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  }
+  int node_leader = s.rank;
+  check(MPI_Bcast(&node_leader, 1, MPI_INT, 0, node), "MPI_Bcast");
+  s.node_comm = node;
+  MPI_Comm_set_errhandler(node, MPI_ERRORS_RETURN);
+  open_pulses(s);
+  std::vector<int> leaders(static_cast<std::size_t>(s.size));
+  check(MPI_Allgather(&node_leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, s.comm), "MPI_Allgather");
+  for (int l : leaders) s.same_node.push_back(l == node_leader ? 1 : 0);
 }
 
 // The node's pulse words (see State::pulse). Where the shared window cannot be made, every rank of the node finds
@@ -226,17 +245,15 @@ void MpiCluster::open_window(State& s) {
   check(MPI_Win_flush(s.rank, s.win), "MPI_Win_flush");
 }
 
-std::shared_ptr<MpiCluster> MpiCluster::world() {
-  init_mpi();
-  auto s = std::make_unique<State>();
-  check(MPI_Comm_dup(MPI_COMM_WORLD, &s->comm), "MPI_Comm_dup");
+// The cluster over `comm` (which it owns from here): ranks, nodes, the window, and the progress agent where needed.
+std::shared_ptr<MpiCluster> MpiCluster::over(std::unique_ptr<State> s) {
   MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(s->comm, &s->rank);
   MPI_Comm_size(s->comm, &s->size);
   find_nodes(*s);
   open_window(*s);
   check(MPI_Barrier(s->comm), "MPI_Barrier");
-  if (wants_progress_agent(s->same_node)) {
+  if (wants_progress_agent(s->same_node, s->joined)) {
     State* st = s.get();
     const auto period = progress_period();
     st->progress = std::thread([st, period] {
@@ -251,6 +268,74 @@ std::shared_ptr<MpiCluster> MpiCluster::world() {
     });
   }
   return std::shared_ptr<MpiCluster>(new MpiCluster(std::move(s)));
+}
+
+std::shared_ptr<MpiCluster> MpiCluster::world() {
+  init_mpi();
+  auto s = std::make_unique<State>();
+  check(MPI_Comm_dup(MPI_COMM_WORLD, &s->comm), "MPI_Comm_dup");
+  return over(std::move(s));
+}
+
+namespace {
+
+// The port rank 0 opened (open_port), until joined() closes it.
+std::string g_port;
+
+}  // namespace
+
+std::string MpiCluster::open_port() {
+  init_mpi();
+  char name[MPI_MAX_PORT_NAME] = {};
+  const int rc = MPI_Open_port(MPI_INFO_NULL, name);
+  {
+    const std::lock_guard g(g_init_lock);
+    --g_users;  // joined() counts the use; a port never joined leaves MPI to the process's end
+  }
+  check(rc, "MPI_Open_port");
+  g_port = name;
+  return g_port;
+}
+
+// The join: the ranks that have joined so far accept the next one together (rank 0 as the root) and merge with it,
+// until all `size` are in; every rank but 0 first connects alone. Joiners arrive in any order, so a last split puts
+// the ranks in the launcher's order. Every call is collective over the group so far, so it needs no other protocol:
+// MPI orders the accepts, and a connect waits for the accept that takes it.
+std::shared_ptr<MpiCluster> MpiCluster::joined(int rank, int size, const std::string& port) {
+  if (size < 1 || rank < 0 || rank >= size) throw ConfigError("MpiCluster::joined: rank " + std::to_string(rank) + " of " + std::to_string(size) + " is no rank");
+  if (port.empty() || port.size() >= MPI_MAX_PORT_NAME) throw ConfigError("MpiCluster::joined: '" + port + "' is no MPI port name");
+  if (rank == 0 && port != g_port) throw ConfigError("MpiCluster::joined: rank 0 joins through the port it opened (open_port()), not '" + port + "'");
+  init_mpi();
+  MPI_Comm group = MPI_COMM_SELF;
+  const auto merge = [&group](MPI_Comm inter, int high) {
+    MPI_Comm merged = MPI_COMM_NULL;
+    check(MPI_Intercomm_merge(inter, high, &merged), "MPI_Intercomm_merge");
+    MPI_Comm_free(&inter);
+    if (group != MPI_COMM_SELF) MPI_Comm_free(&group);
+    group = merged;
+  };
+  if (rank != 0) {
+    MPI_Comm inter = MPI_COMM_NULL;
+    check(MPI_Comm_connect(port.c_str(), MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter), "MPI_Comm_connect");
+    merge(inter, 1);
+  }
+  int in = 0;
+  check(MPI_Comm_size(group, &in), "MPI_Comm_size");
+  while (in < size) {
+    MPI_Comm inter = MPI_COMM_NULL;
+    check(MPI_Comm_accept(port.c_str(), MPI_INFO_NULL, 0, group, &inter), "MPI_Comm_accept");
+    merge(inter, 0);
+    check(MPI_Comm_size(group, &in), "MPI_Comm_size");
+  }
+  if (rank == 0) {
+    MPI_Close_port(g_port.c_str());
+    g_port.clear();
+  }
+  auto s = std::make_unique<State>();
+  s->joined = true;
+  check(MPI_Comm_split(group, 0, rank, &s->comm), "MPI_Comm_split");
+  if (group != MPI_COMM_SELF) MPI_Comm_free(&group);
+  return over(std::move(s));
 }
 
 MpiCluster::MpiCluster(std::unique_ptr<State> s) : m(std::move(s)) {}
@@ -292,7 +377,7 @@ void MpiCluster::fail_access(int rc, const char* what, int rank) const noexcept 
                "node unreachable, or MPI failed): ending the job\n",
                named(rank).c_str(), named(m->rank).c_str(), what, error_text(rc).c_str());
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 1);
+  MPI_Abort(m->joined ? m->comm : MPI_COMM_WORLD, 1);
   std::_Exit(1);
 }
 
@@ -391,7 +476,7 @@ void MpiCluster::barrier() {
 void MpiCluster::abort(const std::string& why, int exit_code) noexcept {
   std::fprintf(stderr, "%s\n", why.c_str());
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  MPI_Abort(m->joined ? m->comm : MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);
 }
 

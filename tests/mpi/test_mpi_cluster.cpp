@@ -868,6 +868,27 @@ void long_but_alive() {
 
 }  // namespace
 
+// The cluster: mpirun's world, or (SB_JOIN_RANK, SB_JOIN_SIZE and SB_JOIN_PORT_FILE set, as joined.sh starts
+// processes without mpirun) ranks joined through a port whose name rank 0 writes to the file.
+std::shared_ptr<mpi::MpiCluster> make_cluster() {
+  const char* rank = std::getenv("SB_JOIN_RANK");
+  const char* size = std::getenv("SB_JOIN_SIZE");
+  const char* file = std::getenv("SB_JOIN_PORT_FILE");
+  if (rank == nullptr || size == nullptr || file == nullptr) return mpi::MpiCluster::world();
+  const int r = std::atoi(rank);
+  std::string port;
+  if (r == 0) {
+    port = mpi::MpiCluster::open_port();
+    const std::string tmp = std::string(file) + ".tmp";
+    std::ofstream(tmp) << port;
+    std::filesystem::rename(tmp, file);  // the others never read half a name
+  } else {
+    while (!std::filesystem::exists(file)) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::ifstream(file) >> port;
+  }
+  return mpi::MpiCluster::joined(r, std::atoi(size), port);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|remote-steal-timed|trace|config|disagree|long-but-alive|costs|deterministic|probes|stall|hang|die|absent|wedged-node|wedged-neighbour\n", argv[0]);
@@ -889,7 +910,7 @@ int main(int argc, char** argv) {
   }
   int failed = 0;
   {
-    g_cluster = mpi::MpiCluster::world();
+    g_cluster = make_cluster();
     try {
       it->second();
     } catch (const std::exception& e) {

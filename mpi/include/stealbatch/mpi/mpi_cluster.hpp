@@ -27,6 +27,15 @@ class MpiCluster final : public Cluster {
  public:
   // A cluster over a duplicate of MPI_COMM_WORLD.
   static std::shared_ptr<MpiCluster> world();
+  // Processes that no MPI launcher started (torchrun, a scheduler's own launcher) join through a port: rank 0 calls
+  // open_port() and hands the name to the others by the launcher's means (the Python package uses torch.distributed's
+  // store), then every rank calls joined(rank, size, name), which returns when all `size` have. Each process starts
+  // MPI alone, so Open MPI needs its name server for the connect: ompi-server running, and its URI in
+  // OMPI_MCA_pmix_server_uri before the first call. A rank that never calls joined() leaves the others waiting in it,
+  // so a caller first checks that every rank is up (the package's store barrier does). Throws ConfigError for a
+  // rank outside [0, size) or a port that is not rank 0's own.
+  static std::string open_port();
+  static std::shared_ptr<MpiCluster> joined(int rank, int size, const std::string& port);
   // Whether this process was started by an MPI launcher (mpirun sets OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK).
   static bool launched_by_mpirun() noexcept;
   // This process's rank among the ranks of its node (OMPI_COMM_WORLD_LOCAL_RANK; 0 when not launched by mpirun).
@@ -60,6 +69,7 @@ class MpiCluster final : public Cluster {
  private:
   struct State;
   explicit MpiCluster(std::unique_ptr<State> s);
+  static std::shared_ptr<MpiCluster> over(std::unique_ptr<State> s);  // ranks, nodes, window and agent over s->comm
   static void find_nodes(State& s);   // which ranks share this node, every rank's node name, and the node's pulse words
   static void open_pulses(State& s);  // the node's pulse words, where the node's ranks can share a window
   static void open_window(State& s);  // the share words, zeroed and locked for the cluster's life
