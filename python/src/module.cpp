@@ -169,6 +169,7 @@ struct PyOptions {
   std::vector<double> slowdown, placement_weights;
   double stall_timeout = 600, heartbeat_timeout = 10;
   std::uint64_t seed = 0x5eedba7c;
+  std::shared_ptr<sb::Cluster> job;  // ranks already joined (mpi_join), in place of `cluster`
 };
 
 sb::PlacementPolicy parse_placement(const std::string& s) {
@@ -203,7 +204,7 @@ sb::RuntimeOptions to_options(const PyOptions& p) {
   o.gpu.in_flight = p.in_flight;  // gpu.graphs stays off: a Python loss runs host code that a replay would skip
   if (p.on_device_failure == "exclude") o.on_device_failure = sb::OnDeviceFailure::kExclude;
   else if (p.on_device_failure != "fail") throw sb::ConfigError("on_device_failure = '" + p.on_device_failure + "': use fail or exclude");
-  o.cluster.job = make_cluster(p.cluster), o.cluster.heartbeat_timeout = p.heartbeat_timeout;
+  o.cluster.job = p.job ? p.job : make_cluster(p.cluster), o.cluster.heartbeat_timeout = p.heartbeat_timeout;
   return o;
 }
 
@@ -223,7 +224,11 @@ struct Busy {
 // A runtime driven from Python: its steps run on the stepping thread, its chunks call a Python function.
 class PyRuntime {
  public:
-  explicit PyRuntime(const PyOptions& o) : m_rt(std::make_unique<sb::Runtime>(to_options(o))) {}
+  explicit PyRuntime(const PyOptions& o) {
+    auto options = to_options(o);
+    m_job = options.cluster.job;
+    m_rt = std::make_unique<sb::Runtime>(std::move(options));
+  }
   ~PyRuntime() {
     const py::gil_scoped_release released;  // the workers may still be returning from Python
     m_stepper.reset();
@@ -251,9 +256,22 @@ class PyRuntime {
       throw sb::ConfigError("register_parameters: " + std::to_string(count) + " initial values for a layout of " + std::to_string(layout.size()));
     }
     const auto* p = reinterpret_cast<const float*>(initial);
-    const std::vector<float> values(p, p + count);
+    std::vector<float> values(p, p + count);
     const py::gil_scoped_release released;
+    from_rank_zero(values);
     when_idle("register_parameters", [&](sb::Runtime& rt) { rt.register_parameters(std::move(layout), values); });
+  }
+
+  // As DDP does when it wraps a module: every rank starts from rank 0's values, so a model initialised without a
+  // common seed trains as one. The sizes are compared first, on every rank, so that ranks whose layouts differ all
+  // skip the values' broadcast and register_parameters then names the difference.
+  void from_rank_zero(std::vector<float>& values) {
+    if (!m_job || m_job->size() < 2) return;
+    std::uint64_t root_count = values.size();
+    m_job->broadcast({reinterpret_cast<char*>(&root_count), sizeof root_count}, 0);
+    std::vector<double> differ{root_count != values.size() ? 1.0 : 0.0};
+    m_job->allreduce_sum(differ);
+    if (differ[0] == 0) m_job->broadcast({reinterpret_cast<char*>(values.data()), values.size() * sizeof(float)}, 0);
   }
 
   // One step (update = false: the gradient alone) over `count` sample ids (int64, at `samples`), calling `fn(chunk)`
@@ -368,6 +386,7 @@ class PyRuntime {
   }
 
   std::unique_ptr<sb::Runtime> m_rt;
+  std::shared_ptr<sb::Cluster> m_job;  // the ranks, where there are several
   std::unique_ptr<Stepper> m_stepper = std::make_unique<Stepper>();
   std::atomic<bool> m_cancel{false};
   std::counting_semaphore<> m_cores{static_cast<std::ptrdiff_t>(std::max(1u, sb::usable_cores()))};  // see run_chunk()
@@ -424,7 +443,22 @@ void bind_options(py::module_& m) {
       .def_readwrite("stall_timeout", &PyOptions::stall_timeout).def_readwrite("heartbeat_timeout", &PyOptions::heartbeat_timeout)
       .def_readwrite("on_device_failure", &PyOptions::on_device_failure).def_readwrite("trace_path", &PyOptions::trace_path)
       .def_readwrite("cluster", &PyOptions::cluster).def_readwrite("seed", &PyOptions::seed)
-      .def_readwrite("in_flight", &PyOptions::in_flight);
+      .def_readwrite("in_flight", &PyOptions::in_flight).def_readwrite("job", &PyOptions::job);
+}
+
+// Ranks that torchrun (or any launcher but mpirun) started join through an MPI port; stealbatch/_torchrun.py hands
+// the port's name around through torch.distributed's store.
+void bind_cluster(py::module_& m) {
+  py::class_<sb::Cluster, std::shared_ptr<sb::Cluster>>(m, "Cluster", "Ranks that have joined (stealbatch._core.mpi_join).")
+      .def_property_readonly("rank", &sb::Cluster::rank)
+      .def_property_readonly("size", &sb::Cluster::size);
+#if defined(STEALBATCH_PY_MPI)
+  m.def("mpi_open_port", [] { return sb::mpi::MpiCluster::open_port(); }, py::call_guard<py::gil_scoped_release>(),
+        "rank 0: starts MPI alone and opens the port the others join through; returns its name");
+  m.def("mpi_join", [](int rank, int size, const std::string& port) -> std::shared_ptr<sb::Cluster> { return sb::mpi::MpiCluster::joined(rank, size, port); },
+        py::call_guard<py::gil_scoped_release>(), py::arg("rank"), py::arg("size"), py::arg("port"),
+        "every rank: joins the others through rank 0's port; returns when all `size` have");
+#endif
 }
 
 py::bytes as_bytes(const std::vector<float>& v) { return {reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)}; }
@@ -451,6 +485,8 @@ void bind_runtime(py::module_& m) {
         return as_bytes(g);
       })
       .def_property_readonly("device_count", [](PyRuntime& r) { return r.rt().device_count(); })
+      .def_property_readonly("threads_per_device", [](PyRuntime& r) { return r.rt().options().host.threads_per_device; },
+                             "CPU devices' threads as the runtime set them (0: not set; across ranks, the node's cores shared among its ranks' devices)")
       .def("device_name", [](PyRuntime& r, std::size_t d) { return r.rt().device(d).name(); })
       .def("throughput_estimates", [](PyRuntime& r) { return r.rt().throughput_estimates(); })
       .def("chunk_curve", [](PyRuntime& r, std::size_t d) { return r.rt().chunk_curve(d); });
@@ -524,6 +560,7 @@ STEALBATCH_PY_MODULE(_core, m) {
   bind_errors(m);
   bind_chunk(m);
   bind_options(m);
+  bind_cluster(m);
   bind_reports(m);
   bind_runtime(m);
 }

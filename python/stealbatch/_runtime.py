@@ -6,7 +6,7 @@ import threading
 
 import torch
 
-from . import _core
+from . import _core, _torchrun
 
 
 class _CudaArray:
@@ -27,18 +27,23 @@ def launch_environment():
 
 
 def _cluster(cluster):
-    """cluster="auto": "mpi" when mpirun started several processes, "none" for one; torchrun's several are refused."""
+    """cluster="auto": "mpi" when mpirun started several processes, "torchrun" when torchrun did, "none" for one."""
     if cluster != "auto":
         return cluster
-    rank, world, _ = launch_environment()
+    _, world, _ = launch_environment()
     if world <= 1:
         return "none"
     if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ:
         return "mpi"
-    raise _core.ConfigError(
-        f"cluster = 'auto': this is rank {rank} of {world} started by torchrun (RANK, WORLD_SIZE), and stealbatch joins "
-        f"processes through MPI, not torch.distributed: start them with mpirun (cluster='mpi'), or start one process "
-        f"(torchrun --nproc_per_node 1) that drives every device of the node (devices='cpu:N', 'cuda:all')")
+    return "torchrun"
+
+
+def _torchrun_ranks():
+    """(rank, world size) from torchrun's RANK and WORLD_SIZE."""
+    try:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError) as e:
+        raise _core.ConfigError(f"cluster = 'torchrun': RANK and WORLD_SIZE must be set to integers, as torchrun sets them ({e})") from None
 
 
 def _usable_cores():
@@ -58,9 +63,11 @@ class Runtime:
         once per step to every replica.
     policy: "steal" (the default) or "static" (an equal split, no stealing: what DDP does).
     chunk_size: samples per chunk; 0 picks each device's size from its measured throughput.
-    cluster: "auto" (the default: "mpi" under mpirun with more than one process, else "none"), "none", or "mpi": one
-        process per node (or per device) started by mpirun, every rank calling step() with the same batch. Several
-        processes started by torchrun (WORLD_SIZE > 1) are refused: they join through MPI, not torch.distributed.
+    cluster: "auto" (the default: "mpi" under mpirun with more than one process, "torchrun" under torchrun with more
+        than one, else "none"), "none", "mpi" or "torchrun": one process per node (or per device), every rank calling
+        step() with the same batch. torchrun's processes join through an MPI port whose name goes around through
+        torch.distributed's store (MASTER_ADDR:MASTER_PORT, shared with init_process_group's), with Open MPI's
+        ompi-server, which rank 0 starts. As with DDP, every rank starts from rank 0's parameters.
     The rest are RuntimeOptions' (runtime.hpp): placement, placement_weights, deterministic, merge_stolen, endgame,
     threads_per_device, slowdown, stall_timeout, heartbeat_timeout, on_device_failure, trace (a Chrome trace's path),
     seed, in_flight. (gpu.graphs is not offered: a Python loss runs host code and allocates at every call, which a
@@ -92,7 +99,10 @@ class Runtime:
         o.threads_per_device = int(threads_per_device)
         o.slowdown = list(slowdown or [])
         o.stall_timeout, o.heartbeat_timeout, o.on_device_failure = float(stall_timeout), float(heartbeat_timeout), on_device_failure
-        o.trace_path, o.cluster, o.seed, o.in_flight = trace or "", _cluster(cluster), int(seed), int(in_flight)
+        o.trace_path, o.seed, o.in_flight = trace or "", int(seed), int(in_flight)
+        o.cluster = _cluster(cluster)
+        if o.cluster == "torchrun":
+            o.job, o.cluster = _torchrun.join(*_torchrun_ranks()), "none"
         self._rt = _core.Runtime(o)
         self._module = module
         self._slots = []  # (offset, count, shape) per parameter, in named_parameters() order
@@ -108,7 +118,7 @@ class Runtime:
         self._grads = [None] * count  # each replica's gradient views (_bind), which _settle() restores
         # torch's intra-op threads on each device's worker: the runtime's CPU devices' share of the cores, one in
         # deterministic mode (a sum's order must not depend on the thread count).
-        self._threads = 1 if deterministic else int(threads_per_device) or max(1, _usable_cores() // count)
+        self._threads = 1 if deterministic else int(threads_per_device) or self._rt.threads_per_device or max(1, _usable_cores() // count)
         self._threads_set = set()  # the OS threads (threading.get_ident()) whose intra-op threads are set
 
     # -- what a DDP user calls -------------------------------------------------------------------------------------

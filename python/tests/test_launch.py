@@ -1,5 +1,5 @@
-"""Launched as PyTorch users launch: mpirun's ranks join one job (every rank the same parameters, the gradient of the
-whole batch); torchrun's several processes are refused with what to do instead."""
+"""Launched as PyTorch users launch: the ranks of mpirun, and the processes of torchrun, join one job (every rank the
+same parameters from rank 0's start, the gradient of the whole batch); a torchrun rank whose peers never come is named, not waited for."""
 import os
 import shutil
 import subprocess
@@ -19,14 +19,16 @@ SCRIPT = textwrap.dedent("""
     from conftest import mlp, mlp_data, summed_cross_entropy
     x, y = mlp_data()
     rank, world, _ = sb.launch_environment()
-    rt = sb.Runtime(mlp(), devices="cpu:1", chunk_size=16)  # cluster="auto": mpi under mpirun
-    one = sb.Runtime(mlp(), devices="cpu:1", chunk_size=16, cluster="none")
+    # cluster="auto": mpi under mpirun, torchrun under torchrun. Each rank's module starts from its own seed, and
+    # every rank trains from rank 0's values, as DDP's do.
+    rt = sb.Runtime(mlp(seed=rank), devices="cpu:1", chunk_size=16)
+    one = sb.Runtime(mlp(seed=0), devices="cpu:1", chunk_size=16, cluster="none")
     for s in range(3):
         ids = torch.arange(s * 64, s * 64 + 256) % 512
         r = rt.step(ids, summed_cross_entropy, data=(x, y))
         one.step(ids, summed_cross_entropy, data=(x, y))
     diff = (rt.parameters() - one.parameters()).abs().max().item()
-    print(f"rank {{rank}} of {{world}}: ranks {{r.ranks}}, diff {{diff:.3g}}, bytes {{hashlib.sha256(repr(rt.parameters().tolist()).encode()).hexdigest()}}", flush=True)
+    print(f"rank {{rank}} of {{world}}: ranks {{r.ranks}}, diff {{diff:.3g}}, threads {{rt._threads}}, bytes {{hashlib.sha256(repr(rt.parameters().tolist()).encode()).hexdigest()}}", flush=True)
 """)
 
 
@@ -36,24 +38,59 @@ def test_mpirun_ranks_train_one_model(tmp_path):
     script.write_text(SCRIPT.format(tests=TESTS))
     out = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2", "-x", "PYTHONPATH",
                           sys.executable, str(script)], capture_output=True, text=True, timeout=180)
+    _ranks_agree(out, 2)
+
+
+def _ranks_agree(out, world):
     assert out.returncode == 0, out.stdout + out.stderr
-    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("rank "))
-    assert len(lines) == 2, out.stdout
+    # torchrun's --tee prefixes each line with its rank ("[default1]:")
+    lines = sorted(line[line.index("rank "):] for line in out.stdout.splitlines() if "rank " in line and " of " in line)
+    assert len(lines) == world, out.stdout + out.stderr
     for line in lines:
-        assert "of 2: ranks 2," in line
+        assert f"of {world}: ranks {world}," in line
         assert float(line.split("diff ")[1].split(",")[0]) <= 1e-6  # the whole batch's gradient, as one process
-    assert lines[0].split("bytes ")[1] == lines[1].split("bytes ")[1]  # every rank the same parameters
+        # The node's cores shared among its ranks, not each rank taking them all
+        assert int(line.split("threads ")[1].split(",")[0]) == max(1, len(os.sched_getaffinity(0)) // world), line
+    assert len({line.split("bytes ")[1] for line in lines}) == 1  # every rank the same parameters
 
 
-def test_torchruns_several_processes_are_refused_with_what_to_do(tmp_path):
-    script = tmp_path / "torchrun.py"
-    script.write_text("import torch, stealbatch as sb\nsb.Runtime(torch.nn.Linear(2, 2), devices='cpu:1')\n")
-    env = dict(os.environ, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29999")
-    for k in ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_SIZE"):
+def _torchrun():
+    env = dict(os.environ)
+    for k in ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_SIZE", "PMIX_RANK"):
         env.pop(k, None)
+    # --redirects/--tee: torch 1.13's torchrun cannot parse its default ("0") on Python 3.11 (Debian 12's pairing)
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--redirects", "1", "--tee", "1"], env
+
+
+@pytest.mark.skipif(not sb.has_mpi or shutil.which("ompi-server") is None, reason="no MPI in this build or no ompi-server")
+@pytest.mark.parametrize("world", [2, 3])
+def test_torchrun_processes_train_one_model(tmp_path, world):
+    script = tmp_path / "ranks.py"
+    script.write_text(SCRIPT.format(tests=TESTS))
+    cmd, env = _torchrun()
+    out = subprocess.run(cmd + ["--nproc_per_node", str(world), str(script)], capture_output=True, text=True, timeout=240, env=env)
+    _ranks_agree(out, world)
+
+
+@pytest.mark.skipif(not sb.has_mpi or shutil.which("ompi-server") is None, reason="no MPI in this build or no ompi-server")
+def test_a_torchrun_rank_whose_peers_never_come_is_told_so(tmp_path):
+    # Rank 0 of 2 alone, as if rank 1 had died before its runtime: the join ends within its bound, naming the count.
+    script = tmp_path / "alone.py"
+    script.write_text("import torch, stealbatch as sb\n"
+                      "from stealbatch import _torchrun\n"
+                      "_torchrun.join(0, 2, timeout=3.0)\n")
+    env = dict(_torchrun()[1], RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode != 0
-    assert "ConfigError" in out.stderr and "rank 1 of 2" in out.stderr and "mpirun" in out.stderr, out.stderr
-    # One process under torchrun (WORLD_SIZE 1) runs.
-    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    assert "TimeoutError" in out.stderr or "cannot reach" in out.stderr, out.stderr
+    # One process under torchrun (WORLD_SIZE 1) runs alone, with no cluster.
+    script.write_text("import torch, stealbatch as sb\nsb.Runtime(torch.nn.Linear(2, 2), devices='cpu:1')\n")
+    env.update(WORLD_SIZE="1")
     assert subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env).returncode == 0
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
