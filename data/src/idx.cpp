@@ -100,6 +100,23 @@ void check_length(std::span<const std::uint8_t> b, const std::string& name, std:
 // that are not a member ignored, as zlib's gzread does. A fault is reported where the decompressor met it in the
 // compressed file (at most a few bytes past the damaged one), and as a fault of the header, of the data, or of the
 // CRC in the trailer.
+// What went wrong in zlib's inflate (rc, neither Z_OK nor the stream's end) `where` in the compressed file, after
+// `decompressed` bytes: named for a reader who must find the damage.
+[[noreturn]] void fail_inflate(const std::string& name, int rc, const Inflater& inf, const std::string& where, std::size_t decompressed_bytes) {
+  const std::string why = inf.z.msg != nullptr ? inf.z.msg : zError(rc);
+  const std::string decompressed = std::to_string(decompressed_bytes) + " decompressed bytes";
+  if (rc == Z_BUF_ERROR) {
+    fail(name, "truncated gzip stream after " + decompressed + ": unexpected end of file " + where + (inf.head.done == 1 ? "" : ", in the header"));
+  }
+  if (rc == Z_MEM_ERROR) fail(name, "zlib ran out of memory after " + decompressed);
+  if (inf.head.done != 1) fail(name, "corrupt gzip header (" + why + "), found " + where);
+  if (why.find("data check") != std::string::npos || why.find("length check") != std::string::npos) {
+    fail(name, "corrupt gzip stream: the " + decompressed + " do not match its CRC and length in the trailer (" + why + "), checked " + where +
+                   "; the damage lies before that");
+  }
+  fail(name, "corrupt gzip stream (" + why + "), found " + where + " (the damage is there or a little before), after " + decompressed);
+}
+
 std::vector<std::uint8_t> read_gzip(const std::filesystem::path& path) {
   const std::string name = path.string();
   errno = 0;
@@ -145,19 +162,7 @@ std::vector<std::uint8_t> read_gzip(const std::filesystem::path& path) {
       continue;
     }
     if (rc == Z_OK || (rc == Z_BUF_ERROR && !(eof && inf.z.avail_in == 0))) continue;
-    const std::string where = "at byte " + std::to_string(consumed) + of_size;
-    const std::string why = inf.z.msg != nullptr ? inf.z.msg : zError(rc);
-    const std::string decompressed = std::to_string(out.size()) + " decompressed bytes";
-    if (rc == Z_BUF_ERROR) {
-      fail(name, "truncated gzip stream after " + decompressed + ": unexpected end of file " + where + (inf.head.done == 1 ? "" : ", in the header"));
-    }
-    if (rc == Z_MEM_ERROR) fail(name, "zlib ran out of memory after " + decompressed);
-    if (inf.head.done != 1) fail(name, "corrupt gzip header (" + why + "), found " + where);
-    if (why.find("data check") != std::string::npos || why.find("length check") != std::string::npos) {
-      fail(name, "corrupt gzip stream: the " + decompressed + " do not match its CRC and length in the trailer (" + why + "), checked " + where +
-                     "; the damage lies before that");
-    }
-    fail(name, "corrupt gzip stream (" + why + "), found " + where + " (the damage is there or a little before), after " + decompressed);
+    fail_inflate(name, rc, inf, "at byte " + std::to_string(consumed) + of_size, out.size());
   }
   return out;
 }

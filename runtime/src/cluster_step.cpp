@@ -296,6 +296,48 @@ std::uint64_t held_by_shares(Cluster& c, const RankShares& rs, std::size_t call)
   }
 }
 
+// A call's walk over the victims once its own share is empty: the node's ranks in order, then every other node's
+// rank in order, or rs.probes of them drawn afresh at each call (distinct within a call; the source is asked by one
+// worker at a time, so the draw needs no lock). Past `budget` seconds of a call (0: none), no more reads of other
+// nodes' words once one was made.
+class VictimWalk {
+ public:
+  VictimWalk(Cluster& cluster, const RankShares& rs, double budget)
+      : m_cluster(cluster), m_rs(rs), m_budget(budget), m_draw(static_cast<std::uint64_t>(rs.tag) << 32 | rs.me) {}
+
+  // Chunks stolen into [first, first + k), at most `room`; 0 when no victim walked had any. Counts the steals in phase.
+  std::size_t steal(std::uint32_t room, std::uint32_t& first, ChunkPhase& phase, Clock::time_point t0) {
+    std::size_t k = 0;
+    const auto try_victim = [&](std::size_t i) {
+      k = steal_from(m_cluster, m_rs, m_rs.victims[i], room, first);
+      if (k != 0) phase.remote_chunks += k, ++phase.remote_steals;
+    };
+    const std::size_t others = m_rs.victims.size() - m_rs.node_victims;
+    std::size_t i = 0;
+    for (; k == 0 && i < m_rs.node_victims; ++i) try_victim(i);
+    if (m_rs.probes >= others) {
+      for (; k == 0 && i < m_rs.victims.size(); ++i) try_victim(i);
+      return k;
+    }
+    m_drawn.clear();
+    while (k == 0 && m_drawn.size() < m_rs.probes) {  // ends: probes < others, so a fresh one is always left
+      if (m_budget > 0 && !m_drawn.empty() && seconds(Clock::now() - t0) > m_budget) break;
+      const std::size_t j = m_rs.node_victims + m_draw.below(others);
+      if (std::find(m_drawn.begin(), m_drawn.end(), j) != m_drawn.end()) continue;
+      m_drawn.push_back(j);
+      try_victim(j);
+    }
+    return k;
+  }
+
+ private:
+  Cluster& m_cluster;
+  const RankShares& m_rs;
+  double m_budget;
+  Rng m_draw;
+  std::vector<std::size_t> m_drawn;
+};
+
 }  // namespace
 
 ChunkPhase Runtime::Impl::run_from_shares(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
@@ -305,41 +347,16 @@ ChunkPhase Runtime::Impl::run_from_shares(std::span<const std::uint32_t> samples
   ChunkPhase phase;
   phase.start = step_start;
   // The scheduler's chunk source: chunks from the own share's front, else part of a victim's back; each handed out
-  // to the device that asked, as its own.
-  // Victims: the node's ranks in order, then every other node's rank in order, or rs.probes of them drawn afresh at
-  // each call (distinct within a call; the source is asked by one worker at a time, so the draw needs no lock).
-  Rng draw(static_cast<std::uint64_t>(rs.tag) << 32 | rs.me);
-  std::vector<std::size_t> drawn;
+  // to the device that asked, as its own. The walk's budget, once the ranks' speeds are measured: as long as one of
+  // this rank's full chunks on one of its devices (the rank's speed is its devices' sum; over TCP a read costs about a
+  // millisecond).
+  VictimWalk walk(*cluster, rs, rs.measured ? rs.chunk[rs.me] * static_cast<double>(dev.devices.size()) / rs.speed[rs.me] : 0.0);
   const auto take = [&](std::size_t w, std::span<ChunkId> out) -> std::size_t {
     const auto t0 = Clock::now();
     const auto room = static_cast<std::uint32_t>(out.size());
     std::uint32_t first = 0;
     std::size_t k = claim_own(*cluster, rs, static_cast<std::uint32_t>(dev.devices.size()), room, first);
-    const auto try_victim = [&](std::size_t i) {
-      k = steal_from(*cluster, rs, rs.victims[i], room, first);
-      if (k != 0) phase.remote_chunks += k, ++phase.remote_steals;
-    };
-    const std::size_t others = rs.victims.size() - rs.node_victims;
-    if (options.schedule.policy == SchedulePolicy::kSteal) {
-      std::size_t i = 0;
-      for (; k == 0 && i < rs.node_victims; ++i) try_victim(i);
-      if (rs.probes >= others) {
-        for (; k == 0 && i < rs.victims.size(); ++i) try_victim(i);
-      } else {
-        // A budget too, once the ranks' speeds are measured: no more reads of other nodes' words once this call has
-        // taken as long as one of this rank's full chunks on one of its devices (the rank's speed is its devices'
-        // sum; over TCP a read costs about a millisecond).
-        const double budget = rs.measured ? rs.chunk[rs.me] * static_cast<double>(dev.devices.size()) / rs.speed[rs.me] : 0.0;
-        drawn.clear();
-        while (k == 0 && drawn.size() < rs.probes) {  // ends: probes < others, so a fresh one is always left
-          if (budget > 0 && !drawn.empty() && seconds(Clock::now() - t0) > budget) break;
-          const std::size_t j = rs.node_victims + draw.below(others);
-          if (std::find(drawn.begin(), drawn.end(), j) != drawn.end()) continue;
-          drawn.push_back(j);
-          try_victim(j);
-        }
-      }
-    }
+    if (k == 0 && options.schedule.policy == SchedulePolicy::kSteal) k = walk.steal(room, first, phase, t0);
     for (std::uint32_t i = 0; i < k; ++i) out[i] = first + i, t.home[first + i] = static_cast<std::uint32_t>(w);
     if (k == 0) phase.leave_s = seconds(Clock::now() - t0);
     return k;

@@ -139,19 +139,60 @@ std::string blame_for_near_stall(const Cluster& cluster, const Cluster::Access& 
          " goes on: a rank of another node holds the window and is frozen or unreachable, or MPI cannot progress without it: ending the job";
 }
 
+// The node's other ranks, whose pulses tell a frozen neighbour from a stall caused on another node (none where the
+// node has no pulses).
+std::vector<int> pulse_neighbours(const Cluster& cluster) {
+  std::vector<int> neighbours;
+  if (!cluster.has_node_pulse()) return neighbours;
+  for (int r = 0; r < cluster.size(); ++r) {
+    if (r != cluster.rank() && cluster.same_node(r)) neighbours.push_back(r);
+  }
+  return neighbours;
+}
+
+// The neighbours whose pulse has stood still past the timeout, with how long, longest first.
+std::vector<std::pair<int, double>> frozen_neighbours(const Cluster& cluster, const std::vector<int>& neighbours, std::vector<StillWord>& still,
+                                                      double timeout_s, std::chrono::steady_clock::time_point now) {
+  std::vector<std::pair<int, double>> frozen;
+  for (std::size_t i = 0; i < neighbours.size(); ++i) {
+    const std::uint64_t theirs = cluster.node_pulse(neighbours[i]);
+    if (theirs == 0 || theirs == Heartbeat::kLeft) {  // not started yet, or its runtime has gone
+      still[i].restart();
+      continue;
+    }
+    const double q = still[i].seconds_still(theirs, now);
+    if (q > timeout_s) frozen.emplace_back(neighbours[i], q);
+  }
+  std::stable_sort(frozen.begin(), frozen.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
+  return frozen;
+}
+
+// What ends the job when access `a` has waited past its time: a frozen neighbour or another node (the pulses tell
+// which), this rank's own MPI, or the rank it waits on.
+std::string stall_message(const Cluster& cluster, const Cluster::Access& a, double timeout_s, const std::vector<std::pair<int, double>>& frozen,
+                          bool near, bool others) {
+  const int me = cluster.rank();
+  if (near && cluster.has_node_pulse() && (!frozen.empty() || others)) return blame_for_near_stall(cluster, a, timeout_s, frozen);
+  char text[640];
+  if (a.rank == me) {
+    std::snprintf(text, sizeof text,
+                  "stealbatch: %s: an access to its own window has waited %.0f ms (heartbeat_timeout = %g s; MPI is not progressing: a rank it "
+                  "waits on is frozen or unreachable): ending the job",
+                  rank_and_node(cluster, me).c_str(), a.seconds * 1e3, timeout_s);
+  } else {
+    std::snprintf(text, sizeof text,
+                  "stealbatch: %s stopped answering: a one-sided access to its window from %s has waited %.0f ms (heartbeat_timeout = %g s; "
+                  "its process is frozen or gone, or its node is unreachable): ending the job",
+                  rank_and_node(cluster, a.rank).c_str(), rank_and_node(cluster, me).c_str(), a.seconds * 1e3, timeout_s);
+  }
+  return text;
+}
+
 void Heartbeat::sentinel(std::stop_token stop) {
-  using Clock = std::chrono::steady_clock;
   const auto period = std::chrono::duration<double>(period_s(m_timeout_s));
   const int me = m_cluster->rank();
-  // The node's other ranks, whose pulses tell a frozen neighbour from a stall caused on another node.
-  std::vector<int> neighbours;
-  if (m_cluster->has_node_pulse()) {
-    for (int r = 0; r < m_cluster->size(); ++r) {
-      if (r != me && m_cluster->same_node(r)) neighbours.push_back(r);
-    }
-  }
+  const std::vector<int> neighbours = pulse_neighbours(*m_cluster);
   std::vector<StillWord> still(neighbours.size());
-
   std::uint64_t pulse = 1;
   m_cluster->set_node_pulse(pulse);  // at once: a rank frozen before its first period is seen as frozen, not as not yet started
   bool others = false;
@@ -163,17 +204,7 @@ void Heartbeat::sentinel(std::stop_token stop) {
     }
     if (stop.stop_requested()) return;
     m_cluster->set_node_pulse(++pulse);
-    const auto now = Clock::now();
-    std::vector<std::pair<int, double>> frozen;  // neighbours whose pulse has stood still past the timeout
-    for (std::size_t i = 0; i < neighbours.size(); ++i) {
-      const std::uint64_t theirs = m_cluster->node_pulse(neighbours[i]);
-      if (theirs == 0 || theirs == kLeft) {  // not started yet, or its runtime has gone
-        still[i].restart();
-        continue;
-      }
-      const double q = still[i].seconds_still(theirs, now);
-      if (q > m_timeout_s) frozen.emplace_back(neighbours[i], q);
-    }
+    const auto frozen = frozen_neighbours(*m_cluster, neighbours, still, m_timeout_s, std::chrono::steady_clock::now());
     const Cluster::Access a = m_cluster->access_in_flight();
     // A rank stuck on a lost one makes no progress for its own node's ranks either: where the transport needs the
     // target's cooperation, their accesses to it wait too, and a window whose lock a lost rank took waits for ever.
@@ -181,25 +212,7 @@ void Heartbeat::sentinel(std::stop_token stop) {
     // it; past that, the pulses say whether a rank of this node is frozen, or the cause is on another node.
     const bool near = a.rank == me || m_cluster->same_node(a.rank);
     if (a.rank < 0 || a.seconds <= (near ? 2 : 1) * m_timeout_s) continue;
-    std::string msg;
-    if (near && m_cluster->has_node_pulse() && (!frozen.empty() || others)) {
-      std::stable_sort(frozen.begin(), frozen.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
-      msg = blame_for_near_stall(*m_cluster, a, m_timeout_s, frozen);
-    } else if (a.rank == me) {
-      char text[640];
-      std::snprintf(text, sizeof text,
-                    "stealbatch: %s: an access to its own window has waited %.0f ms (heartbeat_timeout = %g s; MPI is not progressing: a rank it "
-                    "waits on is frozen or unreachable): ending the job",
-                    rank_and_node(*m_cluster, me).c_str(), a.seconds * 1e3, m_timeout_s);
-      msg = text;
-    } else {
-      char text[640];
-      std::snprintf(text, sizeof text,
-                    "stealbatch: %s stopped answering: a one-sided access to its window from %s has waited %.0f ms (heartbeat_timeout = %g s; "
-                    "its process is frozen or gone, or its node is unreachable): ending the job",
-                    rank_and_node(*m_cluster, a.rank).c_str(), rank_and_node(*m_cluster, me).c_str(), a.seconds * 1e3, m_timeout_s);
-      msg = text;
-    }
+    const std::string msg = stall_message(*m_cluster, a, m_timeout_s, frozen, near, others);
     // MPI_Abort may wait on what the stuck access holds: the process ends on its own 5 s later whatever happens.
     std::thread([] {
       std::this_thread::sleep_for(std::chrono::seconds(5));

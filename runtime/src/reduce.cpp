@@ -51,6 +51,34 @@ void Runtime::Impl::take_device_cells() {
   }
 }
 
+// Device d's part of the process's sum. Sliced (an update or a mean follows): slice d of every device's gradient is
+// complete (the chunk phase is over, and a host device's chunks write their gradient before their call returns), and
+// no other device touches slice d: sum it into device 0's buffer, from which update_slice() writes slice d of the next
+// parameters (and optimizer state) and zeroes it in every buffer for the next step. No device waits for another, so
+// the reduction and the update are one phase, done once, not once a device; step() switches to the next parameters
+// once every device has done its slice. Deterministic mode: the slice of the devices' fixed-point sums instead (their
+// float buffers are zero). Across ranks the rank's sum of slice d goes into the tally, which crosses the ranks (GPUs:
+// their own collective, once every rank agreed that the step succeeded). Returns whether d's reduction goes on in
+// this process (false: its part is in the tally).
+bool Runtime::Impl::sum_part(std::size_t d, std::span<float* const> bufs, bool sliced, RankTally& tally) {
+  const std::size_t n = dev.devices.size(), count = layout.size();
+  const auto [b, e] = InProcessCommunicator::slice(d, n, count);
+  if (sliced && exact) {
+    if (cluster) {
+      exact.sum_slice(b, e, tally.exact);
+      return false;
+    }
+    exact.sum_to_float(b, e, std::span<float>(bufs[0], count));
+  } else if (sliced) {
+    InProcessCommunicator::sum_slice(d, bufs, count);
+  } else if (!cluster) {
+    comm->allreduce_sum(d, bufs, count);
+  }
+  if (!cluster) return true;
+  if (sliced) std::copy(bufs[0] + b, bufs[0] + e, tally.grad() + b);
+  return false;
+}
+
 StepStats Runtime::Impl::reduce_within(std::size_t batch, Reduce reduce_to, const ChunkTable& t, RankTally& tally) {
   const std::size_t n = dev.devices.size(), count = layout.size();
   std::vector<float*> bufs(n);
@@ -79,35 +107,7 @@ StepStats Runtime::Impl::reduce_within(std::size_t batch, Reduce reduce_to, cons
     r.loss += device.take_device_loss();
     if (host_sums) return;
     device.set_sample_count(r.samples);
-    if (sliced) {
-      // Slice d of every device's gradient is complete (the chunk phase is over, and a host device's chunks write
-      // their gradient before their call returns), and no other device touches slice d: sum it, write slice d of the
-      // next parameters (and optimizer state) from it, and zero it in every buffer for the next step. No device waits
-      // for another, so the reduction and the update are one phase, done once, not once a device. step() switches to
-      // the next parameters once every device has done its slice. Deterministic mode: the slice of the devices'
-      // fixed-point sums instead (their float buffers are zero), across ranks into the tally, else in float into
-      // device 0's buffer, where the update reads it.
-      if (exact) {
-        const auto [b, e] = InProcessCommunicator::slice(d, n, count);
-        if (cluster) {
-          exact.sum_slice(b, e, tally.exact);
-          return;
-        }
-        exact.sum_to_float(b, e, std::span<float>(bufs[0], count));
-      } else {
-        InProcessCommunicator::sum_slice(d, bufs, count);
-      }
-    } else if (!cluster) {
-      comm->allreduce_sum(d, bufs, count);
-    }
-    if (cluster) {
-      // Across ranks: the rank's sum of slice d into the tally, which crosses the ranks (GPUs: their own collective,
-      // once every rank agreed that the step succeeded).
-      if (!sliced) return;
-      const auto [b, e] = InProcessCommunicator::slice(d, n, count);
-      std::copy(bufs[0] + b, bufs[0] + e, tally.grad() + b);
-      return;
-    }
+    if (!sum_part(d, bufs, sliced, tally)) return;
     // A modelled reduction (simulated devices) starts once the device is ready: when its part was issued or its last
     // chunk ended on its own timeline, whichever is later, as a GPU stream starts a collective queued behind a
     // kernel; not when its worker woke from waiting for that chunk (a host thread's lateness, not the device's).

@@ -77,6 +77,7 @@ struct Runtime::Impl {
   void drain(std::size_t d);  // on device d's worker: its chunks still in flight finished, timed (Replica::finish, drained)
   void take_device_cells();                                     // deterministic mode on GPUs (reduce.cpp)
   StepStats reduce_within(std::size_t batch, Reduce reduce_to, const ChunkTable& t, RankTally& tally);
+  bool sum_part(std::size_t d, std::span<float* const> bufs, bool sliced, RankTally& tally);  // device d's part of the sum
   StepStats finish_reduction(std::size_t batch, Reduce reduce_to, RankTally& tally);
   void update_slice(std::size_t d, std::span<const float> sum, float scale, Reduce reduce_to);
   // step_report.cpp
