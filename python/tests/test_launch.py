@@ -54,20 +54,25 @@ def _ranks_agree(out, world):
     assert len({line.split("bytes ")[1] for line in lines}) == 1  # every rank the same parameters
 
 
-def _torchrun():
+def _torchrun(rendezvous="static"):
+    """torchrun's command on one node, on a free port: rendezvous "static" (its agent serves the store at MASTER_PORT)
+    or "c10d" (rank 0 serves it). Not --standalone: torch 1.13's takes the fixed port 29400, which the run before may
+    still hold."""
     env = dict(os.environ)
     for k in ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_SIZE", "PMIX_RANK"):
         env.pop(k, None)
+    where = (["--nnodes", "1", "--node_rank", "0", "--master_addr", "127.0.0.1", "--master_port", str(_free_port())] if rendezvous == "static"
+             else ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{_free_port()}"])
     # --redirects/--tee: torch 1.13's torchrun cannot parse its default ("0") on Python 3.11 (Debian 12's pairing)
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--redirects", "1", "--tee", "1"], env
+    return [sys.executable, "-m", "torch.distributed.run", *where, "--redirects", "1", "--tee", "1"], env
 
 
 @pytest.mark.skipif(not sb.has_mpi or shutil.which("ompi-server") is None, reason="no MPI in this build or no ompi-server")
-@pytest.mark.parametrize("world", [2, 3])
-def test_torchrun_processes_train_one_model(tmp_path, world):
+@pytest.mark.parametrize("world,rendezvous", [(2, "static"), (3, "c10d")])
+def test_torchrun_processes_train_one_model(tmp_path, world, rendezvous):
     script = tmp_path / "ranks.py"
     script.write_text(SCRIPT.format(tests=TESTS))
-    cmd, env = _torchrun()
+    cmd, env = _torchrun(rendezvous)
     out = subprocess.run(cmd + ["--nproc_per_node", str(world), str(script)], capture_output=True, text=True, timeout=240, env=env)
     _ranks_agree(out, world)
 
