@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """A discrete-event model of one step across ranks: where its fixed cost grows from 2 to 10,000 ranks.
 
-What it models, as runtime/src/cluster_step.cpp runs it (docs/DESIGN.md, "Across processes and nodes"):
+What it models, as runtime/src/cluster/cluster_step.cpp runs it (docs/DESIGN.md, "Across processes and nodes"):
   - the chunk table every rank builds alike: shares in proportion to the ranks' speeds, each cut into chunks of its
     rank's size (the fastest rank's chunk, scaled by speed), the last six chunks' worth in sixths of what is left,
     down to a quarter chunk (detail::cut_share);

@@ -19,7 +19,7 @@ void gather_rows(const std::byte* rows, std::size_t row_bytes, const std::uint32
 // out_k[i] = sum over d of bufs[d][i] for every buffer k (the sum written back into all of them). bufs is a
 // device array of `count` device pointers.
 void sum_into_all(float* const* bufs, std::size_t count, std::size_t n, cudaStream_t s);
-// Deterministic mode, one tensor of a cell (the host's rule, runtime/src/fixed_point.cpp): acc[i] += round(v[i] *
+// Deterministic mode, one tensor of a cell (the host's rule, runtime/src/reduction/fixed_point.cpp): acc[i] += round(v[i] *
 // 2^shift), to nearest with ties to even, modulo 2^64, unless shift is kNoExponent (the scan alone); *largest_bits
 // becomes the max of itself and every |v[i]|'s bit pattern (sign cleared: the float order, inf and NaN above every
 // finite value); v[i] = 0.

@@ -17,7 +17,7 @@
 #include <random>
 #include <vector>
 
-// The packer is internal (runtime/src/given_costs.hpp); its declaration, to test it alone.
+// The packer is internal (runtime/src/cost/given_costs.hpp); its declaration, to test it alone.
 namespace stealbatch::detail {
 std::vector<std::uint32_t> pack_by_cost(std::span<const double> cost, std::size_t bins);
 }

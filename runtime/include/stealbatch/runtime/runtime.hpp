@@ -339,7 +339,7 @@ class Runtime {
 
  private:
   friend struct testing::RuntimeAccess;  // stealbatch/runtime/testing.hpp: fault injection
-  struct Impl;  // runtime/src/runtime_impl.hpp
+  struct Impl;  // runtime/src/step/runtime_impl.hpp
   std::unique_ptr<Impl> m;
 };
 

@@ -4,7 +4,7 @@
 // order; a device's position is its worker's index in the scheduler.
 #pragma once
 
-#include "step_types.hpp"
+#include "step/step_types.hpp"
 
 #include <stealbatch/runtime/device.hpp>
 #include <stealbatch/runtime/device_spec.hpp>

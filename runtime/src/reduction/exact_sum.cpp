@@ -1,5 +1,5 @@
 // Deterministic mode's sum: cells into each device's accumulator, the verdict, the slices of the sum.
-#include "exact_sum.hpp"
+#include "reduction/exact_sum.hpp"
 
 #include <algorithm>
 #include <stdexcept>

@@ -5,7 +5,7 @@
 // (drop_device() keeps them so, and forgets what was indexed by the devices as they were).
 #pragma once
 
-#include "step_types.hpp"
+#include "step/step_types.hpp"
 
 #include <stealbatch/runtime/detail/call_fit.hpp>
 #include <stealbatch/runtime/detail/chunk_sizer.hpp>

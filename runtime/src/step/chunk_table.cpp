@@ -1,5 +1,5 @@
 // A step's plan and chunk table: what is known of the devices, the shares and chunk sizes, and the end game's costs.
-#include "runtime_impl.hpp"
+#include "step/runtime_impl.hpp"
 
 #include <stealbatch/runtime/detail/speed_shares.hpp>
 

@@ -14,7 +14,7 @@
 // that finds its own share empty and every other one empty or not worth stealing from (detail::steal_amount) leaves
 // the chunk phase for good. The reduction carries, beside the gradient, every rank's speed, failure flag, chunk run
 // counts and device tallies, so every rank checks exactly-once over the whole job and learns the same speeds.
-#include "runtime_impl.hpp"
+#include "step/runtime_impl.hpp"
 
 #include <stealbatch/cores.hpp>
 #include <stealbatch/runtime/detail/agreement.hpp>

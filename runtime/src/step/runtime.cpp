@@ -1,5 +1,5 @@
 // The Runtime: its devices, scheduler and communicator, and step() and compute_gradient() from top to bottom.
-#include "runtime_impl.hpp"
+#include "step/runtime_impl.hpp"
 
 #include <stealbatch/cores.hpp>
 #include <stealbatch/error.hpp>

@@ -1,5 +1,5 @@
 // The runtime's devices (device_set.hpp).
-#include "device_set.hpp"
+#include "devices/device_set.hpp"
 
 #include <stealbatch/error.hpp>
 

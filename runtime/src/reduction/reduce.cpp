@@ -1,7 +1,7 @@
 // The reduction phase: each device finishes its chunks in flight and reduces its part; on host devices the update
 // (or the mean) is fused into the same phase, slice by slice. Across ranks the sum crosses the cluster between the
 // two (cluster_step.cpp), and the update from the job's sum is a phase of its own.
-#include "runtime_impl.hpp"
+#include "step/runtime_impl.hpp"
 
 #include <algorithm>
 #include <string>

@@ -1,6 +1,6 @@
 // Runtime::save_checkpoint and load_checkpoint: the runtime's state in a checkpoint file (checkpoint/), checked
 // whole against this runtime before any of it is applied.
-#include "runtime_impl.hpp"
+#include "step/runtime_impl.hpp"
 
 #include <stealbatch/checkpoint/checkpoint_file.hpp>
 #include <stealbatch/error.hpp>

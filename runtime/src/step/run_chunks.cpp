@@ -1,6 +1,6 @@
 // The chunk phase: each chunk run on its device with faults and stalls watched, and, when a device is lost with
 // on_device_failure = exclude, the device dropped and its chunks re-run on the survivors.
-#include "runtime_impl.hpp"
+#include "step/runtime_impl.hpp"
 
 #include <algorithm>
 #include <optional>

@@ -3,13 +3,13 @@
 // the step's types are in step_types.hpp.
 #pragma once
 
-#include "cluster_state.hpp"
-#include "device_set.hpp"
-#include "exact_sum.hpp"
-#include "given_costs.hpp"
-#include "shared_parameters.hpp"
-#include "speed_model.hpp"
-#include "step_types.hpp"
+#include "cluster/cluster_state.hpp"
+#include "cost/given_costs.hpp"
+#include "cost/speed_model.hpp"
+#include "devices/device_set.hpp"
+#include "parameters/shared_parameters.hpp"
+#include "reduction/exact_sum.hpp"
+#include "step/step_types.hpp"
 
 #include <stealbatch/runtime/runtime.hpp>
 #include <stealbatch/runtime/testing.hpp>

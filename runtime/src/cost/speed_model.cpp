@@ -1,5 +1,5 @@
 // What the runtime has learnt of its devices' speeds (speed_model.hpp).
-#include "speed_model.hpp"
+#include "cost/speed_model.hpp"
 
 #include <stealbatch/runtime/detail/speed_shares.hpp>
 #include <stealbatch/stats.hpp>

@@ -1,6 +1,6 @@
 // The step report, and what the runtime learns from each step: speeds, chunk sizes, batch-position costs, data
 // slowness, and the trace's barrier and reduction spans.
-#include "runtime_impl.hpp"
+#include "step/runtime_impl.hpp"
 
 #include <algorithm>
 #include <memory>

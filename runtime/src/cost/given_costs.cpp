@@ -1,5 +1,5 @@
 // The step's sample costs (given_costs.hpp).
-#include "given_costs.hpp"
+#include "cost/given_costs.hpp"
 
 #include <stealbatch/error.hpp>
 

@@ -2,7 +2,7 @@
 // game, run the chunks, reduce, report. Two things differ across ranks, each behind one call:
 //   - the chunk source: each device's own deque (one process), or the ranks' share words (run_from_shares());
 //   - the reduction: within the process, or within the rank and then across ranks (sum_across_ranks()).
-#include "runtime_impl.hpp"
+#include "step/runtime_impl.hpp"
 
 #include <limits>
 #include <string>
