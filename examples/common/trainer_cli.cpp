@@ -268,6 +268,7 @@ PolicyRun::PolicyRun(const TrainerFlags& flags, const PolicyChoice& policy, cons
   ro.schedule.deterministic = f.deterministic;
   ro.stall_timeout = f.stall_timeout;
   ro.cluster.heartbeat_timeout = f.heartbeat_timeout;
+  ro.cluster.wire = f.wire == "bf16" ? WireFormat::kBfloat16 : WireFormat::kFloat32;
   const DeviceSpec spec = parse_device_spec(f.devices);
   ro.cluster.job = g_cluster;
   // What every rank must share besides the runtime's own options: the flags that shape the run.
@@ -473,6 +474,8 @@ void add_trainer_options(CLI::App& app, TrainerFlags& f, const std::function<voi
   app.add_option("--resume", f.resume, "continue from DIR's newest checkpoint (the same --seed, --batch and data; --epochs counts the whole run)")->check(a_path);
   count("--stall-timeout", f.stall_timeout, "seconds a device may spend in one chunk before its step fails (across ranks: before the job ends; also how long a rank may stay out of the others' step)", 0.001, 86400);
   count("--heartbeat-timeout", f.heartbeat_timeout, "across ranks: seconds without a rank's heartbeat (its process frozen or gone, its node unreachable) before the job ends, naming it; the heartbeat beats whatever the rank is doing, long chunks included", 0.001, 86400);
+  app.add_option("--wire", f.wire, "across ranks: the gradient's format on the wire, float32 or bf16 (half the bytes, each value rounded; refused in one process and with --deterministic)")
+      ->check(CLI::IsMember({"float32", "bf16"}))->capture_default_str();
   count("--stop-after", f.stop_after, "end this process after this many epochs, the schedule still spanning --epochs (runs in time slots, with --save and --resume; 0 = never)", 0, 1000);
 }
 

@@ -52,6 +52,7 @@ struct TrainerFlags {
   std::size_t stop_after = 0;    // epochs this process runs before it ends (0 = to --epochs)
   double stall_timeout = 600;    // RuntimeOptions::stall_timeout
   double heartbeat_timeout = 10; // RuntimeOptions::cluster.heartbeat_timeout (across ranks)
+  std::string wire = "float32";  // "bf16": RuntimeOptions::cluster.wire, the gradient in bfloat16 across ranks
   bool deterministic = false;    // RuntimeOptions::schedule.deterministic: bit-identical parameters
 };
 

@@ -58,10 +58,10 @@ struct LmFlags {
 // What only the runs on stealbatch's runtime read: --plain trains without the runtime and --export ends before any
 // training, so either would drop these unread. --export keeps --devices (the cost fit's threads) and --slowdown
 // (perf/torch_lm_ref.py takes the same one); --plain reads neither, nor --costs.
-constexpr std::array<const char*, 19> kRuntimeFlags = {
+constexpr std::array<const char*, 20> kRuntimeFlags = {
     "--policy",  "--compare", "--compare-policies", "--chunk",      "--endgame",        "--chunk-sizing", "--merge-stolen",
     "--gpu-wait", "--deterministic", "--json",       "--trace",      "--save",           "--save-every",   "--keep",
-    "--save-overwrite", "--resume", "--stop-after",  "--stall-timeout", "--heartbeat-timeout"};
+    "--save-overwrite", "--resume", "--stop-after",  "--stall-timeout", "--heartbeat-timeout", "--wire"};
 constexpr std::array<const char*, 3> kPlainAlsoDrops = {"--devices", "--slowdown", "--costs"};
 
 // A path flag given "" would be silently ignored: refused, as --save's is.

@@ -31,6 +31,13 @@ void check(int rc, const char* what) {
   throw Error(std::string("MPI: ") + what + " failed: " + error_text(rc));
 }
 
+// MPI's user operation for allreduce_sum_bf16: inout[i] = bfloat16(in[i] + inout[i]), the sum in float.
+void bf16_pairs(void* in, void* inout, int* len, MPI_Datatype* /*type: MPI_UINT16_T*/) {
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = to_bf16(from_bf16(a[i]) + from_bf16(b[i]));
+}
+
 // MPI started by this library, and how many clusters use it.
 std::mutex g_init_lock;
 int g_users = 0;
@@ -69,6 +76,8 @@ struct MpiCluster::State {
   // Ranks that joined through a port (joined()): each is its own MPI job, so the job's abort is the cluster's
   // communicator, and one-sided components see the others as remote wherever they run.
   bool joined = false;
+  // bfloat16's sum (allreduce_sum_bf16): each pair added in float and rounded back.
+  MPI_Op bf16_sum = MPI_OP_NULL;
 };
 
 namespace {
@@ -247,6 +256,7 @@ void MpiCluster::open_window(State& s) {
 
 // The cluster over `comm` (which it owns from here): ranks, nodes, the window, and the progress agent where needed.
 std::shared_ptr<MpiCluster> MpiCluster::over(std::unique_ptr<State> s) {
+  check(MPI_Op_create(&bf16_pairs, /*commute=*/1, &s->bf16_sum), "MPI_Op_create");
   MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(s->comm, &s->rank);
   MPI_Comm_size(s->comm, &s->size);
@@ -353,6 +363,7 @@ MpiCluster::~MpiCluster() {
   if (m->pulse_win != MPI_WIN_NULL) MPI_Win_free(&m->pulse_win);
   if (m->node_comm != MPI_COMM_NULL) MPI_Comm_free(&m->node_comm);
   if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
+  if (m->bf16_sum != MPI_OP_NULL) MPI_Op_free(&m->bf16_sum);
   const std::lock_guard g(g_init_lock);
   if (--g_users == 0 && g_we_initialised) {
     int finalized = 0;
@@ -442,11 +453,11 @@ void MpiCluster::wait(void* request, const std::function<void()>& waiting) {
 }
 
 void MpiCluster::allreduce(void* data, std::size_t count, int type, const std::function<void()>& waiting) {
-  static const MPI_Datatype kTypes[] = {MPI_FLOAT, MPI_DOUBLE, MPI_INT64_T};
+  static const MPI_Datatype kTypes[] = {MPI_FLOAT, MPI_DOUBLE, MPI_INT64_T, MPI_UINT16_T};
   MPI_Request req = MPI_REQUEST_NULL;
   {
     const std::lock_guard g(m->lock);
-    check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), kTypes[type], MPI_SUM, m->comm, &req), "MPI_Iallreduce");
+    check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), kTypes[type], type == 3 ? m->bf16_sum : MPI_SUM, m->comm, &req), "MPI_Iallreduce");
   }
   wait(&req, waiting);
 }
@@ -454,6 +465,13 @@ void MpiCluster::allreduce(void* data, std::size_t count, int type, const std::f
 void MpiCluster::allreduce_sum(std::span<float> data, const std::function<void()>& waiting) { allreduce(data.data(), data.size(), 0, waiting); }
 void MpiCluster::allreduce_sum(std::span<double> data, const std::function<void()>& waiting) { allreduce(data.data(), data.size(), 1, waiting); }
 void MpiCluster::allreduce_sum(std::span<std::int64_t> data, const std::function<void()>& waiting) { allreduce(data.data(), data.size(), 2, waiting); }
+
+void MpiCluster::allreduce_sum_bf16(std::span<float> data, const std::function<void()>& waiting) {
+  std::vector<std::uint16_t> wire(data.size());
+  for (std::size_t i = 0; i < data.size(); ++i) wire[i] = to_bf16(data[i]);
+  allreduce(wire.data(), wire.size(), 3, waiting);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = from_bf16(wire[i]);
+}
 
 void MpiCluster::broadcast(std::span<char> data, int root) {
   MPI_Request req = MPI_REQUEST_NULL;

@@ -161,7 +161,8 @@ void bind_chunk(py::module_& m) {
 
 // The options a Python Runtime sets, flat; to_options() groups them as RuntimeOptions.
 struct PyOptions {
-  std::string devices, policy = "steal", placement = "auto", optimizer = "sgd", on_device_failure = "fail", trace_path, cluster = "none";
+  std::string devices, policy = "steal", placement = "auto", optimizer = "sgd", on_device_failure = "fail", trace_path, cluster = "none",
+      wire = "float32";
   std::size_t chunk_size = 0, in_flight = 2;
   float lr = 0.05f, momentum = 0.9f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
   bool deterministic = false, merge_stolen = true, endgame = true;
@@ -188,7 +189,7 @@ std::shared_ptr<sb::Cluster> make_cluster(const std::string& name) {
   if (name == "mpi") return sb::mpi::MpiCluster::world();
 #endif
   if (name == "mpi") throw sb::ConfigError("cluster = 'mpi': this stealbatch was built without MPI (install libopenmpi-dev and rebuild)");
-  throw sb::ConfigError("cluster = '" + name + "': use none or mpi");
+  throw sb::ConfigError("cluster = '" + name + "': use auto, none, mpi or torchrun");
 }
 
 sb::RuntimeOptions to_options(const PyOptions& p) {
@@ -205,6 +206,8 @@ sb::RuntimeOptions to_options(const PyOptions& p) {
   if (p.on_device_failure == "exclude") o.on_device_failure = sb::OnDeviceFailure::kExclude;
   else if (p.on_device_failure != "fail") throw sb::ConfigError("on_device_failure = '" + p.on_device_failure + "': use fail or exclude");
   o.cluster.job = p.job ? p.job : make_cluster(p.cluster), o.cluster.heartbeat_timeout = p.heartbeat_timeout;
+  if (p.wire == "bf16") o.cluster.wire = sb::WireFormat::kBfloat16;
+  else if (p.wire != "float32") throw sb::ConfigError("wire = '" + p.wire + "': use float32 or bf16");
   return o;
 }
 
@@ -443,7 +446,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("stall_timeout", &PyOptions::stall_timeout).def_readwrite("heartbeat_timeout", &PyOptions::heartbeat_timeout)
       .def_readwrite("on_device_failure", &PyOptions::on_device_failure).def_readwrite("trace_path", &PyOptions::trace_path)
       .def_readwrite("cluster", &PyOptions::cluster).def_readwrite("seed", &PyOptions::seed)
-      .def_readwrite("in_flight", &PyOptions::in_flight).def_readwrite("job", &PyOptions::job);
+      .def_readwrite("in_flight", &PyOptions::in_flight).def_readwrite("job", &PyOptions::job).def_readwrite("wire", &PyOptions::wire);
 }
 
 // Ranks that torchrun (or any launcher but mpirun) started join through an MPI port; stealbatch/_torchrun.py hands

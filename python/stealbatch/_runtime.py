@@ -68,6 +68,8 @@ class Runtime:
         step() with the same batch. torchrun's processes join through an MPI port whose name goes around through
         torch.distributed's store (MASTER_ADDR:MASTER_PORT, shared with init_process_group's), with Open MPI's
         ompi-server, which rank 0 starts. As with DDP, every rank starts from rank 0's parameters.
+    wire: across ranks, the gradient's format on the wire: "float32" or "bf16" (half the bytes, as DDP's
+        bf16_compress_hook; each value rounded, the sum within RuntimeOptions::cluster.wire's bound).
     The rest are RuntimeOptions' (runtime.hpp): placement, placement_weights, deterministic, merge_stolen, endgame,
     threads_per_device, slowdown, stall_timeout, heartbeat_timeout, on_device_failure, trace (a Chrome trace's path),
     seed, in_flight. (gpu.graphs is not offered: a Python loss runs host code and allocates at every call, which a
@@ -81,7 +83,7 @@ class Runtime:
                  weight_decay=0.0, policy="steal", chunk_size=0, placement="auto", placement_weights=None,
                  deterministic=False, merge_stolen=True, endgame=True, threads_per_device=0, slowdown=None, stall_timeout=600.0,
                  heartbeat_timeout=10.0, on_device_failure="fail", trace=None, cluster="auto", seed=0x5eedba7c,
-                 in_flight=2):
+                 in_flight=2, wire="float32"):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         named = list(module.named_parameters())
@@ -99,7 +101,7 @@ class Runtime:
         o.threads_per_device = int(threads_per_device)
         o.slowdown = list(slowdown or [])
         o.stall_timeout, o.heartbeat_timeout, o.on_device_failure = float(stall_timeout), float(heartbeat_timeout), on_device_failure
-        o.trace_path, o.seed, o.in_flight = trace or "", int(seed), int(in_flight)
+        o.trace_path, o.seed, o.in_flight, o.wire = trace or "", int(seed), int(in_flight), wire
         o.cluster = _cluster(cluster)
         if o.cluster == "torchrun":
             o.job, o.cluster = _torchrun.join(*_torchrun_ranks()), "none"

@@ -47,6 +47,8 @@ def test_a_chunks_exception_comes_back_as_itself_and_the_next_step_runs():
     ({"cluster": "ray"}, "cluster"),
     ({"on_device_failure": "retry"}, "on_device_failure"),
     ({"chunk_size": 1 << 24}, "chunk_size"),
+    ({"wire": "fp8"}, "wire"),
+    ({"wire": "bf16"}, "wire = bf16 without a cluster"),
 ])
 def test_a_bad_argument_is_a_config_error_that_names_it(kwargs, named):
     with pytest.raises(sb.ConfigError, match=named) as info:

@@ -5,9 +5,13 @@
 
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -100,4 +104,67 @@ TEST_CASE("Config.AutoPlacementIsBySpeedWithStealingAndEqualWithout") {
   CHECK(fixed.options().schedule.placement == PlacementPolicy::kEqual);
   Runtime central({.devices = "cpu:2", .schedule = {.policy = SchedulePolicy::kCentral}});
   CHECK(central.options().schedule.placement == PlacementPolicy::kEqual);
+}
+
+namespace {
+
+// One rank alone, whose collectives leave the values as they are: enough for validate() and the default bf16 sum.
+class Alone final : public Cluster {
+ public:
+  int rank() const noexcept override { return 0; }
+  int size() const noexcept override { return 1; }
+  bool same_node(int) const noexcept override { return true; }
+  std::uint64_t read(int, Word) override { return 0; }
+  std::uint64_t compare_and_swap(int, Word, std::uint64_t, std::uint64_t) override { return 0; }
+  void write(int, Word, std::uint64_t) override {}
+  void allreduce_sum(std::span<float>, const std::function<void()>&) override {}
+  void allreduce_sum(std::span<double>, const std::function<void()>&) override {}
+  void allreduce_sum(std::span<std::int64_t>, const std::function<void()>&) override {}
+  void broadcast(std::span<char>, int) override {}
+  [[noreturn]] void abort(const std::string&, int) noexcept override { std::abort(); }
+};
+
+std::string refusal(RuntimeOptions o) {
+  try {
+    Runtime rt(std::move(o));
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("Config.Bf16OnTheWireIsRefusedWhereItWouldBeIgnored") {
+  RuntimeOptions o{.devices = "cpu:2"};
+  o.cluster.wire = WireFormat::kBfloat16;
+  CHECK(refusal(o).find("cluster.wire = bf16 without a cluster") != std::string::npos);
+  o.cluster.job = std::make_shared<Alone>();
+  o.schedule.deterministic = true;
+  CHECK(refusal(o).find("cluster.wire = bf16 with deterministic = on") != std::string::npos);
+  o.schedule.deterministic = false;
+  o.devices = "cuda:0";
+  CHECK(refusal(o).find("GPUs sum across ranks in NCCL's float") != std::string::npos);
+}
+
+TEST_CASE("Bf16.RoundsToNearestEvenKeepsNanAndInfinityAndBoundsTheSum") {
+  CHECK(to_bf16(1.0f) == 0x3f80);
+  CHECK(to_bf16(-2.0f) == 0xc000);
+  CHECK(to_bf16(1.0f + 0x1p-8f) == 0x3f80);          // halfway, to the even 1.0
+  CHECK(to_bf16(1.0f + 3 * 0x1p-8f) == 0x3f82);      // halfway, to the even 1 + 2^-6
+  CHECK(to_bf16(1.0f + 0x1p-8f + 0x1p-20f) == 0x3f81);  // past halfway: up
+  CHECK(from_bf16(to_bf16(0x1p-130f)) == 0x1p-130f);   // a subnormal that bfloat16 holds exactly
+  CHECK(std::isnan(from_bf16(to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(std::isnan(from_bf16(to_bf16(std::bit_cast<float>(0x7f800001U)))));  // a NaN whose payload is all below bf16's bits
+  CHECK(from_bf16(to_bf16(std::numeric_limits<float>::infinity())) == std::numeric_limits<float>::infinity());
+  CHECK(from_bf16(to_bf16(std::numeric_limits<float>::max())) == std::numeric_limits<float>::infinity());  // past bf16's largest
+  CHECK(bf16_sum_bound(1) == doctest::Approx(1.0 / 255));
+  CHECK(bf16_sum_bound(4) == doctest::Approx(4.0 / 252));
+  // The default sum rounds each value and the sum: one rank's values come back as bfloat16's nearest.
+  Alone one;
+  std::vector<float> v = {1.0f + 0x1p-8f + 0x1p-20f, 3.14159f, -1e-3f};
+  one.allreduce_sum_bf16(v, {});
+  for (float x : v) CHECK(from_bf16(to_bf16(x)) == x);
+  CHECK(v[0] == 1.0f + 0x1p-7f);
+  CHECK(std::abs(v[1] - 3.14159f) <= bf16_sum_bound(1) * 3.14159f);
 }

@@ -399,7 +399,13 @@ bool Runtime::Impl::sum_across_ranks(const ChunkTable& t, const ChunkPhase& phas
   tally.failed()[me] = phase.failure ? 1.0f : 0.0f;
   tally.loss()[me] = static_cast<float>(loss);
   for (std::size_t c = 0; c < t.size(); ++c) tally.runs()[c] = static_cast<float>(t.runs[c]);
-  cluster->allreduce_sum(tally.buf, [this] { watch_cluster(); });
+  if (options.cluster.wire == WireFormat::kBfloat16 && tally.count > 0) {
+    // The gradient in bfloat16, the tallies (counts, speeds, the exactly-once runs) in float: two collectives.
+    cluster->allreduce_sum_bf16(std::span<float>(tally.grad(), tally.count), [this] { watch_cluster(); });
+    cluster->allreduce_sum(std::span<float>(tally.buf).subspan(tally.count), [this] { watch_cluster(); });
+  } else {
+    cluster->allreduce_sum(tally.buf, [this] { watch_cluster(); });
+  }
   if (exact) {  // deterministic mode: the fixed-point sum and every rank's exponents, every rank alike
     const std::vector<int> mine = exact.exponents();
     std::copy(mine.begin(), mine.end(), tally.exponents(static_cast<std::size_t>(me)));

@@ -68,6 +68,7 @@ static detail::AgreementFields agreement_fields(const RuntimeOptions& o) {
                             {"stall_timeout", num(o.stall_timeout)},
                             {"heartbeat_timeout", num(o.cluster.heartbeat_timeout)},
                             {"cluster probes", std::to_string(o.cluster.probes)},
+                            {"cluster wire", o.cluster.wire == WireFormat::kBfloat16 ? "bf16" : "float32"},
                             {"on_device_failure", std::to_string(static_cast<int>(o.on_device_failure))},
                             {"deterministic", o.schedule.deterministic ? "on" : "off"}};
   for (const auto& field : o.cluster.agree_on) f.push_back(field);

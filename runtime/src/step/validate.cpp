@@ -119,6 +119,16 @@ void validate(const RuntimeOptions& o) {
     }
     if (o.schedule.placement == PlacementPolicy::kGiven) throw ConfigError("placement = given with a cluster: across ranks shares follow measured speeds");
   }
+  if (o.cluster.wire == WireFormat::kBfloat16) {
+    if (!o.cluster.job) throw ConfigError("cluster.wire = bf16 without a cluster: one process sends no gradient over a wire; leave it float32");
+    if (o.schedule.deterministic) {
+      throw ConfigError("cluster.wire = bf16 with deterministic = on: deterministic mode sums exactly in fixed point across ranks; use one or the other");
+    }
+    const DeviceSpec spec = parse_device_spec(o.devices.empty() ? "cpu:1" : o.devices);
+    if (spec.kind == DeviceKind::kCuda || spec.kind == DeviceKind::kVgpu) {
+      throw ConfigError("cluster.wire = bf16 with devices = '" + o.devices + "': GPUs sum across ranks in NCCL's float; bf16 on the wire is for CPU and simulated devices");
+    }
+  }
 }
 
 }  // namespace stealbatch

@@ -62,6 +62,8 @@ class MpiCluster final : public Cluster {
   using Cluster::allreduce_sum;
   void allreduce_sum(std::span<double> data, const std::function<void()>& waiting) override;
   void allreduce_sum(std::span<std::int64_t> data, const std::function<void()>& waiting) override;
+  // bfloat16 on the wire: MPI_UINT16_T with a user operation that adds each pair in float and rounds it back.
+  void allreduce_sum_bf16(std::span<float> data, const std::function<void()>& waiting) override;
   void broadcast(std::span<char> data, int root) override;
   [[noreturn]] void abort(const std::string& why, int exit_code) noexcept override;
   void barrier();
@@ -78,7 +80,7 @@ class MpiCluster final : public Cluster {
   void access(int rc, const char* what, int rank) const noexcept {
     if (rc != 0) fail_access(rc, what, rank);  // 0: MPI_SUCCESS (no MPI header here)
   }
-  // MPI_Iallreduce's sum in place, then wait(); type: 0 float, 1 double, 2 int64.
+  // MPI_Iallreduce's sum in place, then wait(); type: 0 float, 1 double, 2 int64, 3 bfloat16.
   void allreduce(void* data, std::size_t count, int type, const std::function<void()>& waiting);
   std::unique_ptr<State> m;
 };
