@@ -33,9 +33,7 @@ void check(int rc, const char* what) {
 
 // MPI's user operation for allreduce_sum_bf16: inout[i] = bfloat16(in[i] + inout[i]), the sum in float.
 void bf16_pairs(void* in, void* inout, int* len, MPI_Datatype* /*type: MPI_UINT16_T*/) {
-  const auto* a = static_cast<const std::uint16_t*>(in);
-  auto* b = static_cast<std::uint16_t*>(inout);
-  for (int i = 0; i < *len; ++i) b[i] = to_bf16(from_bf16(a[i]) + from_bf16(b[i]));
+  add_bf16(static_cast<const std::uint16_t*>(in), static_cast<std::uint16_t*>(inout), static_cast<std::size_t>(*len));
 }
 
 // MPI started by this library, and how many clusters use it.
@@ -468,9 +466,9 @@ void MpiCluster::allreduce_sum(std::span<std::int64_t> data, const std::function
 
 void MpiCluster::allreduce_sum_bf16(std::span<float> data, const std::function<void()>& waiting) {
   std::vector<std::uint16_t> wire(data.size());
-  for (std::size_t i = 0; i < data.size(); ++i) wire[i] = to_bf16(data[i]);
+  to_bf16(data, wire.data());
   allreduce(wire.data(), wire.size(), 3, waiting);
-  for (std::size_t i = 0; i < data.size(); ++i) data[i] = from_bf16(wire[i]);
+  from_bf16(wire.data(), data);
 }
 
 void MpiCluster::broadcast(std::span<char> data, int root) {

@@ -90,6 +90,11 @@ void check_ranks_agree(Cluster& cluster, const std::vector<std::pair<std::string
 // values past bfloat16's largest round to infinity as float's own overflow does.
 std::uint16_t to_bf16(float v) noexcept;
 float from_bf16(std::uint16_t h) noexcept;
+// The same over arrays (out and in hold in.size() and out.size() values), and inout[i] = bfloat16(in[i] + inout[i]),
+// the sum in float: a bfloat16 sum's step.
+void to_bf16(std::span<const float> in, std::uint16_t* out) noexcept;
+void from_bf16(const std::uint16_t* in, std::span<float> out) noexcept;
+void add_bf16(const std::uint16_t* in, std::uint16_t* inout, std::size_t n) noexcept;
 // gamma_R of the bound above, for `ranks` ranks: a bfloat16 sum lies within bf16_sum_bound(R) * sum |x_r| of the exact.
 double bf16_sum_bound(int ranks) noexcept;
 
