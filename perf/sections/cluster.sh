@@ -1,6 +1,6 @@
 # cluster: across emulated nodes (scripts/cluster.sh: network namespaces, one core each, a delay and a rate on each
 # link), beside the same on one node: one remote steal at 0, 50 and 500 µs one-way; the reduction at 10 and 1 Gbit/s
-# for the MLP and the CNN; stealbench on 2 nodes x 2 ranks x 2 devices; the main job on 2 nodes against DDP (gloo)
+# for the MLP and the CNN, and float32 against bf16 on the wire for the wide MLP; stealbench on 2 nodes x 2 ranks x 2 devices; the main job on 2 nodes against DDP (gloo)
 # launched into the same namespaces (TORCH_PYTHON); an elastic resume of the full MLP after a node is cut off. Needs
 # root (namespaces); skipped with the reason otherwise.
 section_cluster() {
@@ -39,6 +39,9 @@ section_cluster() {
       done
     done
   } | tee "$out/cluster_reduction.txt"
+
+  # The gradient's wire format, float32 against bf16, on the wide MLP: 2 and 4 nodes, 1 and 10 Gbit/s.
+  bash perf/cluster_wire.sh "$build" 2 4 | tee "$out/cluster_wire.txt"
 
   # stealbench across 2 nodes x 2 ranks x 2 simulated devices, beside 4 ranks x 2 on one node.
   {
