@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include "stub_cluster.hpp"
+
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -108,22 +110,6 @@ TEST_CASE("Config.AutoPlacementIsBySpeedWithStealingAndEqualWithout") {
 
 namespace {
 
-// One rank alone, whose collectives leave the values as they are: enough for validate() and the default bf16 sum.
-class Alone final : public Cluster {
- public:
-  int rank() const noexcept override { return 0; }
-  int size() const noexcept override { return 1; }
-  bool same_node(int) const noexcept override { return true; }
-  std::uint64_t read(int, Word) override { return 0; }
-  std::uint64_t compare_and_swap(int, Word, std::uint64_t, std::uint64_t) override { return 0; }
-  void write(int, Word, std::uint64_t) override {}
-  void allreduce_sum(std::span<float>, const std::function<void()>&) override {}
-  void allreduce_sum(std::span<double>, const std::function<void()>&) override {}
-  void allreduce_sum(std::span<std::int64_t>, const std::function<void()>&) override {}
-  void broadcast(std::span<char>, int) override {}
-  [[noreturn]] void abort(const std::string&, int) noexcept override { std::abort(); }
-};
-
 std::string refusal(RuntimeOptions o) {
   try {
     Runtime rt(std::move(o));
@@ -139,7 +125,7 @@ TEST_CASE("Config.Bf16OnTheWireIsRefusedWhereItWouldBeIgnored") {
   RuntimeOptions o{.devices = "cpu:2"};
   o.cluster.wire = WireFormat::kBfloat16;
   CHECK(refusal(o).find("cluster.wire = bf16 without a cluster") != std::string::npos);
-  o.cluster.job = std::make_shared<Alone>();
+  o.cluster.job = std::make_shared<testing::StubCluster>(0, 1, 1);  // enough for validate()
   o.schedule.deterministic = true;
   CHECK(refusal(o).find("cluster.wire = bf16 with deterministic = on") != std::string::npos);
   o.schedule.deterministic = false;
@@ -161,7 +147,7 @@ TEST_CASE("Bf16.RoundsToNearestEvenKeepsNanAndInfinityAndBoundsTheSum") {
   CHECK(bf16_sum_bound(1) == doctest::Approx(1.0 / 255));
   CHECK(bf16_sum_bound(4) == doctest::Approx(4.0 / 252));
   // The default sum rounds each value and the sum: one rank's values come back as bfloat16's nearest.
-  Alone one;
+  testing::StubCluster one(0, 1, 1);
   std::vector<float> v = {1.0f + 0x1p-8f + 0x1p-20f, 3.14159f, -1e-3f};
   one.allreduce_sum_bf16(v, {});
   for (float x : v) CHECK(from_bf16(to_bf16(x)) == x);

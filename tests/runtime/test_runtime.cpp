@@ -2,6 +2,7 @@
 // bad configuration names its field, and a short training run on Fashion-MNIST learns.
 #include <stealbatch/models/mlp_model.hpp>
 #include "model_test_support.hpp"
+#include "stub_cluster.hpp"
 
 #include <stealbatch/error.hpp>
 #include <stealbatch/runtime/communicator.hpp>
@@ -13,6 +14,8 @@
 #include <stealbatch/runtime/runtime.hpp>
 
 #include <doctest/doctest.h>
+
+#include "stub_cluster.hpp"
 #include <nlohmann/json.hpp>
 #include <test_support.hpp>
 
@@ -919,26 +922,7 @@ TEST_CASE("watched ranks: all of a small job, fingers of a large one, every rank
 // The sentinel's words for an access to this rank's own window, or to its node's, that never completes: a frozen
 // neighbour (its node pulse stood still) is named; with none, the other nodes are, and at most four of them.
 TEST_CASE("a stalled access on this node names the frozen neighbour, else the other nodes") {
-  // Ranks on nodes of `per_node` consecutive ranks, named n0, n1, ...; only what the message reads is answered.
-  class Nodes final : public Cluster {
-   public:
-    Nodes(int me, int ranks, int per_node) : m_me(me), m_ranks(ranks), m_per(per_node) {}
-    int rank() const noexcept override { return m_me; }
-    int size() const noexcept override { return m_ranks; }
-    bool same_node(int r) const noexcept override { return r / m_per == m_me / m_per; }
-    std::string node_name(int r) const override { return "n" + std::to_string(r / m_per); }
-    std::uint64_t read(int, Word) override { return 0; }
-    std::uint64_t compare_and_swap(int, Word, std::uint64_t, std::uint64_t) override { return 0; }
-    void write(int, Word, std::uint64_t) override {}
-    void allreduce_sum(std::span<float>, const std::function<void()>&) override {}
-    void allreduce_sum(std::span<double>, const std::function<void()>&) override {}
-    void allreduce_sum(std::span<std::int64_t>, const std::function<void()>&) override {}
-    void broadcast(std::span<char>, int) override {}
-    [[noreturn]] void abort(const std::string&, int) noexcept override { std::abort(); }
-
-   private:
-    int m_me, m_ranks, m_per;
-  };
+  using Nodes = testing::StubCluster;  // ranks on nodes of `per_node` consecutive ranks, named n0, n1, ...
   CHECK(detail::rank_list({2}) == "rank 2");
   CHECK(detail::rank_list({2, 3, 4}) == "ranks 2-4");
   CHECK(detail::rank_list({2, 5, 9}) == "ranks 2, 5, 9");
