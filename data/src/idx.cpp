@@ -96,10 +96,6 @@ void check_length(std::span<const std::uint8_t> b, const std::string& name, std:
   }
 }
 
-// The whole gzip file, decompressed; members end to end (gzip's concatenation) as one, bytes after the last member
-// that are not a member ignored, as zlib's gzread does. A fault is reported where the decompressor met it in the
-// compressed file (at most a few bytes past the damaged one), and as a fault of the header, of the data, or of the
-// CRC in the trailer.
 // What went wrong in zlib's inflate (rc, neither Z_OK nor the stream's end) `where` in the compressed file, after
 // `decompressed` bytes: named for a reader who must find the damage.
 [[noreturn]] void fail_inflate(const std::string& name, int rc, const Inflater& inf, const std::string& where, std::size_t decompressed_bytes) {
@@ -117,6 +113,10 @@ void check_length(std::span<const std::uint8_t> b, const std::string& name, std:
   fail(name, "corrupt gzip stream (" + why + "), found " + where + " (the damage is there or a little before), after " + decompressed);
 }
 
+// The whole gzip file, decompressed; members end to end (gzip's concatenation) as one, bytes after the last member
+// that are not a member ignored, as zlib's gzread does. A fault is reported where the decompressor met it in the
+// compressed file (at most a few bytes past the damaged one), and as a fault of the header, of the data, or of the
+// CRC in the trailer.
 std::vector<std::uint8_t> read_gzip(const std::filesystem::path& path) {
   const std::string name = path.string();
   errno = 0;

@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -40,6 +41,7 @@ void bf16_pairs(void* in, void* inout, int* len, MPI_Datatype* /*type: MPI_UINT1
 std::mutex g_init_lock;
 int g_users = 0;
 bool g_we_initialised = false;
+bool g_at_exit = false;  // finalize_at_exit(): MPI ends with the process, not with its last cluster
 
 }  // namespace
 
@@ -136,8 +138,13 @@ namespace {
 // MPI_Init_thread once per process (MPI_THREAD_MULTIPLE), and one more user of it.
 void init_mpi() {
   const std::lock_guard g(g_init_lock);
-  int initialised = 0;
+  int initialised = 0, finalised = 0;
   MPI_Initialized(&initialised);
+  MPI_Finalized(&finalised);
+  if (finalised) {
+    throw Error("MPI: finalised already (the last cluster of this process went); a process starts MPI once, so keep a cluster alive across "
+                "the runtimes that use it");
+  }
   if (!initialised) {
     // Passive-target progress: a thief's compare-and-swap must complete while the victim computes. Open MPI's shared
     // memory component gives that within a node; its default selection does not (see the design document).
@@ -292,8 +299,21 @@ std::string g_port;
 
 }  // namespace
 
+void MpiCluster::finalize_at_exit() {
+  const std::lock_guard g(g_init_lock);
+  if (g_at_exit) return;
+  g_at_exit = true;
+  std::atexit([] {
+    const std::lock_guard held(g_init_lock);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (g_we_initialised && g_users == 0 && !finalized) MPI_Finalize();
+  });
+}
+
 std::string MpiCluster::open_port() {
   init_mpi();
+  if (!g_port.empty()) MPI_Close_port(g_port.c_str());  // a port opened before and never joined through
   char name[MPI_MAX_PORT_NAME] = {};
   const int rc = MPI_Open_port(MPI_INFO_NULL, name);
   {
@@ -306,27 +326,32 @@ std::string MpiCluster::open_port() {
 }
 
 // The join: the ranks that have joined so far accept the next one together (rank 0 as the root) and merge with it,
-// until all `size` are in; every rank but 0 first connects alone. Joiners arrive in any order, so a last split puts
-// the ranks in the launcher's order. Every call is collective over the group so far, so it needs no other protocol:
-// MPI orders the accepts, and a connect waits for the accept that takes it.
-std::shared_ptr<MpiCluster> MpiCluster::joined(int rank, int size, const std::string& port) {
+// until all `size` are in; every rank but 0 first connects alone, in rank order (its turn: Open MPI's name server
+// keys a connect's exchange by the port alone, so two connects in flight at once could take each other's). A last
+// split puts the ranks in the launcher's order, and a gather checks that every rank gave its own rank. The join's
+// communicators return their errors (MPI_ERRORS_RETURN), so a failed connect is named here.
+std::shared_ptr<MpiCluster> MpiCluster::joined(int rank, int size, const std::string& port, const Turn& wait_turn, const Turn& pass_turn) {
   if (size < 1 || rank < 0 || rank >= size) throw ConfigError("MpiCluster::joined: rank " + std::to_string(rank) + " of " + std::to_string(size) + " is no rank");
   if (port.empty() || port.size() >= MPI_MAX_PORT_NAME) throw ConfigError("MpiCluster::joined: '" + port + "' is no MPI port name");
   if (rank == 0 && port != g_port) throw ConfigError("MpiCluster::joined: rank 0 joins through the port it opened (open_port()), not '" + port + "'");
   init_mpi();
-  MPI_Comm group = MPI_COMM_SELF;
+  MPI_Comm group = MPI_COMM_NULL;
+  check(MPI_Comm_dup(MPI_COMM_SELF, &group), "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(group, MPI_ERRORS_RETURN);  // inherited by what is made from it
   const auto merge = [&group](MPI_Comm inter, int high) {
     MPI_Comm merged = MPI_COMM_NULL;
     check(MPI_Intercomm_merge(inter, high, &merged), "MPI_Intercomm_merge");
     MPI_Comm_free(&inter);
-    if (group != MPI_COMM_SELF) MPI_Comm_free(&group);
+    MPI_Comm_free(&group);
     group = merged;
   };
   if (rank != 0) {
+    if (wait_turn) wait_turn();
     MPI_Comm inter = MPI_COMM_NULL;
-    check(MPI_Comm_connect(port.c_str(), MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter), "MPI_Comm_connect");
+    check(MPI_Comm_connect(port.c_str(), MPI_INFO_NULL, 0, group, &inter), "MPI_Comm_connect");
     merge(inter, 1);
   }
+  if (pass_turn) pass_turn();
   int in = 0;
   check(MPI_Comm_size(group, &in), "MPI_Comm_size");
   while (in < size) {
@@ -342,7 +367,19 @@ std::shared_ptr<MpiCluster> MpiCluster::joined(int rank, int size, const std::st
   auto s = std::make_unique<State>();
   s->joined = true;
   check(MPI_Comm_split(group, 0, rank, &s->comm), "MPI_Comm_split");
-  if (group != MPI_COMM_SELF) MPI_Comm_free(&group);
+  MPI_Comm_free(&group);
+  int mine[2] = {rank, size};
+  std::vector<int> all(2 * static_cast<std::size_t>(in));
+  check(MPI_Allgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, s->comm), "MPI_Allgather");
+  for (int r = 0; r < in; ++r) {
+    if (all[2 * r] != r || all[2 * r + 1] != size) {
+      const std::string why = "MpiCluster::joined: the ranks disagree: place " + std::to_string(r) + " of the join calls itself rank " +
+                              std::to_string(all[2 * r]) + " of " + std::to_string(all[2 * r + 1]) + ", and this process rank " + std::to_string(rank) +
+                              " of " + std::to_string(size) + "; every rank gives the same size and its own rank";
+      MPI_Comm_free(&s->comm);
+      throw ConfigError(why);
+    }
+  }
   return over(std::move(s));
 }
 
@@ -363,7 +400,7 @@ MpiCluster::~MpiCluster() {
   if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
   if (m->bf16_sum != MPI_OP_NULL) MPI_Op_free(&m->bf16_sum);
   const std::lock_guard g(g_init_lock);
-  if (--g_users == 0 && g_we_initialised) {
+  if (--g_users == 0 && g_we_initialised && !g_at_exit) {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Finalize();
@@ -472,12 +509,18 @@ void MpiCluster::allreduce_sum_bf16(std::span<float> data, const std::function<v
 }
 
 void MpiCluster::broadcast(std::span<char> data, int root) {
-  MPI_Request req = MPI_REQUEST_NULL;
-  {
-    const std::lock_guard g(m->lock);
-    check(MPI_Ibcast(data.data(), static_cast<int>(data.size()), MPI_CHAR, root, m->comm, &req), "MPI_Ibcast");
-  }
-  wait(&req, {});
+  constexpr std::size_t kPiece = std::size_t{1} << 30;  // MPI counts are int: pieces of 1 GiB (one call for none)
+  std::size_t at = 0;
+  do {
+    const std::size_t n = std::min(kPiece, data.size() - at);
+    MPI_Request req = MPI_REQUEST_NULL;
+    {
+      const std::lock_guard g(m->lock);
+      check(MPI_Ibcast(data.data() + at, static_cast<int>(n), MPI_CHAR, root, m->comm, &req), "MPI_Ibcast");
+    }
+    wait(&req, {});
+    at += n;
+  } while (at < data.size());
 }
 
 void MpiCluster::barrier() {

@@ -456,11 +456,25 @@ void bind_cluster(py::module_& m) {
       .def_property_readonly("rank", &sb::Cluster::rank)
       .def_property_readonly("size", &sb::Cluster::size);
 #if defined(STEALBATCH_PY_MPI)
+  // A script may make a runtime, drop it and make another: MPI must outlive the first one's cluster.
+  sb::mpi::MpiCluster::finalize_at_exit();
   m.def("mpi_open_port", [] { return sb::mpi::MpiCluster::open_port(); }, py::call_guard<py::gil_scoped_release>(),
         "rank 0: starts MPI alone and opens the port the others join through; returns its name");
-  m.def("mpi_join", [](int rank, int size, const std::string& port) -> std::shared_ptr<sb::Cluster> { return sb::mpi::MpiCluster::joined(rank, size, port); },
-        py::call_guard<py::gil_scoped_release>(), py::arg("rank"), py::arg("size"), py::arg("port"),
-        "every rank: joins the others through rank 0's port; returns when all `size` have");
+  m.def(
+      "mpi_join",
+      [](int rank, int size, const std::string& port, const py::object& wait_turn, const py::object& pass_turn) -> std::shared_ptr<sb::Cluster> {
+        const auto call = [](const py::object& f) {
+          return [fp = &f] {
+            const py::gil_scoped_acquire held;
+            (*fp)();
+          };
+        };
+        const py::gil_scoped_release released;
+        return sb::mpi::MpiCluster::joined(rank, size, port, call(wait_turn), call(pass_turn));
+      },
+      py::arg("rank"), py::arg("size"), py::arg("port"), py::arg("wait_turn"), py::arg("pass_turn"),
+      "every rank: joins the others through rank 0's port, one at a time (wait_turn() before its connect, pass_turn() once in); returns "
+      "when all `size` have");
 #endif
 }
 

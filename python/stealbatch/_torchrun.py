@@ -31,12 +31,14 @@ def _store(rank, world, timeout):
                 raise _core.ConfigError(f"cluster = 'torchrun': {name} is not set (start the processes with torchrun)")
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        serves = rank == 0 and not agent
         try:
-            store = dist.TCPStore(host, port, world, rank == 0 and not agent, datetime.timedelta(seconds=timeout),
-                                  multi_tenant=True)
+            store = dist.TCPStore(host, port, world, serves, datetime.timedelta(seconds=timeout), multi_tenant=True)
         except RuntimeError as e:
-            raise _core.ConfigError(f"cluster = 'torchrun': rank {rank} of {world} cannot reach torch.distributed's store at "
-                                    f"{host}:{port}: {e}") from e
+            what = (f"rank 0 of {world} serves torch.distributed's store at {host}:{port}, and the other ranks did not all "
+                    f"connect to it within {timeout:.0f} s" if serves else
+                    f"rank {rank} of {world} cannot reach torch.distributed's store at {host}:{port}")
+            raise _core.TimeoutError(f"cluster = 'torchrun': {what}: {e}") from e
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         _state["store"] = dist.PrefixStore(f"stealbatch/attempt_{attempt}/", store)
     return _state["store"]
@@ -51,12 +53,14 @@ def _start_name_server(timeout):
     folder = tempfile.mkdtemp(prefix="stealbatch-ompi-")
     uri_file = os.path.join(folder, "uri")
 
-    def die_with_parent():  # Linux: the server gets SIGTERM when this process ends, however it ends
+    def die_with_parent():  # Linux: SIGTERM to the server when the thread that starts it ends (a killed rank 0 too)
         import ctypes
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
-    server = subprocess.Popen([program, "--no-daemonize", "-r", uri_file], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+    log = open(os.path.join(folder, "log"), "wb")  # a file, not a pipe that nobody drains
+    server = subprocess.Popen([program, "--no-daemonize", "-r", uri_file], stdout=log, stderr=subprocess.STDOUT,
+                              preexec_fn=die_with_parent)
+    log.close()
     _state["server"] = server
 
     def stop():
@@ -74,8 +78,9 @@ def _start_name_server(timeout):
             with open(uri_file) as f:
                 return f.read().strip()
         if server.poll() is not None:
-            raise _core.ConfigError(f"cluster = 'torchrun': ompi-server ended (status {server.returncode}): "
-                                    f"{server.stderr.read().decode(errors='replace').strip()}")
+            with open(os.path.join(folder, "log"), errors="replace") as f:
+                said = f.read().strip()
+            raise _core.ConfigError(f"cluster = 'torchrun': ompi-server ended (status {server.returncode}): {said}")
         time.sleep(0.05)
     raise _core.TimeoutError(f"cluster = 'torchrun': ompi-server wrote no address in {timeout:.0f} s")
 
@@ -100,7 +105,7 @@ def join(rank, world, timeout=300.0):
     if rank == 0:
         store.set(key + "port", _core.mpi_open_port())
     port = store.get(key + "port").decode()
-    # Every rank is up before any waits in the join, whose connect and accept have no timeout of their own.
+    # Every rank is up before any waits in the join, whose connect and accept wait up to Open MPI's 600 s.
     store.add(key + "arrived", 1)
     deadline = time.monotonic() + timeout
     while store.add(key + "arrived", 0) < world:
@@ -108,4 +113,11 @@ def join(rank, world, timeout=300.0):
             raise _core.TimeoutError(f"cluster = 'torchrun': {store.add(key + 'arrived', 0)} of {world} ranks arrived in "
                                      f"{timeout:.0f} s; the others never started, or failed before joining")
         time.sleep(0.01)
-    return _core.mpi_join(rank, world, port)
+    # One connect at a time, in rank order: rank r goes once rank r - 1 is in.
+    def wait_turn():
+        store.wait([f"{key}in_{rank - 1}"])
+
+    def pass_turn():
+        store.set(f"{key}in_{rank}", b"1")
+
+    return _core.mpi_join(rank, world, port, wait_turn, pass_turn)

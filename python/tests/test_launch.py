@@ -13,22 +13,26 @@ import stealbatch as sb
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 SCRIPT = textwrap.dedent("""
-    import hashlib, sys, torch
+    import gc, hashlib, sys, torch
     sys.path.insert(0, {tests!r})
     import stealbatch as sb
     from conftest import mlp, mlp_data, summed_cross_entropy
     x, y = mlp_data()
     rank, world, _ = sb.launch_environment()
-    # cluster="auto": mpi under mpirun, torchrun under torchrun. Each rank's module starts from its own seed, and
-    # every rank trains from rank 0's values, as DDP's do.
-    rt = sb.Runtime(mlp(seed=rank), devices="cpu:1", chunk_size=16)
-    one = sb.Runtime(mlp(seed=0), devices="cpu:1", chunk_size=16, cluster="none")
-    for s in range(3):
-        ids = torch.arange(s * 64, s * 64 + 256) % 512
-        r = rt.step(ids, summed_cross_entropy, data=(x, y))
-        one.step(ids, summed_cross_entropy, data=(x, y))
-    diff = (rt.parameters() - one.parameters()).abs().max().item()
-    print(f"rank {{rank}} of {{world}}: ranks {{r.ranks}}, diff {{diff:.3g}}, threads {{rt._threads}}, bytes {{hashlib.sha256(repr(rt.parameters().tolist()).encode()).hexdigest()}}", flush=True)
+    for attempt in range(2):  # the second runtime after the first has gone: a new cluster, the same MPI
+        # cluster="auto": mpi under mpirun, torchrun under torchrun. Each rank's module starts from its own seed,
+        # and every rank trains from rank 0's values, as DDP's do.
+        rt = sb.Runtime(mlp(seed=rank), devices="cpu:1", chunk_size=16)
+        one = sb.Runtime(mlp(seed=0), devices="cpu:1", chunk_size=16, cluster="none")
+        for s in range(3):
+            ids = torch.arange(s * 64, s * 64 + 256) % 512
+            r = rt.step(ids, summed_cross_entropy, data=(x, y))
+            one.step(ids, summed_cross_entropy, data=(x, y))
+        diff = (rt.parameters() - one.parameters()).abs().max().item()
+        threads, digest = rt._threads, hashlib.sha256(repr(rt.parameters().tolist()).encode()).hexdigest()
+        rt = one = None
+        gc.collect()
+    print(f"rank {{rank}} of {{world}}: ranks {{r.ranks}}, diff {{diff:.3g}}, threads {{threads}}, bytes {{digest}}", flush=True)
 """)
 
 
@@ -80,14 +84,27 @@ def test_torchrun_processes_train_one_model(tmp_path, world, rendezvous):
 @pytest.mark.skipif(not sb.has_mpi or shutil.which("ompi-server") is None, reason="no MPI in this build or no ompi-server")
 def test_a_torchrun_rank_whose_peers_never_come_is_told_so(tmp_path):
     # Rank 0 of 2 alone, as if rank 1 had died before its runtime: the join ends within its bound, naming the count.
+    import datetime
+    import torch.distributed as dist
     script = tmp_path / "alone.py"
     script.write_text("import torch, stealbatch as sb\n"
                       "from stealbatch import _torchrun\n"
                       "_torchrun.join(0, 2, timeout=3.0)\n")
-    env = dict(_torchrun()[1], RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    port = _free_port()
+    env = dict(_torchrun()[1], RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # Rank 0 serves the store (torchrun's c10d rendezvous): torch 2's store waits for the other rank itself, torch
+    # 1.13's does not, and the count of arrivals names it.
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode != 0
-    assert "TimeoutError" in out.stderr or "cannot reach" in out.stderr, out.stderr
+    assert "TimeoutError" in out.stderr, out.stderr
+    assert "the other ranks did not all connect" in out.stderr or "1 of 2 ranks arrived" in out.stderr, out.stderr
+    # torchrun's agent serves it (static rendezvous): rank 0 gets past the store, and the count of arrivals names it.
+    agent = dist.TCPStore("127.0.0.1", port, 2, True, datetime.timedelta(seconds=30), wait_for_workers=False)
+    env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    del agent
+    assert out.returncode != 0
+    assert "TimeoutError" in out.stderr and "1 of 2 ranks arrived" in out.stderr, out.stderr
     # One process under torchrun (WORLD_SIZE 1) runs alone, with no cluster.
     script.write_text("import torch, stealbatch as sb\nsb.Runtime(torch.nn.Linear(2, 2), devices='cpu:1')\n")
     env.update(WORLD_SIZE="1")

@@ -926,7 +926,7 @@ void long_but_alive() {
 }  // namespace
 
 // The cluster: mpirun's world, or (SB_JOIN_RANK, SB_JOIN_SIZE and SB_JOIN_PORT_FILE set, as joined.sh starts
-// processes without mpirun) ranks joined through a port whose name rank 0 writes to the file.
+// processes without mpirun) ranks joined through a port whose name rank 0 writes to the file, one at a time.
 std::shared_ptr<mpi::MpiCluster> make_cluster() {
   const char* rank = std::getenv("SB_JOIN_RANK");
   const char* size = std::getenv("SB_JOIN_SIZE");
@@ -943,7 +943,13 @@ std::shared_ptr<mpi::MpiCluster> make_cluster() {
     while (!std::filesystem::exists(file)) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     std::ifstream(file) >> port;
   }
-  return mpi::MpiCluster::joined(r, std::atoi(size), port);
+  // Turns through files beside the port's: rank r connects once FILE.in<r-1> exists, and writes FILE.in<r> when in.
+  const auto turn_file = [file](int k) { return std::string(file) + ".in" + std::to_string(k); };
+  const auto wait_turn = [&] {
+    while (!std::filesystem::exists(turn_file(r - 1))) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  };
+  const auto pass_turn = [&] { std::ofstream(turn_file(r)) << "in"; };
+  return mpi::MpiCluster::joined(r, std::atoi(size), port, wait_turn, pass_turn);
 }
 
 int main(int argc, char** argv) {

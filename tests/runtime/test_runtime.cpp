@@ -15,7 +15,6 @@
 
 #include <doctest/doctest.h>
 
-#include "stub_cluster.hpp"
 #include <nlohmann/json.hpp>
 #include <test_support.hpp>
 

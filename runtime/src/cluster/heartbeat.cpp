@@ -139,6 +139,8 @@ std::string blame_for_near_stall(const Cluster& cluster, const Cluster::Access& 
          " goes on: a rank of another node holds the window and is frozen or unreachable, or MPI cannot progress without it: ending the job";
 }
 
+namespace {
+
 // The node's other ranks, whose pulses tell a frozen neighbour from a stall caused on another node (none where the
 // node has no pulses).
 std::vector<int> pulse_neighbours(const Cluster& cluster) {
@@ -187,6 +189,8 @@ std::string stall_message(const Cluster& cluster, const Cluster::Access& a, doub
   }
   return text;
 }
+
+}  // namespace
 
 void Heartbeat::sentinel(std::stop_token stop) {
   const auto period = std::chrono::duration<double>(period_s(m_timeout_s));

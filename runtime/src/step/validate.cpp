@@ -124,8 +124,9 @@ void validate(const RuntimeOptions& o) {
     if (o.schedule.deterministic) {
       throw ConfigError("cluster.wire = bf16 with deterministic = on: deterministic mode sums exactly in fixed point across ranks; use one or the other");
     }
-    const DeviceSpec spec = parse_device_spec(o.devices.empty() ? "cpu:1" : o.devices);
-    if (spec.kind == DeviceKind::kCuda || spec.kind == DeviceKind::kVgpu) {
+    // Empty devices (the runtime's default, every GPU else CPUs) are known once the runtime has filled them in.
+    const DeviceKind kind = o.devices.empty() ? DeviceKind::kCpu : parse_device_spec(o.devices).kind;
+    if (kind == DeviceKind::kCuda || kind == DeviceKind::kVgpu) {
       throw ConfigError("cluster.wire = bf16 with devices = '" + o.devices + "': GPUs sum across ranks in NCCL's float; bf16 on the wire is for CPU and simulated devices");
     }
   }

@@ -5,6 +5,7 @@
 #include <stealbatch/runtime/cluster.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -27,15 +28,23 @@ class MpiCluster final : public Cluster {
  public:
   // A cluster over a duplicate of MPI_COMM_WORLD.
   static std::shared_ptr<MpiCluster> world();
+  // MPI ends when the process does (an atexit handler), not when its last cluster goes: a process starts MPI once,
+  // so one that makes a cluster, drops it and makes another (a Python script's second Runtime) calls this first.
+  static void finalize_at_exit();
   // Processes that no MPI launcher started (torchrun, a scheduler's own launcher) join through a port: rank 0 calls
   // open_port() and hands the name to the others by the launcher's means (the Python package uses torch.distributed's
-  // store), then every rank calls joined(rank, size, name), which returns when all `size` have. Each process starts
-  // MPI alone, so Open MPI needs its name server for the connect: ompi-server running, and its URI in
-  // OMPI_MCA_pmix_server_uri before the first call. A rank that never calls joined() leaves the others waiting in it,
-  // so a caller first checks that every rank is up (the package's store barrier does). Throws ConfigError for a
-  // rank outside [0, size) or a port that is not rank 0's own.
+  // store), then every rank calls joined(rank, size, name), which returns when all `size` have. The others connect
+  // one at a time, in rank order: rank r > 0 calls wait_turn() before it connects, and every rank calls pass_turn()
+  // once it is in, so the launcher's means let rank r + 1 go (the package: a key in the store; joined.sh: a file).
+  // Each process starts MPI alone, so Open MPI needs its name server for the connect: ompi-server running, and its
+  // URI in OMPI_MCA_pmix_server_uri before the first call. A rank that never calls joined() leaves the others
+  // waiting in it (Open MPI gives up after 600 s), so a caller first checks that every rank is up (the package's
+  // store barrier does). Throws ConfigError for a rank outside [0, size), a port that is not rank 0's own, or two
+  // ranks that gave the same rank (ranks that give different sizes wait in the join: the launcher's one size is
+  // every rank's).
+  using Turn = std::function<void()>;
   static std::string open_port();
-  static std::shared_ptr<MpiCluster> joined(int rank, int size, const std::string& port);
+  static std::shared_ptr<MpiCluster> joined(int rank, int size, const std::string& port, const Turn& wait_turn = {}, const Turn& pass_turn = {});
   // Whether this process was started by an MPI launcher (mpirun sets OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK).
   static bool launched_by_mpirun() noexcept;
   // This process's rank among the ranks of its node (OMPI_COMM_WORLD_LOCAL_RANK; 0 when not launched by mpirun).

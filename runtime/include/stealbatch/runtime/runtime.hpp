@@ -166,8 +166,8 @@ enum class WireFormat { kFloat32, kBfloat16 };
 struct ClusterOptions {
   std::shared_ptr<Cluster> job{};                  // empty: this process alone
   // kBfloat16: the gradient crosses the ranks in bfloat16, half float's bytes, as DDP's bf16_compress_hook sends it;
-  // each device still sums its chunks in float, and the job's sum lies within Cluster::allreduce_sum_bf16's bound
-  // of float's (gamma_R times the sum of the ranks' magnitudes: 0.79% at 2 ranks). CPU and simulated devices, not in
+  // each device still sums its chunks in float, and each element of the job's sum lies within gamma_R times the sum
+  // of the ranks' magnitudes of the exact sum (Cluster::allreduce_sum_bf16: 0.79% at 2 ranks). CPU and simulated devices, not in
   // deterministic mode (whose sum is exact in fixed point); with no cluster there is no wire, and it is refused.
   WireFormat wire = WireFormat::kFloat32;
   // Every rank's runtime beats a heartbeat from a thread of its own, whatever the rank is doing (a long chunk, an
