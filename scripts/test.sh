@@ -62,7 +62,7 @@ run_tsan_mpi() {
   supp=build-tsan-mpi/tsan-all.supp
   cat tests/tsan.supp tests/tsan-mpi.supp >"$supp"
   # probes on 4 ranks (posing as 2 nodes of 2: the drawn calls for work), the rest on 2.
-  for c in exactly-once gradient identical checkpoint throw remote-steal long-but-alive costs deterministic probes; do
+  for c in exactly-once gradient identical checkpoint throw remote-steal long-but-alive costs deterministic bf16 probes; do
     local np=2
     [ "$c" = probes ] && np=4
     echo "=== tsan-mpi: $c on $np ranks"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# --compare on one device, where static and steal do the same work with the same chunks: the speedup it reports must
-# read 1.0 within noise. Each policy is warmed up before anything is timed and the two alternate epoch by epoch, so
-# neither pays what the other does not (the first steps in a process, a machine whose load drifts). Run serially.
+# --compare on one device, where static and steal do the same work with the same chunks: the two must read the same
+# within noise. Each policy is warmed up before anything is timed and the two alternate epoch by epoch, so neither
+# pays what the other does not (the first steps in a process, a machine whose load drifts); the check is the median
+# of the epoch pairs' ratios (each static epoch beside the steal epoch after it), which a shift in the machine's load
+# in mid-run moves far less than it moves the ratio of the median epochs that --compare reports. Run serially.
 # And no run beats its ideal: on cpu:1, and on sim:1, whose chunks in flight end each step with a drain.
 # Usage: compare_one_device.sh MLP
 set -uo pipefail
@@ -32,11 +34,14 @@ for path, devices in zip(sys.argv[1:], ("cpu:1", "sim:1")):
             sys.exit(f"FAIL: {devices} {r['policy']} reads {r['ideal_fraction']} of the ideal: its steps beat their ideal")
 static, steal = (r["epoch_seconds"] for r in j["runs"])
 ratio = j["speedup_steal_vs_static"]
-print(f"epochs: static {[round(x, 3) for x in static]}, steal {[round(x, 3) for x in steal]}; ratio of medians {ratio:.3f}")
-# Measured on 2 vCPUs (AMD EPYC), 20 runs: 0.90 to 1.11; before the warm-up and the alternation, 0.68 to 1.01.
-if not 0.85 <= ratio <= 1.18:
-    sys.exit(f"FAIL: one device reads {ratio:.2f}x, outside [0.85, 1.18]")
 median = lambda v: sorted(v)[len(v) // 2]  # the examples' median: the upper middle
+paired = median([a / b for a, b in zip(static, steal)])
+print(f"epochs: static {[round(x, 3) for x in static]}, steal {[round(x, 3) for x in steal]}; ratio of medians {ratio:.3f}, "
+      f"median of the pairs' ratios {paired:.3f}")
+# The ratio of medians on 2 vCPUs (AMD EPYC), 20 runs: 0.90 to 1.11; once 0.84, when both policies' last epochs ran
+# 40% slower (the pairs' median then 0.99).
+if not 0.85 <= paired <= 1.18:
+    sys.exit(f"FAIL: one device reads {paired:.2f}x (the median of the epoch pairs' ratios), outside [0.85, 1.18]")
 if abs(median(static) / median(steal) - ratio) > 1e-9:
     sys.exit("FAIL: the speedup is not the ratio of the median epochs")
 print("compare_one_device: PASS")
