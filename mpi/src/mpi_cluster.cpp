@@ -177,14 +177,8 @@ void MpiCluster::find_nodes(State& s) {
   if (s.joined) {
     // Ranks of separate jobs: MPI's shared-memory split knows only its own job's processes, so the node is the
     // processor name's (the first rank of the same name is the colour).
-    int first = s.rank;
-    for (int r = 0; r < s.rank; ++r) {
-      if (s.node_names[static_cast<std::size_t>(r)] == s.node_names[static_cast<std::size_t>(s.rank)]) {
-        first = r;
-        break;
-      }
-    }
-    check(MPI_Comm_split(s.comm, first, s.rank, &node), "MPI_Comm_split");
+    const auto first = std::find(s.node_names.begin(), s.node_names.end(), s.node_names[static_cast<std::size_t>(s.rank)]) - s.node_names.begin();
+    check(MPI_Comm_split(s.comm, static_cast<int>(first), s.rank, &node), "MPI_Comm_split");
   } else {
     check(MPI_Comm_split_type(s.comm, MPI_COMM_TYPE_SHARED, s.rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
   }

@@ -18,7 +18,7 @@ import time
 
 from . import _core
 
-_state = {"store": None, "server": None, "joins": 0}
+_state = {"store": None, "joins": 0}
 
 
 def _store(rank, world, timeout):
@@ -61,7 +61,6 @@ def _start_name_server(timeout):
     server = subprocess.Popen([program, "--no-daemonize", "-r", uri_file], stdout=log, stderr=subprocess.STDOUT,
                               preexec_fn=die_with_parent)
     log.close()
-    _state["server"] = server
 
     def stop():
         server.terminate()
