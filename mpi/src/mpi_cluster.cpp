@@ -2,6 +2,8 @@
 #include <stealbatch/error.hpp>
 #include <stealbatch/mpi/mpi_cluster.hpp>
 
+#include "ring_allreduce.hpp"
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -36,6 +39,15 @@ void check(int rc, const char* what) {
 void bf16_pairs(void* in, void* inout, int* len, MPI_Datatype* /*type: MPI_UINT16_T*/) {
   add_bf16(static_cast<const std::uint16_t*>(in), static_cast<std::uint16_t*>(inout), static_cast<std::size_t>(*len));
 }
+
+// The ring's additions (ring_allreduce.hpp): inout[i] += in[i]; bfloat16's as bf16_pairs.
+template <class T>
+void add(const void* in, void* inout, std::size_t n) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (std::size_t i = 0; i < n; ++i) b[i] += a[i];
+}
+void add_bf16_pairs(const void* in, void* inout, std::size_t n) { add_bf16(static_cast<const std::uint16_t*>(in), static_cast<std::uint16_t*>(inout), n); }
 
 // MPI started by this library, and how many clusters use it.
 std::mutex g_init_lock;
@@ -78,6 +90,9 @@ struct MpiCluster::State {
   bool joined = false;
   // bfloat16's sum (allreduce_sum_bf16): each pair added in float and rounded back.
   MPI_Op bf16_sum = MPI_OP_NULL;
+  // The sums of large buffers: the ring, in node order (ring_allreduce.hpp), from ring_from bytes on.
+  detail::Ring ring;
+  std::size_t ring_from = detail::kRingFrom;
 };
 
 namespace {
@@ -99,6 +114,15 @@ class InFlight {
  private:
   std::atomic<std::uint64_t>& m_word;
 };
+
+// Where the sums take the ring: from detail::kRingFrom bytes on; never with STEALBATCH_MPI_RING=0 (MPI's own
+// allreduce for every size: a comparison, or a fallback).
+std::size_t ring_threshold() {
+  const char* v = std::getenv("STEALBATCH_MPI_RING");
+  if (v == nullptr || std::strcmp(v, "1") == 0) return detail::kRingFrom;
+  if (std::strcmp(v, "0") == 0) return std::numeric_limits<std::size_t>::max();
+  throw ConfigError(std::string("STEALBATCH_MPI_RING = '") + v + "': 1 (the default: large sums take the ring) or 0 (MPI's own allreduce)");
+}
 
 // The agent's period: STEALBATCH_MPI_PROGRESS_US, else 20 µs.
 std::chrono::microseconds progress_period() {
@@ -190,6 +214,8 @@ void MpiCluster::find_nodes(State& s) {
   std::vector<int> leaders(static_cast<std::size_t>(s.size));
   check(MPI_Allgather(&node_leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, s.comm), "MPI_Allgather");
   for (int l : leaders) s.same_node.push_back(l == node_leader ? 1 : 0);
+  s.ring = detail::ring_of(s.comm, s.rank, leaders);
+  s.ring_from = ring_threshold();
 }
 
 // The node's pulse words (see State::pulse). Where the shared window cannot be made, every rank of the node finds
@@ -458,10 +484,10 @@ Cluster::Access MpiCluster::access_in_flight() const noexcept {
 // rank (a thief's steal, the heartbeat) go on while it waits. Tests often at first (a balanced step's ranks arrive
 // together), then yields the core, then sleeps between tests, so a rank that waits long leaves the cores to the
 // ranks still computing; `waiting` runs every 10 ms.
-void MpiCluster::wait(void* request, const std::function<void()>& waiting) {
+void MpiCluster::wait(void* request, const std::function<void()>& waiting, Waiting* shared) {
   MPI_Request& req = *static_cast<MPI_Request*>(request);
-  const auto t0 = std::chrono::steady_clock::now();
-  auto next_watch = t0 + std::chrono::milliseconds(10);
+  Waiting own{std::chrono::steady_clock::now(), std::chrono::steady_clock::now() + std::chrono::milliseconds(10)};
+  Waiting& w = shared ? *shared : own;
   for (int done = 0;;) {
     {
       const std::lock_guard g(m->lock);
@@ -469,20 +495,32 @@ void MpiCluster::wait(void* request, const std::function<void()>& waiting) {
     }
     if (done) return;
     const auto now = std::chrono::steady_clock::now();
-    if (now - t0 > std::chrono::milliseconds(5)) {
+    if (now - w.start > std::chrono::milliseconds(5)) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
-    } else if (now - t0 > std::chrono::microseconds(200)) {
+    } else if (now - w.start > std::chrono::microseconds(200)) {
       std::this_thread::yield();
     }
-    if (waiting && now >= next_watch) {
+    if (waiting && now >= w.next_watch) {
       waiting();
-      next_watch = now + std::chrono::milliseconds(10);
+      w.next_watch = now + std::chrono::milliseconds(10);
     }
   }
 }
 
 void MpiCluster::allreduce(void* data, std::size_t count, int type, const std::function<void()>& waiting) {
   static const MPI_Datatype kTypes[] = {MPI_FLOAT, MPI_DOUBLE, MPI_INT64_T, MPI_UINT16_T};
+  static const detail::RingType kRing[] = {{sizeof(float), MPI_FLOAT, add<float>},
+                                           {sizeof(double), MPI_DOUBLE, add<double>},
+                                           {sizeof(std::int64_t), MPI_INT64_T, add<std::int64_t>},
+                                           {sizeof(std::uint16_t), MPI_UINT16_T, add_bf16_pairs}};
+  if (count * kRing[type].size >= m->ring_from && m->size > 1) {
+    // A large sum (a gradient): the ring. Its segments' waits are one wait: one watch every 10 ms, and past the first
+    // 5 ms of the sum a sleep between tests, so that waiting ranks leave the cores to the others and to the network.
+    const auto now = std::chrono::steady_clock::now();
+    Waiting w{now, now + std::chrono::milliseconds(10)};
+    detail::ring_allreduce(data, count, kRing[type], m->ring, m->lock, [&](MPI_Request& r) { wait(&r, waiting, &w); });
+    return;
+  }
   MPI_Request req = MPI_REQUEST_NULL;
   {
     const std::lock_guard g(m->lock);

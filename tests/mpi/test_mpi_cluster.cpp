@@ -9,6 +9,10 @@
 #include <stealbatch/runtime/testing.hpp>
 #include <stealbatch/sha256.hpp>
 
+#include "ring_allreduce.hpp"
+
+#include <mpi.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -337,6 +341,46 @@ void bf16_wire() {
   if (me == 0) std::printf("bf16 wire: 20 Adam steps, parameters within %.3g of float's (largest %.3g)\n", diff, norm);
   EXPECT(diff <= 0.03 * norm);
   EXPECT(diff > 0);
+}
+
+// The sums of large buffers (the ring, mpi/src/ring_allreduce.hpp) and of small ones (MPI_Iallreduce): float, double
+// and int64 of integer values, so that every order of addition gives the exact sum; sizes below and above the
+// ring's threshold, not divisible by the rank count, of one segment and of many; every rank ends with the same bits.
+// And the ring's order puts each node's ranks next to each other.
+void ring_sums() {
+  const int ranks = g_cluster->size(), me = g_cluster->rank();
+  const auto value = [](int r, std::size_t i) { return static_cast<std::int64_t>((i * 2654435761u + static_cast<std::size_t>(r) * 40503u) % 2001) - 1000; };
+  for (const std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{16383}, std::size_t{16384}, std::size_t{100003}, std::size_t{1} << 20, std::size_t{2500007}}) {
+    std::vector<float> f(n);
+    std::vector<double> d(n);
+    std::vector<std::int64_t> q(n);
+    for (std::size_t i = 0; i < n; ++i) f[i] = static_cast<float>(value(me, i)), d[i] = static_cast<double>(value(me, i)) * 0.5, q[i] = value(me, i) << 40;
+    g_cluster->allreduce_sum(std::span<float>(f), {});
+    g_cluster->allreduce_sum(std::span<double>(d), {});
+    g_cluster->allreduce_sum(std::span<std::int64_t>(q), {});
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::int64_t sum = 0;
+      for (int r = 0; r < ranks; ++r) sum += value(r, i);
+      wrong += f[i] != static_cast<float>(sum) || d[i] != static_cast<double>(sum) * 0.5 || q[i] != sum << 40 ? 1 : 0;
+    }
+    std::vector<double> hashes(static_cast<std::size_t>(ranks), 0.0);
+    hashes[static_cast<std::size_t>(me)] = static_cast<double>(hash_floats(f) >> 12);
+    g_cluster->allreduce_sum(hashes);
+    const bool same = std::all_of(hashes.begin(), hashes.end(), [&](double h) { return h == hashes[0]; });
+    if (me == 0) std::printf("ring sums of %zu elements: %zu wrong on rank 0, %s bits on every rank\n", n, wrong, same ? "the same" : "DIFFERENT");
+    EXPECT(wrong == 0);
+    EXPECT(same);
+  }
+  // Nodes {0, 2, 5}, {1, 4}, {3}: the ring visits 0 2 5 1 4 3.
+  const std::vector<int> node_first{0, 1, 0, 3, 1, 0};
+  const std::vector<int> order{0, 2, 5, 1, 4, 3};
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const mpi::detail::Ring ring = mpi::detail::ring_of(MPI_COMM_NULL, order[i], node_first);
+    EXPECT(ring.position == static_cast<int>(i));
+    EXPECT(ring.next == order[(i + 1) % order.size()]);
+    EXPECT(ring.prev == order[(i + order.size() - 1) % order.size()]);
+  }
 }
 
 // After 50 Adam steps every rank's parameters are bit-identical, and equal to one process's within float rounding.
@@ -955,7 +999,7 @@ std::shared_ptr<mpi::MpiCluster> make_cluster() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|remote-steal-timed|trace|config|disagree|long-but-alive|costs|deterministic|probes|bf16|stall|hang|die|absent|wedged-node|wedged-neighbour\n", argv[0]);
+    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|remote-steal-timed|trace|config|disagree|long-but-alive|costs|deterministic|probes|bf16|ring|stall|hang|die|absent|wedged-node|wedged-neighbour\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
@@ -965,7 +1009,7 @@ int main(int argc, char** argv) {
       {"remote-steal-timed", [] { remote_steal_while_victim_computes(StealCheck::kTimed); }}, {"stall", stall},
       {"hang", [] { hang_or_die(false); }}, {"die", [] { hang_or_die(true); }}, {"trace", trace_across_ranks}, {"config", config_errors},
       {"disagree", ranks_disagree}, {"absent", absent}, {"long-but-alive", long_but_alive}, {"costs", given_costs},
-      {"deterministic", deterministic_across_ranks}, {"probes", bounded_probes}, {"bf16", bf16_wire},
+      {"deterministic", deterministic_across_ranks}, {"probes", bounded_probes}, {"bf16", bf16_wire}, {"ring", ring_sums},
       {"wedged-node", [] { wedged(true); }}, {"wedged-neighbour", [] { wedged(false); }}};
   const auto it = cases.find(which);
   if (it == cases.end()) {

@@ -4,6 +4,7 @@
 
 #include <stealbatch/runtime/cluster.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -84,12 +85,18 @@ class MpiCluster final : public Cluster {
   static void find_nodes(State& s);   // which ranks share this node, every rank's node name, and the node's pulse words
   static void open_pulses(State& s);  // the node's pulse words, where the node's ranks can share a window
   static void open_window(State& s);  // the share words, zeroed and locked for the cluster's life
-  void wait(void* request, const std::function<void()>& waiting);  // an MPI_Request*, tested under the lock
+  // An MPI_Request*, tested under the lock: often at first, then yielding the core, then (past 5 ms from `start`)
+  // sleeping between tests; `waiting` every 10 ms. Several waits of one operation share one Waiting.
+  struct Waiting {
+    std::chrono::steady_clock::time_point start, next_watch;
+  };
+  void wait(void* request, const std::function<void()>& waiting, Waiting* shared = nullptr);
   [[noreturn]] void fail_access(int rc, const char* what, int rank) const noexcept;  // a failed one-sided access: ends the job naming the target
   void access(int rc, const char* what, int rank) const noexcept {
     if (rc != 0) fail_access(rc, what, rank);  // 0: MPI_SUCCESS (no MPI header here)
   }
-  // MPI_Iallreduce's sum in place, then wait(); type: 0 float, 1 double, 2 int64, 3 bfloat16.
+  // The sum in place: the ring from detail::kRingFrom bytes (ring_allreduce.hpp), else MPI_Iallreduce, then wait();
+  // type: 0 float, 1 double, 2 int64, 3 bfloat16.
   void allreduce(void* data, std::size_t count, int type, const std::function<void()>& waiting);
   std::unique_ptr<State> m;
 };
