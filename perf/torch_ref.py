@@ -189,6 +189,9 @@ def ddp_worker(rank, a, factors, port, queue, addr="127.0.0.1"):
         x, y = x[:a.limit], y[:a.limit]
     xt, yt = load(a.data, "test")
     model = torch.nn.parallel.DistributedDataParallel(make_model(a))
+    if a.bf16_hook:  # DDP's bfloat16 gradients on the wire (its buckets compressed before the allreduce)
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
     r = train(a, model, x, y, xt, yt, rank, a.procs, factors[rank], log=print if rank == 0 else (lambda *_: None))
     if queue is not None:
         queue.put((rank, r))
@@ -594,6 +597,7 @@ def main():
     ap.add_argument("--budget-s", type=float, default=0, help="gpu mode: build no compile peer once this many seconds have gone (0: no limit)")
     ap.add_argument("--rank", type=int, default=-1, help="ddp mode: run this rank only, in this process (with --master)")
     ap.add_argument("--master", default="", help="ddp mode with --rank: rank 0's ADDR:PORT")
+    ap.add_argument("--bf16-hook", action="store_true", help="ddp mode: bf16_compress_hook (bfloat16 gradients on the wire)")
     a = ap.parse_args()
     d = DEFAULTS[a.model]
     a.batch = a.batch or (256 if a.mode == "gpu" else d["batch"])

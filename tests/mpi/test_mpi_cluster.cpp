@@ -383,6 +383,28 @@ void ring_sums() {
   }
 }
 
+// Counts cross the ranks exactly past float's 2^24: each rank runs 17 chunks of 1,000,001 samples (17,000,017, odd
+// and over 2^24, where a float holds only even integers) with a chunk function that only counts, and every rank's
+// report gives each device of the job its exact samples.
+void large_counts() {
+  constexpr std::size_t kChunk = 1000001, kBatch = 34 * kChunk;
+  RuntimeOptions o = on_cluster("cpu:1", kChunk);
+  o.schedule.policy = SchedulePolicy::kStatic;
+  Runtime rt(o);
+  rt.register_parameters(layout(), initial());
+  std::vector<std::uint32_t> batch(kBatch);
+  for (std::size_t i = 0; i < kBatch; ++i) batch[i] = static_cast<std::uint32_t>(i);
+  const StepReport rep = rt.compute_gradient(batch, [](ChunkContext& ctx) { ctx.grad[kDim] += static_cast<float>(ctx.samples.size()); });
+  std::uint64_t total = 0;
+  for (const DeviceReport& d : rep.devices) {
+    if (g_cluster->rank() == 0) std::printf("large counts: %s ran %llu samples\n", d.name.c_str(), static_cast<unsigned long long>(d.samples));
+    EXPECT(d.samples == 17 * kChunk);
+    total += d.samples;
+  }
+  EXPECT(rep.devices.size() == static_cast<std::size_t>(g_cluster->size()));
+  EXPECT(total == kBatch);
+}
+
 // After 50 Adam steps every rank's parameters are bit-identical, and equal to one process's within float rounding.
 void identical_parameters() {
   RuntimeOptions o = on_cluster(g_cluster->rank() % 2 == 0 ? "sim:1,0.5" : "sim:2", 8, 5e-6);
@@ -999,7 +1021,7 @@ std::shared_ptr<mpi::MpiCluster> make_cluster() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|remote-steal-timed|trace|config|disagree|long-but-alive|costs|deterministic|probes|bf16|ring|stall|hang|die|absent|wedged-node|wedged-neighbour\n", argv[0]);
+    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|remote-steal-timed|trace|config|disagree|long-but-alive|costs|deterministic|probes|bf16|ring|large-counts|stall|hang|die|absent|wedged-node|wedged-neighbour\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
@@ -1009,7 +1031,7 @@ int main(int argc, char** argv) {
       {"remote-steal-timed", [] { remote_steal_while_victim_computes(StealCheck::kTimed); }}, {"stall", stall},
       {"hang", [] { hang_or_die(false); }}, {"die", [] { hang_or_die(true); }}, {"trace", trace_across_ranks}, {"config", config_errors},
       {"disagree", ranks_disagree}, {"absent", absent}, {"long-but-alive", long_but_alive}, {"costs", given_costs},
-      {"deterministic", deterministic_across_ranks}, {"probes", bounded_probes}, {"bf16", bf16_wire}, {"ring", ring_sums},
+      {"deterministic", deterministic_across_ranks}, {"probes", bounded_probes}, {"bf16", bf16_wire}, {"ring", ring_sums}, {"large-counts", large_counts},
       {"wedged-node", [] { wedged(true); }}, {"wedged-neighbour", [] { wedged(false); }}};
   const auto it = cases.find(which);
   if (it == cases.end()) {

@@ -385,36 +385,37 @@ bool Runtime::Impl::sum_across_ranks(const ChunkTable& t, const ChunkPhase& phas
   double busy = 0, samples = 0, cost = 0, loss = 0;
   for (std::size_t d = 0; d < dev.devices.size(); ++d) {
     const DeviceReport& dr = local[d];
-    float* f = tally.device(cluster.first_device + d);
-    f[0] = static_cast<float>(dr.compute_s), f[1] = static_cast<float>(dr.chunks_run), f[2] = static_cast<float>(dr.chunks_stolen);
-    f[3] = static_cast<float>(dr.samples), f[4] = static_cast<float>(dr.chunk_samples);
-    f[5] = dev.kind == DeviceKind::kSim ? 1.0f : dev.kind == DeviceKind::kCuda ? 2.0f : 0.0f;
-    f[6] = costs.given() ? static_cast<float>(dr.cost / costs.mean) : 0.0f;  // in mean-cost samples, as the speed below
+    double* f = tally.device(cluster.first_device + d);
+    f[0] = dr.compute_s, f[1] = static_cast<double>(dr.chunks_run), f[2] = static_cast<double>(dr.chunks_stolen);
+    f[3] = static_cast<double>(dr.samples), f[4] = static_cast<double>(dr.chunk_samples);
+    f[5] = dev.kind == DeviceKind::kSim ? 1.0 : dev.kind == DeviceKind::kCuda ? 2.0 : 0.0;
+    f[6] = costs.given() ? dr.cost / costs.mean : 0.0;  // in mean-cost samples, as the speed below
     busy = std::max(busy, dr.compute_s), samples += static_cast<double>(dr.samples), cost += dr.cost, loss += dev.replicas[d]->loss;
   }
   // This rank's samples/s: what its devices ran over the time the busiest computed (0 when it ran nothing); and with
-  // given costs its cost per second, sent in mean-cost samples (a float whatever the trainer's units).
-  tally.speed()[me] = busy > 0 ? static_cast<float>(samples / busy) : 0.0f;
-  tally.cost_speed()[me] = busy > 0 && costs.given() ? static_cast<float>(cost / costs.mean / busy) : 0.0f;
-  tally.failed()[me] = phase.failure ? 1.0f : 0.0f;
-  tally.loss()[me] = static_cast<float>(loss);
-  for (std::size_t c = 0; c < t.size(); ++c) tally.runs()[c] = static_cast<float>(t.runs[c]);
-  if (options.cluster.wire == WireFormat::kBfloat16 && tally.count > 0) {
-    // The gradient in bfloat16, the tallies (counts, speeds, the exactly-once runs) in float: two collectives.
-    cluster->allreduce_sum_bf16(std::span<float>(tally.grad(), tally.count), [this] { watch_cluster(); });
-    cluster->allreduce_sum(std::span<float>(tally.buf).subspan(tally.count), [this] { watch_cluster(); });
-  } else {
-    cluster->allreduce_sum(tally.buf, [this] { watch_cluster(); });
+  // given costs its cost per second, sent in mean-cost samples.
+  tally.speed()[me] = busy > 0 ? samples / busy : 0.0;
+  tally.cost_speed()[me] = busy > 0 && costs.given() ? cost / costs.mean / busy : 0.0;
+  tally.failed()[me] = phase.failure ? 1.0 : 0.0;
+  tally.loss()[me] = loss;
+  for (std::size_t c = 0; c < t.size(); ++c) tally.runs()[c] = static_cast<double>(t.runs[c]);
+  // The gradient (float, or bfloat16 on the wire), then the tallies in doubles: two collectives.
+  const auto watch = [this] { watch_cluster(); };
+  if (tally.count > 0 && options.cluster.wire == WireFormat::kBfloat16) {
+    cluster->allreduce_sum_bf16(tally.gradient, watch);
+  } else if (tally.count > 0) {
+    cluster->allreduce_sum(std::span<float>(tally.gradient), watch);
   }
+  cluster->allreduce_sum(std::span<double>(tally.tallies), watch);
   if (exact) {  // deterministic mode: the fixed-point sum and every rank's exponents, every rank alike
     const std::vector<int> mine = exact.exponents();
     std::copy(mine.begin(), mine.end(), tally.exponents(static_cast<std::size_t>(me)));
-    cluster->allreduce_sum(std::span<std::int64_t>(tally.exact), [this] { watch_cluster(); });
+    cluster->allreduce_sum(std::span<std::int64_t>(tally.exact), watch);
   }
   // What every rank concludes from the sum: a failure anywhere fails the step everywhere (with the first failed rank's
   // message); every chunk ran exactly once across the ranks; the ranks' speeds for the next steps.
   for (std::size_t r = 0; r < ranks; ++r) {
-    if (tally.failed()[r] == 0.0f) continue;
+    if (tally.failed()[r] == 0.0) continue;
     std::vector<char> text(1024, '\0');
     if (r == static_cast<std::size_t>(me)) std::strncpy(text.data(), phase.failure_text.c_str(), text.size() - 1);
     cluster->broadcast(text, static_cast<int>(r));
@@ -422,8 +423,8 @@ bool Runtime::Impl::sum_across_ranks(const ChunkTable& t, const ChunkPhase& phas
     throw Error("step " + std::to_string(steps + 1) + " failed on rank " + std::to_string(r) + ": " + text.data() + "; nothing was applied on any rank");
   }
   for (std::size_t c = 0; c < tally.chunks; ++c) {
-    if (tally.runs()[c] != 1.0f) {
-      throw std::logic_error("runtime: chunk " + std::to_string(c) + " ran " + std::to_string(tally.runs()[c]) + " times across the ranks in step " +
+    if (tally.runs()[c] != 1.0) {
+      throw std::logic_error("runtime: chunk " + std::to_string(c) + " ran " + std::to_string(static_cast<long long>(tally.runs()[c])) + " times across the ranks in step " +
                              std::to_string(steps + 1) + ": exactly-once violated");
     }
   }
@@ -449,7 +450,7 @@ void Runtime::Impl::add_rank_devices(StepReport& rep, RankTally& tally, std::vec
   rep.loss = loss / static_cast<double>(rep.samples);
   for (std::size_t r = 0, g = 0; r < ranks; ++r) {
     for (std::size_t d = 0; d < cluster.rank_devices[r]; ++d, ++g) {
-      const float* f = tally.device(g);
+      const double* f = tally.device(g);
       DeviceReport dr;
       if (r == me) {
         dr = std::move(local[d]);
@@ -459,7 +460,7 @@ void Runtime::Impl::add_rank_devices(StepReport& rep, RankTally& tally, std::vec
         dr.samples = static_cast<std::uint64_t>(f[3]), dr.chunk_samples = static_cast<std::size_t>(f[4]), dr.cost = f[6] * costs.mean;
         dr.barrier_wait_s = std::max(0.0, rep.chunks_s - dr.compute_s);
       }
-      dr.name = "r" + std::to_string(r) + "/" + (f[5] == 1.0f ? "sim" : f[5] == 2.0f ? "cuda" : "cpu") + std::to_string(d);
+      dr.name = "r" + std::to_string(r) + "/" + (f[5] == 1.0 ? "sim" : f[5] == 2.0 ? "cuda" : "cpu") + std::to_string(d);
       rep.devices.push_back(std::move(dr));
     }
   }

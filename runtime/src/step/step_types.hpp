@@ -141,38 +141,43 @@ struct ChunkPhase {
 // samples, chunk size, its kind (0 cpu, 1 sim, 2 cuda: its name), and the given cost it ran.
 inline constexpr std::size_t kTallyDeviceFields = 7;
 
-// The reduction's buffer across ranks: the gradient, then every rank's speeds (samples/s, and given cost per second)
-// and failure flag, its loss sum, every chunk's run count and every device's tallies; each rank writes its own
-// entries and leaves the others 0, so the sum is a gather. Empty in one process.
+// What crosses the ranks with the reduction. The gradient: this rank's sum of its host devices' gradients, then the
+// job's (float, or bfloat16 on the wire; empty on GPUs, whose own collective sums it). Beside it, in doubles, so that
+// a count is exact to 2^53 whatever the batch: every rank's speeds (samples/s, and given cost per second), failure
+// flag and loss sum, every chunk's run count and every device's tallies; each rank writes its own entries and leaves
+// the others 0, so their sum is a gather. Empty in one process.
 //
 // Deterministic mode: the gradient travels in `exact` instead (int64 fixed point, summed exactly, see ExactSum), and
 // after it every rank's largest exponent of each tensor (a gather too); `count` is then 0.
 struct RankTally {
   std::size_t count = 0, ranks = 0, chunks = 0, devices = 0;
-  std::vector<float> buf;
+  std::vector<float> gradient;
+  std::vector<double> tallies;
   std::size_t exact_count = 0, tensors = 0;
   std::vector<std::int64_t> exact;
   std::vector<float> exact_float;  // the job's sum in float, for the update
   RankTally() = default;
   RankTally(std::size_t c, std::size_t r, std::size_t k, std::size_t d)
-      : count(c), ranks(r), chunks(k), devices(d), buf(c + 4 * r + k + kTallyDeviceFields * d, 0.0f) {}
+      : count(c), ranks(r), chunks(k), devices(d), gradient(c, 0.0f), tallies(4 * r + k + kTallyDeviceFields * d, 0.0) {}
   // Deterministic mode: the int64 part, `c` parameters and `t` tensors.
   void use_exact(std::size_t c, std::size_t t) { exact_count = c, tensors = t, exact.assign(c + ranks * t, 0); }
   std::int64_t* exact_grad() { return exact.data(); }
   std::int64_t* exponents(std::size_t rank) { return exact.data() + exact_count + rank * tensors; }
-  float* grad() { return buf.data(); }
-  float* speed() { return buf.data() + count; }
-  float* cost_speed() { return speed() + ranks; }  // given cost per second, in mean-cost samples; 0 without costs
-  float* failed() { return cost_speed() + ranks; }
-  float* loss() { return failed() + ranks; }
-  float* runs() { return loss() + ranks; }
-  float* device(std::size_t d) { return runs() + chunks + kTallyDeviceFields * d; }
+  float* grad() { return gradient.data(); }
+  double* speed() { return tallies.data(); }
+  double* cost_speed() { return speed() + ranks; }  // given cost per second, in mean-cost samples; 0 without costs
+  double* failed() { return cost_speed() + ranks; }
+  double* loss() { return failed() + ranks; }
+  double* runs() { return loss() + ranks; }
+  double* device(std::size_t d) { return runs() + chunks + kTallyDeviceFields * d; }
 };
 
 // What the reduction phase left for the report: each device's counters in it (within the process, and across ranks
-// the update from the job's sum after it), the sum's tallies across ranks, and when it ended.
+// the update from the job's sum after it), this process's device reports, the sum's tallies across ranks, and when
+// it ended.
 struct Reduced {
   StepStats within, applied;
+  std::vector<DeviceReport> local;
   RankTally tally;
   Clock::time_point end;
 };
