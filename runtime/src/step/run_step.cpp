@@ -1,7 +1,8 @@
 // One step, phase after phase, for one process and across ranks alike: plan, cut and place the chunks, set the end
 // game, run the chunks, reduce, report. Two things differ across ranks, each behind one call:
 //   - the chunk source: each device's own deque (one process), or the ranks' share words (run_from_shares());
-//   - the reduction: within the process, or within the rank and then across ranks (sum_across_ranks()).
+//   - the reduction: within the process, or within the rank and then across ranks (reduction/reduction.hpp).
+#include "reduction/reduction.hpp"
 #include "step/runtime_impl.hpp"
 
 #include <limits>
@@ -24,25 +25,19 @@ StepReport Runtime::Impl::run_step(std::span<const std::uint32_t> batch_samples,
   const std::size_t bins = cluster ? cluster.total_devices() : dev.devices.size();
   const std::span<const std::uint32_t> samples = costs.take(batch_samples, cost, pack ? bins : 0);
   const std::size_t batch = samples.size();
-  // Deterministic mode: an attempt whose cells left the fixed-point window runs again (exact_sum.hpp). The verdict
-  // reads only the job's exponents, so every rank redoes it alike; in one process it comes before the reduction,
-  // which is fused with the update.
+  // Deterministic mode: an attempt whose cells left the fixed-point window runs again (exact_sum.hpp): the
+  // reduction's verdict. It reads only the job's exponents, so every rank redoes it alike; in one process it comes
+  // before the sum, which is fused with the update.
   for (std::uint32_t redone = 0;; ++redone) {
     StepPlan plan = plan_step(batch);                          // chunk_table.cpp
     ChunkTable table = cut_and_place(batch, plan);             // chunk_table.cpp
     set_endgame_costs(table, plan);                            // chunk_table.cpp
     begin_chunk_phase(table, t_start);                         // run_chunks.cpp
     ChunkPhase phase = run_chunk_phase(samples, fn, table, plan, t_start);  // run_chunks.cpp, or cluster_step.cpp's share words
-    if (exact && !dev.host) take_device_cells();            // reduce.cpp: GPUs hand over their fixed-point sums
-    if (exact && !cluster && !exact.settle(exact.exponents())) continue;
     Reduced reduced;
-    reduced.within = reduce_within(batch, reduce_to, table, reduced.tally);  // reduce.cpp
-    take_call_times(table);                                                 // run_chunks.cpp: GPUs' event times
-    std::vector<DeviceReport> local = device_reports(table, phase);        // step_report.cpp
-    if (cluster && !sum_across_ranks(table, phase, local, reduced.tally)) continue;  // cluster_step.cpp
-    reduced.applied = finish_reduction(batch, reduce_to, reduced.tally);   // reduce.cpp
+    if (!reduction->reduce({batch, reduce_to, table, phase}, reduced)) continue;  // reduction/
     reduced.end = Clock::now();
-    StepReport rep = build_report(batch, table, plan, phase, std::move(local), reduced);  // step_report.cpp
+    StepReport rep = build_report(batch, table, plan, phase, std::move(reduced.local), reduced);  // step_report.cpp
     rep.redone = redone;
     return rep;
   }

@@ -1,4 +1,5 @@
 // The Runtime: its devices, scheduler and communicator, and step() and compute_gradient() from top to bottom.
+#include "reduction/reduction.hpp"
 #include "step/runtime_impl.hpp"
 
 #include <stealbatch/cores.hpp>
@@ -111,6 +112,14 @@ Runtime::Impl::Impl(RuntimeOptions o) : options(std::move(o)), epoch(Clock::now(
   speed.reset(n, options.schedule.throughput_window, options.schedule.policy == SchedulePolicy::kStatic, dev.host || dev.times_calls,
               dev.leaves_cores_idle);
   make_communicator();
+  reduction = make_reduction({options, dev, layout, shared, mean_next, exact, cluster, sched, comm, lr_pending, epoch, steps,
+                              [this](ChunkTable& t, const ChunkPhase& phase) {
+                                take_call_times(t);  // GPUs' event times
+                                return device_reports(t, phase);
+                              },
+                              [this](const ChunkTable& t, const ChunkPhase& phase, const std::vector<DeviceReport>& local, RankTally& tally) {
+                                return sum_across_ranks(t, phase, local, tally);
+                              }});
   if (!options.trace_path.empty()) {
     std::vector<std::string> names;
     for (const auto& d : dev.devices) names.push_back(d->name());

@@ -25,6 +25,8 @@
 
 namespace stealbatch {
 
+class Reduction;
+
 struct Runtime::Impl {
   explicit Impl(RuntimeOptions options);
   ~Impl();
@@ -72,14 +74,6 @@ struct Runtime::Impl {
                                Clock::time_point step_start);
   void recover_lost_device(std::size_t dead, ChunkTable& t, StepPlan& plan, ChunkPhase& phase, const ChunkFn& run);
   void exclude_device(std::size_t position);
-  // reduce.cpp: within the process (fused with the update on host devices in one process), then what crosses the
-  // ranks' sum: the update from it (host devices) or the devices' own collective.
-  void drain(std::size_t d);  // on device d's worker: its chunks still in flight finished, timed (Replica::finish, drained)
-  void take_device_cells();                                     // deterministic mode on GPUs (reduce.cpp)
-  StepStats reduce_within(std::size_t batch, Reduce reduce_to, const ChunkTable& t, RankTally& tally);
-  bool sum_part(std::size_t d, std::span<float* const> bufs, bool sliced, RankTally& tally);  // device d's part of the sum
-  StepStats finish_reduction(std::size_t batch, Reduce reduce_to, RankTally& tally);
-  void update_slice(std::size_t d, std::span<const float> sum, float scale, Reduce reduce_to);
   // step_report.cpp
   std::vector<DeviceReport> device_reports(const ChunkTable& t, const ChunkPhase& phase);
   StepReport build_report(std::size_t batch, const ChunkTable& t, const StepPlan& plan, ChunkPhase& phase, std::vector<DeviceReport> local,
@@ -90,13 +84,13 @@ struct Runtime::Impl {
   void plan_ranks(std::size_t batch, StepPlan& plan);                    // the ranks' speeds, the step's tag, the victims
   ChunkPhase run_from_shares(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
                              Clock::time_point step_start);
-  // The tally across ranks, with the step's watch while waiting; a failure anywhere rethrown everywhere, exactly-once
+  // The tally across ranks (the reduction's AcrossRanks calls it), with the step's watch while waiting; a failure anywhere rethrown everywhere, exactly-once
   // checked over the job, the ranks' speeds learnt. False: deterministic mode's verdict is to run the step again.
   bool sum_across_ranks(const ChunkTable& t, const ChunkPhase& phase, const std::vector<DeviceReport>& local, RankTally& tally);
   void add_rank_devices(StepReport& rep, RankTally& tally, std::vector<DeviceReport> local);
   void publish_progress();  // this rank's progress word: the step it is in, and one more beat
   void watch_cluster();     // publishes this rank's progress and where it is; ends the job when another rank has stopped making progress
-  // runtime.cpp: what step() and compute_gradient() do after the step's reduction
+  // runtime.cpp: what step() and compute_gradient() do after the step's reduction (reduction/reduction.hpp)
   void switch_shared_params(StepReport& rep);
   void update_replicas(StepReport& rep, std::size_t batch);
   void take_mean_gradient(std::size_t batch);
@@ -115,6 +109,7 @@ struct Runtime::Impl {
   ClusterState cluster;       // across ranks: this rank's part of the job (false in one process)
   ExactSum exact;             // deterministic mode: the fixed-point sum (false otherwise)
   std::unique_ptr<Communicator> comm;
+  std::unique_ptr<Reduction> reduction;  // the step's sum and what follows from it (reduction/reduction.hpp)
   std::unique_ptr<TraceWriter> trace;
   ParameterLayout layout;
   std::vector<float> mean_grad;

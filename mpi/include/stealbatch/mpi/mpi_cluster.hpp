@@ -25,6 +25,10 @@ namespace stealbatch::mpi {
 // for the shared-memory component (osc sm) between ranks of one node, not for the default selection (see the
 // README's launch section). So world() names the component list itself when the launch did not (OMPI_MCA_osc unset:
 // "sm,ucx", shared memory within a node), before MPI starts.
+//
+// Sums of 64 KiB or more take the cluster's own pipelined ring, ordered by node (ring_allreduce.hpp: each rank sends
+// 2 (R - 1) / R of the buffer), smaller ones one MPI_Iallreduce. Environment: STEALBATCH_MPI_RING=0, MPI's own
+// allreduce for every size; STEALBATCH_MPI_PROGRESS_US, the progress agent's period (20 µs).
 class MpiCluster final : public Cluster {
  public:
   // A cluster over a duplicate of MPI_COMM_WORLD.
