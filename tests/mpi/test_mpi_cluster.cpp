@@ -405,6 +405,42 @@ void large_counts() {
   EXPECT(total == kBatch);
 }
 
+// Automatic chunk sizes across ranks respect a call's fixed cost: with 3 ms a call beside 20 us a sample, a chunk
+// under 2,850 samples spends more than 5% of its time on the fixed part, so once the ranks measured their chunk
+// times each rank runs its share of 256 in one call or two, not in the 32-sample chunks (and finer ends) that the
+// batch alone would give. Every sample still runs exactly once. A static run cuts no finer ends.
+void efficient_chunks() {
+  RuntimeOptions o = on_cluster("cpu:1", 0);
+  Runtime rt(o);
+  rt.register_parameters(layout(), initial());
+  const auto fn = [](ChunkContext& ctx) {  // busy, as a call's own work is (a CPU device times its thread's CPU)
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(3000 + 20 * ctx.samples.size());
+    while (std::chrono::steady_clock::now() < until) {
+    }
+    ctx.grad[kDim] += static_cast<float>(ctx.samples.size());
+  };
+  std::uint64_t first = 0, last = 0;
+  for (std::uint64_t s = 0; s < 12; ++s) {
+    const StepReport rep = rt.compute_gradient(batch_of(256, s), fn);
+    std::uint64_t calls = 0, samples = 0;
+    for (const DeviceReport& d : rep.devices) calls += d.chunks_run, samples += d.samples;
+    EXPECT(samples == 256);
+    if (s == 0) first = calls;
+    last = calls;
+  }
+  if (g_cluster->rank() == 0) std::printf("efficient chunks: %llu chunks in the first step, %llu in the last\n", static_cast<unsigned long long>(first), static_cast<unsigned long long>(last));
+  EXPECT(first >= 8);
+  EXPECT(last <= 4);
+  // A static run's shares are not stolen from: whole chunks of 32, no finer ends (4 a rank).
+  o.schedule.policy = SchedulePolicy::kStatic;
+  Runtime fixed(o);
+  fixed.register_parameters(layout(), initial());
+  std::uint64_t calls = 0;
+  for (const DeviceReport& d : fixed.compute_gradient(batch_of(256, 0), fn).devices) calls += d.chunks_run;
+  if (g_cluster->rank() == 0) std::printf("efficient chunks: static, %llu chunks in the first step\n", static_cast<unsigned long long>(calls));
+  EXPECT(calls == 8);
+}
+
 // After 50 Adam steps every rank's parameters are bit-identical, and equal to one process's within float rounding.
 void identical_parameters() {
   RuntimeOptions o = on_cluster(g_cluster->rank() % 2 == 0 ? "sim:1,0.5" : "sim:2", 8, 5e-6);
@@ -1021,7 +1057,7 @@ std::shared_ptr<mpi::MpiCluster> make_cluster() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|remote-steal-timed|trace|config|disagree|long-but-alive|costs|deterministic|probes|bf16|ring|large-counts|stall|hang|die|absent|wedged-node|wedged-neighbour\n", argv[0]);
+    std::fprintf(stderr, "usage: mpirun -np R %s exactly-once|gradient|identical|checkpoint|throw|remote-steal|remote-steal-timed|trace|config|disagree|long-but-alive|costs|deterministic|probes|bf16|ring|large-counts|efficient-chunks|stall|hang|die|absent|wedged-node|wedged-neighbour\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
@@ -1031,7 +1067,7 @@ int main(int argc, char** argv) {
       {"remote-steal-timed", [] { remote_steal_while_victim_computes(StealCheck::kTimed); }}, {"stall", stall},
       {"hang", [] { hang_or_die(false); }}, {"die", [] { hang_or_die(true); }}, {"trace", trace_across_ranks}, {"config", config_errors},
       {"disagree", ranks_disagree}, {"absent", absent}, {"long-but-alive", long_but_alive}, {"costs", given_costs},
-      {"deterministic", deterministic_across_ranks}, {"probes", bounded_probes}, {"bf16", bf16_wire}, {"ring", ring_sums}, {"large-counts", large_counts},
+      {"deterministic", deterministic_across_ranks}, {"probes", bounded_probes}, {"bf16", bf16_wire}, {"ring", ring_sums}, {"large-counts", large_counts}, {"efficient-chunks", efficient_chunks},
       {"wedged-node", [] { wedged(true); }}, {"wedged-neighbour", [] { wedged(false); }}};
   const auto it = cases.find(which);
   if (it == cases.end()) {

@@ -2,11 +2,13 @@
 // rank's first device's global index, each rank's measured samples/s over the last steps and, of steps with given
 // sample costs, its cost per second in the trainer's units (the same on every rank: gathered with the reduction), the
 // steps run across the ranks (every rank counts the same, failed ones too: the share words' tag), this rank's progress
-// word, and, for the watch, the last progress word seen of each rank and since when. Empty (false) in one process. The
+// word, for the watch, the last progress word seen of each rank and since when, and each rank's efficient chunk size.
+// Empty (false) in one process. The
 // share-word protocol and the watch that use it are cluster_step.cpp's.
 #pragma once
 
 #include <stealbatch/runtime/cluster.hpp>
+#include <stealbatch/runtime/detail/call_fit.hpp>
 #include <stealbatch/runtime/detail/heartbeat.hpp>
 
 #include <cstddef>
@@ -30,6 +32,11 @@ struct ClusterState {
   std::vector<detail::StillWord> peers_seen;  // each rank's progress word, as the step's watch last read it
   std::vector<int> watched;                   // the ranks whose progress the step's watch reads (detail::watched_ranks)
   std::unique_ptr<detail::Heartbeat> heartbeat;  // this rank's pulse and the watch on the others'
+  // Automatic chunk sizes: this rank's chunk times against their samples, and each rank's efficient chunk (the
+  // smallest whose fixed part is at most kFixedShareAtMost of its time; 0 until known), the same on every rank
+  // (gathered with the reduction).
+  detail::CallFit chunk_fit;
+  std::vector<double> rank_efficient;
 
   explicit operator bool() const noexcept { return job != nullptr; }
   Cluster* operator->() const noexcept { return job.get(); }

@@ -98,6 +98,7 @@ void Runtime::Impl::join_cluster(DeviceSpec& spec) {
   cluster.rank_speed_history.assign(static_cast<std::size_t>(ranks), {});
   cluster.rank_cost_history.assign(static_cast<std::size_t>(ranks), {});
   cluster.peers_seen.assign(static_cast<std::size_t>(ranks), {});
+  cluster.rank_efficient.assign(static_cast<std::size_t>(ranks), 0.0);
   cluster.watched = detail::watched_ranks(me, ranks);
   // The clocks: each of a few rounds ends a collective on every rank at about the same moment; there every rank reads
   // its time since its own epoch, and the median difference from rank 0's is the offset (within the collective's
@@ -190,9 +191,13 @@ void Runtime::Impl::plan_ranks(std::size_t batch, StepPlan& p) {
   const std::size_t full = cells || options.schedule.chunk_size > 0 ? cell_size(batch) : std::clamp(batch / (kChunksPerDevice * total_devices), kMinAuto, kMaxAuto);
   const double fastest = *std::max_element(rs.speed.begin(), rs.speed.end());
   rs.chunk.resize(ranks);
+  // Automatic sizes: a rank's chunks no smaller than its efficient size, once measured (a call's fixed part at most
+  // kFixedShareAtMost of its time), as in one process; cut_rank_shares() cuts no end below it either.
+  const bool sized = !cells && options.schedule.chunk_size == 0 && !by_cost;
   for (std::size_t r = 0; r < ranks; ++r) {
     const double c = static_cast<double>(full) * (cells ? 1.0 : rs.speed[r] / fastest);
     rs.chunk[r] = by_cost ? c : std::max(1.0, std::round(c));  // whole samples without costs
+    if (sized && cluster.rank_efficient[r] > 0) rs.chunk[r] = std::max(rs.chunk[r], std::min(cluster.rank_efficient[r], static_cast<double>(batch)));
   }
   if (by_cost) {
     p.placement = Placement::kByCost;
@@ -398,6 +403,12 @@ bool Runtime::Impl::sum_across_ranks(const ChunkTable& t, const ChunkPhase& phas
   tally.cost_speed()[me] = busy > 0 && costs.given() ? cost / costs.mean / busy : 0.0;
   tally.failed()[me] = phase.failure ? 1.0 : 0.0;
   tally.loss()[me] = loss;
+  // This rank's chunk times against their samples (each chunk its own call; no given costs): its efficient size.
+  for (std::size_t c = 0; c < t.compute_s.size() && !costs.given(); ++c) {
+    if (t.runs[c] != 0 && t.compute_s[c] > 0) cluster.chunk_fit.add(static_cast<double>(t.spans[c].size), t.compute_s[c]);
+  }
+  const detail::CallFit& fit = cluster.chunk_fit;
+  tally.efficient()[me] = fit.known() && fit.separates() ? std::ceil(fit.overhead_cost(1 - kFixedShareAtMost)) : 0.0;
   for (std::size_t c = 0; c < t.size(); ++c) tally.runs()[c] = static_cast<double>(t.runs[c]);
   // The gradient (float, or bfloat16 on the wire), then the tallies in doubles: two collectives.
   const auto watch = [this] { watch_cluster(); };
@@ -429,6 +440,7 @@ bool Runtime::Impl::sum_across_ranks(const ChunkTable& t, const ChunkPhase& phas
     }
   }
   for (std::size_t r = 0; r < ranks; ++r) {
+    if (tally.efficient()[r] > 0) cluster.rank_efficient[r] = tally.efficient()[r];
     if (tally.speed()[r] > 0) push_window(cluster.rank_speed_history[r], tally.speed()[r], options.schedule.throughput_window);
     if (tally.cost_speed()[r] > 0) push_window(cluster.rank_cost_history[r], tally.cost_speed()[r] * costs.mean, options.schedule.throughput_window);
   }

@@ -211,7 +211,7 @@ std::vector<double> line_shares(std::span<const detail::CallFit::Line> lines, st
 // (line_shares()), and no chunk below the device's efficient size, where a_d is at most kFixedShare of its time. A
 // share smaller than that runs in one call; a slower device gets fewer chunks, not smaller ones.
 void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& t) {
-  constexpr double kFixedShare = 0.05;
+  constexpr double kFixedShare = kFixedShareAtMost;
   const std::size_t n = dev.devices.size();
   const std::vector<detail::CallFit::Line>& lines = p.lines;
   const std::vector<double> rate = lines.empty() ? p.rate : line_shares(lines, batch);
@@ -332,12 +332,18 @@ void Runtime::Impl::cut_rank_shares(std::size_t batch, StepPlan& p, ChunkTable& 
     } else {
       share = p.by_cost() ? detail::split_by_cost(p.position_cost, rs.speed) : to_shares(place_proportional(batch, rs.speed));
     }
+    // Automatic sizes: no chunk below a rank's efficient size (plan_ranks() sized the chunks at least to it), as in
+    // one process. A static run's shares are not stolen from: cut whole.
+    const bool sized = options.schedule.chunk_size == 0 && !costs.packed() && !p.by_cost();
     std::vector<double> floor(ranks);
+    bool hard_floor = false;
     for (std::size_t r = 0; r < ranks; ++r) {
       floor[r] = costs.packed() ? rs.chunk[r] : p.by_cost() ? rs.chunk[r] / 4 : std::max(1.0, std::floor(rs.chunk[r] / 4));
+      if (sized && cluster.rank_efficient[r] > 0) floor[r] = std::max(floor[r], std::min(cluster.rank_efficient[r], rs.chunk[r])), hard_floor = true;
     }
+    const Cut cut = options.schedule.policy == SchedulePolicy::kSteal ? Cut::kFiner : Cut::kWhole;
     rs.share.assign(ranks, {});
-    cut_shares(share, rs.chunk, floor, std::vector<Cut>(ranks, Cut::kFiner), p.position_cost, t, rs.share);
+    cut_shares(share, rs.chunk, floor, std::vector<Cut>(ranks, cut), p.position_cost, t, rs.share, hard_floor);
   }
   t.ranges.assign(dev.devices.size(), {});  // the devices claim chunks from the share words as they go
   const auto whole = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(rs.chunk[rs.me])));
@@ -438,7 +444,8 @@ ChunkTable Runtime::Impl::cut_and_place(std::size_t batch, StepPlan& p) {
   t.ran_on.assign(chunks, 0);
   t.runs.assign(chunks, 0);
   t.took_s.assign(p.learn_costs ? chunks : 0, 0.0);
-  t.compute_s.assign(p.sized() ? chunks : 0, 0.0);
+  // Each chunk's compute time: for the chunk sizer (sized), and across ranks for the rank's efficient size.
+  t.compute_s.assign(p.sized() || (cluster && (dev.host || dev.times_calls)) ? chunks : 0, 0.0);
   // Given costs: each chunk's in the trainer's units, and each call's time against it where calls are timed (host
   // devices as they return; devices that time them on their own clock after the chunk phase, take_call_times()).
   t.given_cost.assign(costs.given() ? chunks : 0, 0.0);

@@ -141,10 +141,14 @@ struct ChunkPhase {
 // samples, chunk size, its kind (0 cpu, 1 sim, 2 cuda: its name), and the given cost it ran.
 inline constexpr std::size_t kTallyDeviceFields = 7;
 
+// Automatic chunk sizes (chunk_size = 0) where a call has a fixed cost a beside b per sample: no chunk below the
+// device's efficient size, where a is at most this share of the call's time (chunk_table.cpp, cluster_step.cpp).
+inline constexpr double kFixedShareAtMost = 0.05;
+
 // What crosses the ranks with the reduction. The gradient: this rank's sum of its host devices' gradients, then the
 // job's (float, or bfloat16 on the wire; empty on GPUs, whose own collective sums it). Beside it, in doubles, so that
 // a count is exact to 2^53 whatever the batch: every rank's speeds (samples/s, and given cost per second), failure
-// flag and loss sum, every chunk's run count and every device's tallies; each rank writes its own entries and leaves
+// flag, loss sum and efficient chunk size, every chunk's run count and every device's tallies; each rank writes its own entries and leaves
 // the others 0, so their sum is a gather. Empty in one process.
 //
 // Deterministic mode: the gradient travels in `exact` instead (int64 fixed point, summed exactly, see ExactSum), and
@@ -158,7 +162,7 @@ struct RankTally {
   std::vector<float> exact_float;  // the job's sum in float, for the update
   RankTally() = default;
   RankTally(std::size_t c, std::size_t r, std::size_t k, std::size_t d)
-      : count(c), ranks(r), chunks(k), devices(d), gradient(c, 0.0f), tallies(4 * r + k + kTallyDeviceFields * d, 0.0) {}
+      : count(c), ranks(r), chunks(k), devices(d), gradient(c, 0.0f), tallies(5 * r + k + kTallyDeviceFields * d, 0.0) {}
   // Deterministic mode: the int64 part, `c` parameters and `t` tensors.
   void use_exact(std::size_t c, std::size_t t) { exact_count = c, tensors = t, exact.assign(c + ranks * t, 0); }
   std::int64_t* exact_grad() { return exact.data(); }
@@ -168,7 +172,8 @@ struct RankTally {
   double* cost_speed() { return speed() + ranks; }  // given cost per second, in mean-cost samples; 0 without costs
   double* failed() { return cost_speed() + ranks; }
   double* loss() { return failed() + ranks; }
-  double* runs() { return loss() + ranks; }
+  double* efficient() { return loss() + ranks; }  // the rank's efficient chunk in samples (ClusterState::rank_efficient)
+  double* runs() { return efficient() + ranks; }
   double* device(std::size_t d) { return runs() + chunks + kTallyDeviceFields * d; }
 };
 
