@@ -4,7 +4,8 @@
 # devices slowed by SLOWDOWN (one factor a node, e.g. 6.6,1,1,1), against PyTorch DDP (gloo, its bucketed allreduce
 # overlapped with the backward pass) launched into the same namespaces with the same slowdown: stealbatch with
 # float32 and bf16 on the wire, DDP plain and with bf16_compress_hook, interleaved, ROUNDS rounds (3). Prints each
-# run's samples/s (the median epoch after the first) and test accuracy. Needs root and TORCH_PYTHON (a Python with
+# run's samples/s, the median epoch after the first as torch_ref.py reports DDP's (stealbatch's dashboard beside it),
+# and test accuracy. Needs root and TORCH_PYTHON (a Python with
 # torch: PyTorch is a peer, never a dependency); the cluster is torn down at the end.
 set -uo pipefail
 build=$1 nodes=$2 rate=$3 slowdown=$4 rounds=${5:-3}
@@ -26,8 +27,12 @@ ddp() {  # ddp ROUND [--bf16-hook]
 echo "## wide mlp, $nodes nodes x cpu:1, slowdown $slowdown, one-way delay 50 us, $rate"
 for ((i = 1; i <= rounds; i++)); do
   for wire in float32 bf16; do
-    echo "round $i stealbatch $wire: $($cl run --ranks-per-node 1 --timeout 600 -- "$build/examples/mlp" --devices cpu:1 --hidden 2048,2048 \
-      --slowdown "$slowdown" --wire "$wire" "${data[@]}" 2>&1 | grep -E "epoch time|time: chunks" | tr '\n' ' ')"
+    out=$($cl run --ranks-per-node 1 --timeout 600 -- "$build/examples/mlp" --devices cpu:1 --hidden 2048,2048 \
+      --slowdown "$slowdown" --wire "$wire" "${data[@]}" 2>&1)
+    # The epochs after the first: their samples/s, the median (the upper middle of an even count, as torch_ref.py's).
+    after=$(echo "$out" | grep -a "epoch [0-9]*/" | tail -n +2 | grep -o '[0-9]* samples/s' | cut -d' ' -f1 | sort -n)
+    med=$(echo "$after" | awk '{v[NR] = $1} END {print v[int(NR / 2) + 1]}')
+    echo "round $i stealbatch $wire: $med samples/s (median epoch after the first) $(echo "$out" | grep -E "epoch time|time: chunks" | tr '\n' ' ')"
   done
   ddp "$i"
   ddp "$i" --bf16-hook
