@@ -29,9 +29,10 @@ for ((i = 1; i <= rounds; i++)); do
   for wire in float32 bf16; do
     out=$($cl run --ranks-per-node 1 --timeout 600 -- "$build/examples/mlp" --devices cpu:1 --hidden 2048,2048 \
       --slowdown "$slowdown" --wire "$wire" "${data[@]}" 2>&1)
-    # The epochs after the first: their samples/s, the median (the upper middle of an even count, as torch_ref.py's).
+    # The epochs after the first: the samples over their median time, as torch_ref.py reads DDP's (statistics.median:
+    # the mean of the middle two of an even count).
     after=$(echo "$out" | grep -a "epoch [0-9]*/" | tail -n +2 | grep -o '[0-9]* samples/s' | cut -d' ' -f1 | sort -n)
-    med=$(echo "$after" | awk '{v[NR] = $1} END {print v[int(NR / 2) + 1]}')
+    med=$(echo "$after" | awk '{t[NR] = 2048 / $1} END {n = NR; m = n % 2 ? t[(n + 1) / 2] : (t[n / 2] + t[n / 2 + 1]) / 2; printf "%.0f", 2048 / m}')
     echo "round $i stealbatch $wire: $med samples/s (median epoch after the first) $(echo "$out" | grep -E "epoch time|time: chunks" | tr '\n' ' ')"
   done
   ddp "$i"

@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
   for (const bool bf16 : {false, true}) {
     std::vector<double> ms;
     for (std::size_t r = 0; r < reps; ++r) {
-      for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<float>((i + static_cast<std::size_t>(cluster->rank())) % 7) * 0.25f;
+      for (std::size_t i = 0; i < count; ++i)
+        data[i] = static_cast<float>((i + static_cast<std::size_t>(cluster->rank())) % 7) * 0.25f;
       std::vector<double> together{0.0};
       cluster->allreduce_sum(together);
       const auto t0 = std::chrono::steady_clock::now();
@@ -55,9 +56,10 @@ int main(int argc, char** argv) {
     double slowest = 0;
     for (double v : all) slowest = std::max(slowest, v);
     if (cluster->rank() == 0) {
-      std::printf("reducebench: %d ranks, %zu values (%.1f MB float), %s, %s: median %.1f ms (slowest rank's), %zu rounds\n", cluster->size(), count,
-                  static_cast<double>(count) * 4e-6, bf16 ? "bf16 on the wire" : "float32", ring != nullptr && std::strcmp(ring, "0") == 0 ? "MPI's allreduce" : "ring",
-                  slowest, reps);
+      std::printf(
+          "reducebench: %d ranks, %zu values (%.1f MB float), %s, %s: median %.1f ms (slowest rank's), %zu rounds\n",
+          cluster->size(), count, static_cast<double>(count) * 4e-6, bf16 ? "bf16 on the wire" : "float32",
+          ring != nullptr && std::strcmp(ring, "0") == 0 ? "MPI's allreduce" : "ring", slowest, reps);
     }
   }
   return 0;

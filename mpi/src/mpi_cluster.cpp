@@ -115,13 +115,25 @@ class InFlight {
   std::atomic<std::uint64_t>& m_word;
 };
 
-// Where the sums take the ring: from detail::kRingFrom bytes on; never with STEALBATCH_MPI_RING=0 (MPI's own
-// allreduce for every size: a comparison, or a fallback).
-std::size_t ring_threshold() {
+// STEALBATCH_MPI_RING: 1 (unset: the default), large sums take the ring; 0, MPI's own allreduce for every size (a
+// comparison, or a fallback); -1, a value that is neither.
+int ring_setting() {
   const char* v = std::getenv("STEALBATCH_MPI_RING");
-  if (v == nullptr || std::strcmp(v, "1") == 0) return detail::kRingFrom;
-  if (std::strcmp(v, "0") == 0) return std::numeric_limits<std::size_t>::max();
-  throw ConfigError(std::string("STEALBATCH_MPI_RING = '") + v + "': 1 (the default: large sums take the ring) or 0 (MPI's own allreduce)");
+  if (v == nullptr || std::strcmp(v, "1") == 0) return 1;
+  return std::strcmp(v, "0") == 0 ? 0 : -1;
+}
+
+// Every rank's ring setting, agreed in one collective before the first sum: ranks that took different ways to the
+// same sum would wait for each other for good. Every rank throws the same ConfigError where they differ, or where
+// one is neither 0 nor 1.
+std::size_t agree_ring_threshold(MPI_Comm comm) {
+  const int mine = ring_setting();
+  int lo = mine, hi = mine;
+  check(MPI_Allreduce(&mine, &lo, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
+  check(MPI_Allreduce(&mine, &hi, 1, MPI_INT, MPI_MAX, comm), "MPI_Allreduce");
+  if (lo < 0) throw ConfigError("STEALBATCH_MPI_RING: 1 (the default: large sums take the ring) or 0 (MPI's own allreduce); a rank has another value");
+  if (lo != hi) throw ConfigError("STEALBATCH_MPI_RING differs between ranks (0 on some, 1 or unset on others): give every rank the same");
+  return mine == 1 ? detail::kRingFrom : std::numeric_limits<std::size_t>::max();
 }
 
 // The agent's period: STEALBATCH_MPI_PROGRESS_US, else 20 µs.
@@ -188,6 +200,7 @@ void init_mpi() {
 // Each rank's node name (for messages and the split below), then which ranks share this node: a shared-memory split,
 // and each rank's node leader gathered.
 void MpiCluster::find_nodes(State& s) {
+  s.ring_from = agree_ring_threshold(s.comm);
   std::vector<char> names(static_cast<std::size_t>(s.size) * MPI_MAX_PROCESSOR_NAME, '\0');
   char mine[MPI_MAX_PROCESSOR_NAME] = {};
   int len = 0;
@@ -215,7 +228,6 @@ void MpiCluster::find_nodes(State& s) {
   check(MPI_Allgather(&node_leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, s.comm), "MPI_Allgather");
   for (int l : leaders) s.same_node.push_back(l == node_leader ? 1 : 0);
   s.ring = detail::ring_of(s.comm, s.rank, leaders);
-  s.ring_from = ring_threshold();
 }
 
 // The node's pulse words (see State::pulse). Where the shared window cannot be made, every rank of the node finds
@@ -495,9 +507,9 @@ void MpiCluster::wait(void* request, const std::function<void()>& waiting, Waiti
     }
     if (done) return;
     const auto now = std::chrono::steady_clock::now();
-    if (now - w.start > std::chrono::milliseconds(5)) {
+    if (now - own.start > std::chrono::microseconds(200) && now - w.start > std::chrono::milliseconds(5)) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
-    } else if (now - w.start > std::chrono::microseconds(200)) {
+    } else if (now - own.start > std::chrono::microseconds(200) || now - w.start > std::chrono::microseconds(200)) {
       std::this_thread::yield();
     }
     if (waiting && now >= w.next_watch) {
@@ -513,12 +525,18 @@ void MpiCluster::allreduce(void* data, std::size_t count, int type, const std::f
                                            {sizeof(double), MPI_DOUBLE, add<double>},
                                            {sizeof(std::int64_t), MPI_INT64_T, add<std::int64_t>},
                                            {sizeof(std::uint16_t), MPI_UINT16_T, add_bf16_pairs}};
-  if (count * kRing[type].size >= m->ring_from && m->size > 1) {
+  const bool huge = count > static_cast<std::size_t>(std::numeric_limits<int>::max());  // past an MPI count: the ring's segments
+  if ((count * kRing[type].size >= m->ring_from || huge) && m->size > 1) {
     // A large sum (a gradient): the ring. Its segments' waits are one wait: one watch every 10 ms, and past the first
     // 5 ms of the sum a sleep between tests, so that waiting ranks leave the cores to the others and to the network.
+    // A failed MPI call midway leaves the ring's messages in flight into its buffers: no rank can go on from there.
     const auto now = std::chrono::steady_clock::now();
     Waiting w{now, now + std::chrono::milliseconds(10)};
-    detail::ring_allreduce(data, count, kRing[type], m->ring, m->lock, [&](MPI_Request& r) { wait(&r, waiting, &w); });
+    try {
+      detail::ring_allreduce(data, count, kRing[type], m->ring, m->lock, [&](MPI_Request& r) { wait(&r, waiting, &w); });
+    } catch (const std::exception& e) {
+      abort(std::string("stealbatch: the sum across ranks failed midway, with messages still in flight: ") + e.what() + "; ending the job", 1);
+    }
     return;
   }
   MPI_Request req = MPI_REQUEST_NULL;

@@ -19,15 +19,24 @@ void check(int rc, const char* what) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, text, &len);
-  throw Error(std::string("MPI: ") + what + " failed in the ring's sum: " + std::string(text, static_cast<std::size_t>(len)));
+  throw Error(std::string("MPI: ") + what +
+              " failed in the ring's sum: " + std::string(text, static_cast<std::size_t>(len)));
 }
 
 // One run of the ring over one buffer: its blocks, segments and requests.
 class RingRun {
  public:
-  RingRun(void* data, std::size_t count, const RingType& type, const Ring& ring, std::mutex& lock, const std::function<void(MPI_Request&)>& wait_one)
-      : m_data(static_cast<std::byte*>(data)), m_count(count), m_type(type), m_ring(ring), m_lock(lock), m_wait(wait_one),
-        m_steps(2 * (ring.size - 1)), m_seg(std::max<std::size_t>(1, kRingSegment / type.size)), m_sends(static_cast<std::size_t>(m_steps)) {
+  RingRun(void* data, std::size_t count, const RingType& type, const Ring& ring, std::mutex& lock,
+          const std::function<void(MPI_Request&)>& wait_one)
+      : m_data(static_cast<std::byte*>(data)),
+        m_count(count),
+        m_type(type),
+        m_ring(ring),
+        m_lock(lock),
+        m_wait(wait_one),
+        m_steps(2 * (ring.size - 1)),
+        m_seg(std::max<std::size_t>(1, kRingSegment / type.size)),
+        m_sends(static_cast<std::size_t>(m_steps)) {
     const std::size_t largest = (count + static_cast<std::size_t>(ring.size) - 1) / static_cast<std::size_t>(ring.size);
     for (auto& s : m_scratch) s.resize(largest * type.size);
   }
@@ -52,8 +61,12 @@ class RingRun {
  private:
   bool reduce_scatter(int s) const noexcept { return s < m_ring.size - 1; }
   int wrap(int b) const noexcept { return ((b % m_ring.size) + m_ring.size) % m_ring.size; }
-  int sent_block(int s) const noexcept { return wrap(reduce_scatter(s) ? m_ring.position - s : m_ring.position + 1 - (s - (m_ring.size - 1))); }
-  int recv_block(int s) const noexcept { return wrap(reduce_scatter(s) ? m_ring.position - s - 1 : m_ring.position - (s - (m_ring.size - 1))); }
+  int sent_block(int s) const noexcept {
+    return wrap(reduce_scatter(s) ? m_ring.position - s : m_ring.position + 1 - (s - (m_ring.size - 1)));
+  }
+  int recv_block(int s) const noexcept {
+    return wrap(reduce_scatter(s) ? m_ring.position - s - 1 : m_ring.position - (s - (m_ring.size - 1)));
+  }
   std::pair<std::size_t, std::size_t> block(int b) const noexcept {
     const auto r = static_cast<std::size_t>(m_ring.size), i = static_cast<std::size_t>(b);
     return {m_count * i / r, m_count * (i + 1) / r};
@@ -73,14 +86,16 @@ class RingRun {
     MPI_Request req = MPI_REQUEST_NULL;
     {
       const std::lock_guard g(m_lock);
-      check(MPI_Isend(at(b), static_cast<int>(e - b), m_type.type, m_ring.next, kRingTag, m_ring.comm, &req), "MPI_Isend");
+      check(MPI_Isend(at(b), static_cast<int>(e - b), m_type.type, m_ring.next, kRingTag, m_ring.comm, &req),
+            "MPI_Isend");
     }
     m_sends[static_cast<std::size_t>(s)].push_back(req);
   }
 
   void post_receives(int s) {
     const int rb = recv_block(s);
-    if (!reduce_scatter(s)) wait_all(m_sends[static_cast<std::size_t>(s - (m_ring.size - 1))]);  // block rb left from it then
+    if (!reduce_scatter(s))
+      wait_all(m_sends[static_cast<std::size_t>(s - (m_ring.size - 1))]);  // block rb left from it then
     auto& reqs = m_recvs[s % 2];
     reqs.assign(segments(rb), MPI_REQUEST_NULL);
     const std::size_t first = block(rb).first;
@@ -88,7 +103,8 @@ class RingRun {
       const auto [b, e] = segment(rb, k);
       std::byte* into = reduce_scatter(s) ? m_scratch[s % 2].data() + (b - first) * m_type.size : at(b);
       const std::lock_guard g(m_lock);
-      check(MPI_Irecv(into, static_cast<int>(e - b), m_type.type, m_ring.prev, kRingTag, m_ring.comm, &reqs[k]), "MPI_Irecv");
+      check(MPI_Irecv(into, static_cast<int>(e - b), m_type.type, m_ring.prev, kRingTag, m_ring.comm, &reqs[k]),
+            "MPI_Irecv");
     }
   }
 
@@ -104,7 +120,7 @@ class RingRun {
   std::mutex& m_lock;
   const std::function<void(MPI_Request&)>& m_wait;
   int m_steps;
-  std::size_t m_seg;  // elements a segment
+  std::size_t m_seg;                              // elements a segment
   std::vector<std::vector<MPI_Request>> m_sends;  // each step's sends not yet waited for
   std::vector<MPI_Request> m_recvs[2];            // step s's receives: m_recvs[s % 2]
   std::vector<std::byte> m_scratch[2];            // reduce-scatter step s receives into m_scratch[s % 2]
@@ -115,7 +131,9 @@ class RingRun {
 Ring ring_of(MPI_Comm comm, int rank, const std::vector<int>& node_first) {
   std::vector<int> order(node_first.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return node_first[static_cast<std::size_t>(a)] < node_first[static_cast<std::size_t>(b)]; });
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return node_first[static_cast<std::size_t>(a)] < node_first[static_cast<std::size_t>(b)];
+  });
   Ring ring;
   ring.comm = comm;
   ring.size = static_cast<int>(order.size());

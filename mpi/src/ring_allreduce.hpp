@@ -1,5 +1,5 @@
 // The sum of large buffers across ranks: a ring, ordered by node, in segments, so that segments cross the network
-// while the others are still being added on the way (MpiCluster's allreduce_sum above kRingFrom bytes).
+// while the others are still being added on the way (MpiCluster's sums from kRingFrom bytes on).
 //
 // The ring. R ranks in ring order (every node's ranks next to each other: within a node the hops are shared memory,
 // and each node's link carries one stream out and one in). The buffer is R blocks (block b: [count b / R,

@@ -1,5 +1,5 @@
 // Host devices (CPU, simulated) share one copy of the parameters and one optimizer: each device's worker reduces and
-// updates its own slice of them in one phase (reduce.cpp), instead of every device updating a full replica of its
+// updates its own slice of them in one phase (reduction/), instead of every device updating a full replica of its
 // own. Double-buffered: the update writes next() (and the optimizer's next state), and only a step that completed
 // switches to it (commit()), so a step that fails in that phase leaves nothing applied.
 #pragma once

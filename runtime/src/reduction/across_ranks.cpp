@@ -23,7 +23,7 @@ class AcrossRanks final : public ReductionBase {
   using ReductionBase::ReductionBase;
 
   bool reduce(const ReductionStep& step, Reduced& out) override {
-        const bool exact = m_p.options.schedule.deterministic, gpu_cells = exact && !m_p.dev.host;
+    const bool exact = m_p.options.schedule.deterministic, gpu_cells = exact && !m_p.dev.host;
     if (gpu_cells) take_device_cells();
     sum_within(step, out);
     report_devices(step, out);
@@ -34,12 +34,13 @@ class AcrossRanks final : public ReductionBase {
 
  private:
   void sum_within(const ReductionStep& step, Reduced& out) {
-        const bool exact = m_p.options.schedule.deterministic, gpu_cells = exact && !m_p.dev.host;
+    const bool exact = m_p.options.schedule.deterministic, gpu_cells = exact && !m_p.dev.host;
     const std::size_t n = m_p.dev.devices.size(), count = m_p.layout.size();
     const std::vector<float*> bufs = buffers();
     const bool sliced = step.reduce_to != Reduce::kSum;
     RankTally& tally = out.tally;
-    tally = RankTally(m_p.dev.host && !exact ? count : 0, static_cast<std::size_t>(m_p.cluster->size()), step.table.size(), m_p.cluster.total_devices());
+    tally = RankTally(m_p.dev.host && !exact ? count : 0, static_cast<std::size_t>(m_p.cluster->size()),
+                      step.table.size(), m_p.cluster.total_devices());
     if (exact) tally.use_exact(count, m_p.exact.tensors());
     if (gpu_cells) m_p.exact.sum_slice(0, count, tally.exact);
     take_learning_rate(step.reduce_to);
@@ -62,7 +63,7 @@ class AcrossRanks final : public ReductionBase {
   }
 
   StepStats apply(const ReductionStep& step, RankTally& tally) {
-        const bool exact = m_p.options.schedule.deterministic;
+    const bool exact = m_p.options.schedule.deterministic;
     const std::size_t n = m_p.dev.devices.size(), count = m_p.layout.size();
     if (exact && !m_p.dev.host) {
       std::vector<float> sum(count, 0.0f);
@@ -94,6 +95,8 @@ class AcrossRanks final : public ReductionBase {
 
 }  // namespace
 
-std::unique_ptr<Reduction> across_ranks(ReductionParts parts) { return std::make_unique<AcrossRanks>(std::move(parts)); }
+std::unique_ptr<Reduction> across_ranks(ReductionParts parts) {
+  return std::make_unique<AcrossRanks>(std::move(parts));
+}
 
 }  // namespace stealbatch

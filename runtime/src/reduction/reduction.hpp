@@ -38,15 +38,15 @@ struct ReductionParts {
   const RuntimeOptions& options;
   DeviceSet& dev;
   const ParameterLayout& layout;
-  SharedParameters& shared;         // host devices: the update (or the mean, into mean_next) from the sum
+  SharedParameters& shared;  // host devices: the update (or the mean, into mean_next) from the sum
   std::vector<float>& mean_next;
-  ExactSum& exact;                  // deterministic mode
-  ClusterState& cluster;            // across ranks
-  const std::unique_ptr<Scheduler>& sched;       // broadcast(): each device's part on its worker
-  const std::unique_ptr<Communicator>& comm;     // the devices' own collective (GPUs), or the modelled ring
-  bool& lr_pending;                 // set_learning_rate() since the last update
-  const Clock::time_point& epoch;   // the watchdog's stamps
-  const std::uint64_t& steps;       // steps completed (error messages)
+  ExactSum& exact;                            // deterministic mode
+  ClusterState& cluster;                      // across ranks
+  const std::unique_ptr<Scheduler>& sched;    // broadcast(): each device's part on its worker
+  const std::unique_ptr<Communicator>& comm;  // the devices' own collective (GPUs), or the modelled ring
+  bool& lr_pending;                           // set_learning_rate() since the last update
+  const Clock::time_point& epoch;             // the watchdog's stamps
+  const std::uint64_t& steps;                 // steps completed (error messages)
   // The devices' call times taken, then this process's device reports (run_chunks.cpp, step_report.cpp).
   std::function<std::vector<DeviceReport>(ChunkTable&, const ChunkPhase&)> device_reports;
   // Across ranks: the tally's collectives and what every rank concludes from them (cluster_step.cpp); false:

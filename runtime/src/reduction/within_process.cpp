@@ -26,7 +26,7 @@ void ReductionBase::drain(std::size_t d) {
 }
 
 void ReductionBase::update_slice(std::size_t d, std::span<const float> sum, float scale, Reduce reduce_to) {
-    const std::size_t n = m_p.dev.devices.size(), count = m_p.layout.size();
+  const std::size_t n = m_p.dev.devices.size(), count = m_p.layout.size();
   const auto u0 = Clock::now();
   const auto [b, e] = InProcessCommunicator::slice(d, n, count);
   if (reduce_to == Reduce::kUpdate) {
@@ -41,13 +41,14 @@ void ReductionBase::update_slice(std::size_t d, std::span<const float> sum, floa
 void ReductionBase::take_loss(std::size_t d) { m_p.dev.replicas[d]->loss += m_p.dev.devices[d]->take_device_loss(); }
 
 void ReductionBase::take_learning_rate(Reduce reduce_to) {
-  if (reduce_to == Reduce::kUpdate && m_p.lr_pending) m_p.shared.optimizer->set_lr(m_p.options.optimizer.lr), m_p.lr_pending = false;
+  if (reduce_to == Reduce::kUpdate && m_p.lr_pending)
+    m_p.shared.optimizer->set_lr(m_p.options.optimizer.lr), m_p.lr_pending = false;
 }
 
 // Each drains first, so that the hand-over is the reduction's and the chunks' end is timed as in the other devices'
 // reduction. A value that is not finite fails the step, naming the device and the tensor.
 void ReductionBase::take_device_cells() {
-    std::vector<long> bad(m_p.dev.devices.size(), -1);
+  std::vector<long> bad(m_p.dev.devices.size(), -1);
   m_p.sched->broadcast([&](std::size_t d) {
     const WatchStamp stamp(*m_p.dev.replicas[d], kReductionPhase, m_p.epoch);
     drain(d);
@@ -56,7 +57,8 @@ void ReductionBase::take_device_cells() {
   for (std::size_t d = 0; d < bad.size(); ++d) {
     if (bad[d] < 0) continue;
     throw ChunkError(m_p.dev.devices[d]->name(), m_p.steps + 1, 0,
-                     m_p.exact.not_finite(static_cast<std::size_t>(bad[d])) + " (found after the chunk phase; chunk 0 stands for the device's chunks of the step)",
+                     m_p.exact.not_finite(static_cast<std::size_t>(bad[d])) +
+                         " (found after the chunk phase; chunk 0 stands for the device's chunks of the step)",
                      true);
   }
 }
@@ -78,7 +80,7 @@ class InProcess final : public ReductionBase {
  public:
   using ReductionBase::ReductionBase;
   bool reduce(const ReductionStep& step, Reduced& out) override {
-        const std::size_t count = m_p.layout.size();
+    const std::size_t count = m_p.layout.size();
     const std::vector<float*> bufs = buffers();
     const float scale = 1.0f / static_cast<float>(step.batch);
     const bool sliced = step.reduce_to != Reduce::kSum;
@@ -103,7 +105,8 @@ class InProcess final : public ReductionBase {
       if (sliced) update_slice(d, std::span<const float>(bufs[0], count), scale, step.reduce_to);
     });
     report_devices(step, out);
-    m_p.comm->allreduce_all(bufs, count);  // a collective issued from one thread (NCCL's group call); a no-op on host devices
+    m_p.comm->allreduce_all(bufs,
+                            count);  // a collective issued from one thread (NCCL's group call); a no-op on host devices
     out.applied = StepStats{std::vector<WorkerCounters>(m_p.dev.devices.size()), {}, 0};
     return true;
   }
@@ -118,7 +121,7 @@ class ExactInProcess final : public ReductionBase {
  public:
   using ReductionBase::ReductionBase;
   bool reduce(const ReductionStep& step, Reduced& out) override {
-        const bool gpus = !m_p.dev.host;
+    const bool gpus = !m_p.dev.host;
     if (gpus) take_device_cells();
     if (!m_p.exact.settle(m_p.exact.exponents())) return false;
     const std::size_t n = m_p.dev.devices.size(), count = m_p.layout.size();

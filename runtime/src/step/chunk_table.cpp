@@ -333,7 +333,8 @@ void Runtime::Impl::cut_rank_shares(std::size_t batch, StepPlan& p, ChunkTable& 
       share = p.by_cost() ? detail::split_by_cost(p.position_cost, rs.speed) : to_shares(place_proportional(batch, rs.speed));
     }
     // Automatic sizes: no chunk below a rank's efficient size (plan_ranks() sized the chunks at least to it), as in
-    // one process. A static run's shares are not stolen from: cut whole.
+    // one process. A static run's shares in samples are not stolen from: cut whole (in cost, whole chunks of the
+    // budget are cut_share()'s, with the budget as the floor).
     const bool sized = options.schedule.chunk_size == 0 && !costs.packed() && !p.by_cost();
     std::vector<double> floor(ranks);
     bool hard_floor = false;
@@ -341,7 +342,8 @@ void Runtime::Impl::cut_rank_shares(std::size_t batch, StepPlan& p, ChunkTable& 
       floor[r] = costs.packed() ? rs.chunk[r] : p.by_cost() ? rs.chunk[r] / 4 : std::max(1.0, std::floor(rs.chunk[r] / 4));
       if (sized && cluster.rank_efficient[r] > 0) floor[r] = std::max(floor[r], std::min(cluster.rank_efficient[r], rs.chunk[r])), hard_floor = true;
     }
-    const Cut cut = options.schedule.policy == SchedulePolicy::kSteal ? Cut::kFiner : Cut::kWhole;
+    const bool whole = options.schedule.policy != SchedulePolicy::kSteal && !costs.packed() && !p.by_cost();
+    const Cut cut = whole ? Cut::kWhole : Cut::kFiner;
     rs.share.assign(ranks, {});
     cut_shares(share, rs.chunk, floor, std::vector<Cut>(ranks, cut), p.position_cost, t, rs.share, hard_floor);
   }

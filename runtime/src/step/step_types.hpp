@@ -113,7 +113,7 @@ struct ChunkTable {
   std::vector<std::uint8_t> runs;       // how many times it ran: the exactly-once check, chunk by chunk
   std::vector<float> stolen_ratio;      // watch_speed: a stolen chunk's time over what its thief's speed predicts
   std::vector<double> took_s;           // learn_costs: its time on its device
-  std::vector<double> compute_s;        // sized: its compute time where the device knows it, else its time
+  std::vector<double> compute_s;        // sized, or across ranks: its compute time where the device knows it, else its time
   std::vector<double> given_cost;       // given costs: its samples' cost, in the trainer's units
   // Given costs on host devices: each device's calls, (given cost, seconds); written by that device's worker only.
   std::vector<std::vector<std::pair<double, double>>> calls;

@@ -26,7 +26,7 @@ namespace stealbatch::mpi {
 // README's launch section). So world() names the component list itself when the launch did not (OMPI_MCA_osc unset:
 // "sm,ucx", shared memory within a node), before MPI starts.
 //
-// Sums of 64 KiB or more take the cluster's own pipelined ring, ordered by node (ring_allreduce.hpp: each rank sends
+// Sums of 64 KiB or more take the cluster's own pipelined ring, ordered by node (mpi/src/ring_allreduce.hpp: each rank sends
 // 2 (R - 1) / R of the buffer), smaller ones one MPI_Iallreduce. Environment: STEALBATCH_MPI_RING=0, MPI's own
 // allreduce for every size; STEALBATCH_MPI_PROGRESS_US, the progress agent's period (20 µs).
 class MpiCluster final : public Cluster {
@@ -90,7 +90,8 @@ class MpiCluster final : public Cluster {
   static void open_pulses(State& s);  // the node's pulse words, where the node's ranks can share a window
   static void open_window(State& s);  // the share words, zeroed and locked for the cluster's life
   // An MPI_Request*, tested under the lock: often at first, then yielding the core, then (past 5 ms from `start`)
-  // sleeping between tests; `waiting` every 10 ms. Several waits of one operation share one Waiting.
+  // sleeping between tests; `waiting` every 10 ms. Several waits of one operation (the ring's segments) share one
+  // Waiting, and each still yields, not sleeps, for its own first 200 µs (a segment on a fast link).
   struct Waiting {
     std::chrono::steady_clock::time_point start, next_watch;
   };
