@@ -384,8 +384,8 @@ def blocks(path):
 
 
 def scale(a):
-    """The step at 100, 1,000 and 10,000 ranks, as the runtime ran it before the bounds (every rank read at the last
-    call, every rank watched) and with them, on the costs measured across emulated nodes and on RDMA-class ones."""
+    """The step at 100, 1,000 and 10,000 ranks, unbounded (every rank read at the last
+    call, every rank watched) and with the bounds, on the costs measured across emulated nodes and on RDMA-class ones."""
     b = blocks(a.inputs)
     one = next(kv for label, kv, _ in b if label.startswith("one node, 8 ranks"))
     two = next(kv for label, kv, _ in b if label.startswith("one node, 2 ranks"))
@@ -407,8 +407,8 @@ def scale(a):
           f"(weak scaling), 100 us a sample at speed 1, chunk 16")
     print(f"#   inputs: {a.inputs}; the runtime's own per-step work {fixed:.0f} us (one node, 2 ranks); overshoot "
           f"{one['sleep_overshoot_us']:.0f} us; the chunk table {a.plan_ns:.0f} ns a chunk on every rank (measured: the cut alone);")
-    print(f"#   allreduce = ceil(log2 R) rounds + 2 x the tally's bytes (4 per chunk, 11 per rank) at {a.gbps:g} Gbit/s")
-    print("#   before: every rank read at the last call, every rank watched; bounded: probes auto (the node + 2 ceil(log2 R) >= 16 others)"
+    print(f"#   allreduce = ceil(log2 R) rounds + 2 x the tally's bytes (doubles: 8 per chunk, 96 per rank) at {a.gbps:g} Gbit/s")
+    print("#   unbounded: every rank read at the last call, every rank watched; bounded: probes auto (the node + 2 ceil(log2 R) >= 16 others)"
           f"{', a call reading for one chunk at most' if a.budget else ''}, fingers watched")
     print("#   last call: a rank's mean; watch sweep: the stall watch's reads every 10 ms of a wait (and the heartbeat's each period,")
     print("#   its share of a 1 s period in the last column); table: every rank cuts every rank's share each step")
@@ -424,15 +424,16 @@ def scale(a):
                                "sleep_overshoot_us": one["sleep_overshoot_us"]})
                     probes = auto_probes(R, a.per_node) if bounded else None
                     m = Model(R, max(1, R // a.per_node), 1, SCENARIOS[scen], 128 * R, 16, 100.0, 2, 500.0, c, probes, a.plan_ns, a.seed, fixed)
-                    # the tally: 4 bytes a chunk of the table and 11 a rank, twice over the link, plus the rounds
-                    c.tally = rounds * st["round_us"] + 2 * 4 * (m.total_chunks + 11 * R) * 8 / (a.gbps * 1e3)
+                    # the tally, in doubles: one a chunk of the table and 12 a rank (5 of its own, 7 of its device), twice
+                    # over the link, plus the rounds
+                    c.tally = rounds * st["round_us"] + 2 * 8 * (m.total_chunks + 12 * R) * 8 / (a.gbps * 1e3)
                     m.fingers = bounded
                     if bounded and a.budget:
                         m.budget_us = [max(m.chunks[r]) * 100.0 / m.rank_speed[r] for r in range(R)]  # one full chunk's time
                     step, _, leave, _ = m.reported()
                     sweep = m.sweep_us(0)
                     # the heartbeat sweeps the same ranks every tenth of its timeout (1 s by default) under the rank's MPI lock
-                    print(f"{name:<15} {scen:<9} {R:6d} {'bounded' if bounded else 'before':>8} {step / 1e3:9.2f} {m.ideal() / 1e3:9.2f} {m.ideal() / step:6.3f} "
+                    print(f"{name:<15} {scen:<9} {R:6d} {'bounded' if bounded else 'unbounded':>8} {step / 1e3:9.2f} {m.ideal() / 1e3:9.2f} {m.ideal() / step:6.3f} "
                           f"{leave / 1e3:13.3f} {sweep / 1e3:15.3f} {a.plan_ns * m.total_chunks / 1e6:9.3f} {c.tally / 1e3:9.3f} {sweep / 1e6 * 100:8.1f}%")
 
 
