@@ -91,6 +91,12 @@ class ReductionBase : public Reduction {
   void take_learning_rate(Reduce reduce_to);
   // Deterministic mode on GPUs: each hands over its fixed-point accumulator and its tensors' largest exponents.
   void take_device_cells();
+  // The sum within one process, fused with what follows it: on each device's worker, its chunks drained, its loss
+  // and sample count handed over, its part of the sum (`part`, with every device's buffer), the modelled ring's wait,
+  // and where an update or a mean follows (Reduce other than kSum) slice d of it. Then the devices' call times and
+  // reports, and the communicator's collective issued from one thread (NCCL's group call; a no-op on host devices).
+  void fused(const ReductionStep& step, Reduced& out,
+             const std::function<void(std::size_t, std::span<float* const>)>& part);
   // The devices' call times (GPUs' events), then this process's device reports, into out.local.
   void report_devices(const ReductionStep& step, Reduced& out);
   std::vector<float*> buffers() const;

@@ -63,6 +63,34 @@ void ReductionBase::take_device_cells() {
   }
 }
 
+void ReductionBase::fused(const ReductionStep& step, Reduced& out,
+                          const std::function<void(std::size_t, std::span<float* const>)>& part) {
+  const std::size_t count = m_p.layout.size();
+  const std::vector<float*> bufs = buffers();
+  const float scale = 1.0f / static_cast<float>(step.batch);
+  const bool sliced = step.reduce_to != Reduce::kSum;
+  take_learning_rate(step.reduce_to);
+  out.within = m_p.sched->broadcast([&](std::size_t d) {
+    Device& device = *m_p.dev.devices[d];
+    Replica& r = *m_p.dev.replicas[d];
+    const WatchStamp stamp(r, kReductionPhase, m_p.epoch);  // the watchdog covers the reduction too
+    const auto f0 = Clock::now();
+    drain(d);
+    take_loss(d);
+    device.set_sample_count(r.samples);
+    part(d, bufs);
+    // A modelled reduction (simulated devices) starts once the device is ready: when its part was issued or its last
+    // chunk ended on its own timeline, whichever is later, as a GPU stream starts a collective queued behind a kernel;
+    // not when its worker woke from waiting for that chunk (a host thread's lateness, not the device's).
+    r.model_wait = m_p.comm->wait_for_model(d, std::max(f0, r.device_end), device);
+    if (sliced) update_slice(d, std::span<const float>(bufs[0], count), scale, step.reduce_to);
+  });
+  report_devices(step, out);
+  m_p.comm->allreduce_all(bufs,
+                          count);  // a collective issued from one thread (NCCL's group call); a no-op on host devices
+  out.applied = StepStats{std::vector<WorkerCounters>(m_p.dev.devices.size()), {}, 0};
+}
+
 void ReductionBase::report_devices(const ReductionStep& step, Reduced& out) {
   out.local = m_p.device_reports(step.table, step.phase);
 }
@@ -81,33 +109,14 @@ class InProcess final : public ReductionBase {
   using ReductionBase::ReductionBase;
   bool reduce(const ReductionStep& step, Reduced& out) override {
     const std::size_t count = m_p.layout.size();
-    const std::vector<float*> bufs = buffers();
-    const float scale = 1.0f / static_cast<float>(step.batch);
     const bool sliced = step.reduce_to != Reduce::kSum;
-    take_learning_rate(step.reduce_to);
-    out.within = m_p.sched->broadcast([&](std::size_t d) {
-      Device& device = *m_p.dev.devices[d];
-      Replica& r = *m_p.dev.replicas[d];
-      const WatchStamp stamp(r, kReductionPhase, m_p.epoch);  // the watchdog covers the reduction too
-      const auto f0 = Clock::now();
-      drain(d);
-      take_loss(d);
-      device.set_sample_count(r.samples);
+    fused(step, out, [&](std::size_t d, std::span<float* const> bufs) {
       if (sliced) {
         InProcessCommunicator::sum_slice(d, bufs, count);
       } else {
         m_p.comm->allreduce_sum(d, bufs, count);
       }
-      // A modelled reduction (simulated devices) starts once the device is ready: when its part was issued or its
-      // last chunk ended on its own timeline, whichever is later, as a GPU stream starts a collective queued behind a
-      // kernel; not when its worker woke from waiting for that chunk (a host thread's lateness, not the device's).
-      r.model_wait = m_p.comm->wait_for_model(d, std::max(f0, r.device_end), device);
-      if (sliced) update_slice(d, std::span<const float>(bufs[0], count), scale, step.reduce_to);
     });
-    report_devices(step, out);
-    m_p.comm->allreduce_all(bufs,
-                            count);  // a collective issued from one thread (NCCL's group call); a no-op on host devices
-    out.applied = StepStats{std::vector<WorkerCounters>(m_p.dev.devices.size()), {}, 0};
     return true;
   }
 };
@@ -125,40 +134,30 @@ class ExactInProcess final : public ReductionBase {
     if (gpus) take_device_cells();
     if (!m_p.exact.settle(m_p.exact.exponents())) return false;
     const std::size_t n = m_p.dev.devices.size(), count = m_p.layout.size();
-    const std::vector<float*> bufs = buffers();
-    const float scale = 1.0f / static_cast<float>(step.batch);
-    const bool sliced = step.reduce_to != Reduce::kSum;
+    if (!gpus) {
+      const bool sliced = step.reduce_to != Reduce::kSum;
+      fused(step, out, [&](std::size_t d, std::span<float* const> bufs) {
+        if (sliced) {
+          const auto [b, e] = InProcessCommunicator::slice(d, n, count);
+          m_p.exact.sum_to_float(b, e, std::span<float>(bufs[0], count));
+        } else {
+          m_p.comm->allreduce_sum(d, bufs, count);
+        }
+      });
+      return true;
+    }
     take_learning_rate(step.reduce_to);
     out.within = m_p.sched->broadcast([&](std::size_t d) {
-      Device& device = *m_p.dev.devices[d];
-      Replica& r = *m_p.dev.replicas[d];
-      const WatchStamp stamp(r, kReductionPhase, m_p.epoch);
-      const auto f0 = Clock::now();
-      if (!gpus) drain(d);
-      take_loss(d);
-      if (gpus) return;
-      device.set_sample_count(r.samples);
-      if (sliced) {
-        const auto [b, e] = InProcessCommunicator::slice(d, n, count);
-        m_p.exact.sum_to_float(b, e, std::span<float>(bufs[0], count));
-      } else {
-        m_p.comm->allreduce_sum(d, bufs, count);
-      }
-      r.model_wait = m_p.comm->wait_for_model(d, std::max(f0, r.device_end), device);
-      if (sliced) update_slice(d, std::span<const float>(bufs[0], count), scale, step.reduce_to);
+      const WatchStamp stamp(*m_p.dev.replicas[d], kReductionPhase, m_p.epoch);
+      take_loss(d);  // drained by take_device_cells()
     });
     report_devices(step, out);
-    if (gpus) {
-      std::vector<float> sum(count, 0.0f);
-      m_p.exact.sum_to_float(0, count, sum);
-      out.applied = m_p.sched->broadcast([&](std::size_t d) {
-        const WatchStamp stamp(*m_p.dev.replicas[d], kReductionPhase, m_p.epoch);
-        m_p.dev.devices[d]->load_grad(sum, step.batch);
-      });
-    } else {
-      m_p.comm->allreduce_all(bufs, count);
-      out.applied = StepStats{std::vector<WorkerCounters>(n), {}, 0};
-    }
+    std::vector<float> sum(count, 0.0f);
+    m_p.exact.sum_to_float(0, count, sum);
+    out.applied = m_p.sched->broadcast([&](std::size_t d) {
+      const WatchStamp stamp(*m_p.dev.replicas[d], kReductionPhase, m_p.epoch);
+      m_p.dev.devices[d]->load_grad(sum, step.batch);
+    });
     return true;
   }
 };
