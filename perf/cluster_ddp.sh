@@ -13,7 +13,8 @@ build=$1 nodes=$2 rate=$3 slowdown=$4 rounds=${5:-3}
 cl="bash scripts/cluster.sh"
 trap '$cl down >/dev/null 2>&1' EXIT
 $cl up "$nodes" --delay-us 50 --rate "$rate" >/dev/null || exit $?
-data=(--limit 2048 --batch 256 --epochs 3)
+limit=2048
+data=(--limit $limit --batch 256 --epochs 3)
 ddp() {  # ddp ROUND [--bf16-hook]
   local r
   for ((r = 1; r < nodes; r++)); do
@@ -32,7 +33,7 @@ for ((i = 1; i <= rounds; i++)); do
     # The epochs after the first: the samples over their median time, as torch_ref.py reads DDP's (statistics.median:
     # the mean of the middle two of an even count).
     after=$(echo "$out" | grep -a "epoch [0-9]*/" | tail -n +2 | grep -o '[0-9]* samples/s' | cut -d' ' -f1 | sort -n)
-    med=$(echo "$after" | awk '{t[NR] = 2048 / $1} END {n = NR; m = n % 2 ? t[(n + 1) / 2] : (t[n / 2] + t[n / 2 + 1]) / 2; printf "%.0f", 2048 / m}')
+    med=$(echo "$after" | awk -v n="$limit" '{t[NR] = n / $1} END {m = NR % 2 ? t[(NR + 1) / 2] : (t[NR / 2] + t[NR / 2 + 1]) / 2; printf "%.0f", n / m}')
     echo "round $i stealbatch $wire: $med samples/s (median epoch after the first) $(echo "$out" | grep -E "epoch time|time: chunks" | tr '\n' ' ')"
   done
   ddp "$i"

@@ -2,6 +2,7 @@
 #include <stealbatch/error.hpp>
 #include <stealbatch/mpi/mpi_cluster.hpp>
 
+#include "mpi_error.hpp"
 #include "ring_allreduce.hpp"
 
 #include <mpi.h>
@@ -22,18 +23,8 @@ namespace stealbatch::mpi {
 
 namespace {
 
-// MPI's words for an error code.
-std::string error_text(int rc) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, text, &len);
-  return std::string(text, static_cast<std::size_t>(len));
-}
-
-void check(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  throw Error(std::string("MPI: ") + what + " failed: " + error_text(rc));
-}
+using detail::check;
+using detail::error_text;
 
 // MPI's user operation for allreduce_sum_bf16: inout[i] = bfloat16(in[i] + inout[i]), the sum in float.
 void bf16_pairs(void* in, void* inout, int* len, MPI_Datatype* /*type: MPI_UINT16_T*/) {
@@ -506,10 +497,11 @@ void MpiCluster::wait(void* request, const std::function<void()>& waiting, Waiti
       check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
     }
     if (done) return;
+    // w.start <= own.start: the operation's waits began no later than this one.
     const auto now = std::chrono::steady_clock::now();
     if (now - own.start > std::chrono::microseconds(200) && now - w.start > std::chrono::milliseconds(5)) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
-    } else if (now - own.start > std::chrono::microseconds(200) || now - w.start > std::chrono::microseconds(200)) {
+    } else if (now - w.start > std::chrono::microseconds(200)) {
       std::this_thread::yield();
     }
     if (waiting && now >= w.next_watch) {

@@ -1,7 +1,7 @@
 // The pipelined ring of ring_allreduce.hpp.
 #include "ring_allreduce.hpp"
 
-#include <stealbatch/error.hpp>
+#include "mpi_error.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -13,15 +13,6 @@ namespace stealbatch::mpi::detail {
 namespace {
 
 constexpr int kRingTag = 0x5b1;  // the ring's messages; the cluster's communicator carries no other point-to-point
-
-void check(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, text, &len);
-  throw Error(std::string("MPI: ") + what +
-              " failed in the ring's sum: " + std::string(text, static_cast<std::size_t>(len)));
-}
 
 // One run of the ring over one buffer: its blocks, segments and requests.
 class RingRun {

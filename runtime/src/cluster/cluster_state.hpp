@@ -3,8 +3,7 @@
 // sample costs, its cost per second in the trainer's units (the same on every rank: gathered with the reduction), the
 // steps run across the ranks (every rank counts the same, failed ones too: the share words' tag), this rank's progress
 // word, for the watch, the last progress word seen of each rank and since when, and each rank's efficient chunk size.
-// Empty (false) in one process. The
-// share-word protocol and the watch that use it are cluster_step.cpp's.
+// Empty (false) in one process. The share-word protocol and the watch that use it are cluster_step.cpp's.
 #pragma once
 
 #include <stealbatch/runtime/cluster.hpp>

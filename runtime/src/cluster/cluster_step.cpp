@@ -194,10 +194,12 @@ void Runtime::Impl::plan_ranks(std::size_t batch, StepPlan& p) {
   // Automatic sizes: a rank's chunks no smaller than its efficient size, once measured (a call's fixed part at most
   // kFixedShareAtMost of its time), as in one process; cut_rank_shares() cuts no end below it either.
   const bool sized = !cells && options.schedule.chunk_size == 0 && !by_cost;
+  rs.least.assign(ranks, 0.0);
   for (std::size_t r = 0; r < ranks; ++r) {
     const double c = static_cast<double>(full) * (cells ? 1.0 : rs.speed[r] / fastest);
     rs.chunk[r] = by_cost ? c : std::max(1.0, std::round(c));  // whole samples without costs
-    if (sized && cluster.rank_efficient[r] > 0) rs.chunk[r] = std::max(rs.chunk[r], std::min(cluster.rank_efficient[r], static_cast<double>(batch)));
+    if (sized) rs.least[r] = std::min(cluster.rank_efficient[r], static_cast<double>(batch));
+    rs.chunk[r] = std::max(rs.chunk[r], rs.least[r]);
   }
   if (by_cost) {
     p.placement = Placement::kByCost;

@@ -85,7 +85,7 @@ class ReductionBase : public Reduction {
   // Slice d of the next parameters (and optimizer state) from `sum` / batch, or of the mean (in mean_next); slice d
   // of every device's buffer zeroed for the next step.
   void update_slice(std::size_t d, std::span<const float> sum, float scale, Reduce reduce_to);
-  // Device d's loss and sample count handed over, after its drain.
+  // Device d's loss handed over, after its drain.
   void take_loss(std::size_t d);
   // A set_learning_rate() since the last update reaches the optimizer now.
   void take_learning_rate(Reduce reduce_to);

@@ -208,10 +208,9 @@ std::vector<double> line_shares(std::span<const detail::CallFit::Line> lines, st
 //
 // Where every device's call line a_d + b_d n is known (its chunks timed one by one: host devices, GPUs by their
 // events), the cost model decides instead of the measured speeds: shares that end together with one call each
-// (line_shares()), and no chunk below the device's efficient size, where a_d is at most kFixedShare of its time. A
+// (line_shares()), and no chunk below the device's efficient size, where a_d is at most kFixedShareAtMost of its time. A
 // share smaller than that runs in one call; a slower device gets fewer chunks, not smaller ones.
 void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& t) {
-  constexpr double kFixedShare = kFixedShareAtMost;
   const std::size_t n = dev.devices.size();
   const std::vector<detail::CallFit::Line>& lines = p.lines;
   const std::vector<double> rate = lines.empty() ? p.rate : line_shares(lines, batch);
@@ -222,7 +221,7 @@ void Runtime::Impl::cut_sized(std::size_t batch, const StepPlan& p, ChunkTable& 
   for (std::size_t d = 0; d < n; ++d) t.own_size[d] = speed.chunk_sizer.size(d, std::max<std::size_t>(1, plain[d].end - plain[d].begin));
   std::vector<std::size_t> efficient(n, 1);
   for (std::size_t d = 0; d < lines.size(); ++d) {
-    const double e = std::ceil(lines[d].cost_at(1 - kFixedShare));
+    const double e = std::ceil(lines[d].cost_at(1 - kFixedShareAtMost));
     efficient[d] = static_cast<std::size_t>(std::clamp(e, 1.0, static_cast<double>(batch)));
     // Exploring below it, the device would never run the rung it explores: it settles at the first rung above.
     if (t.own_size[d] < efficient[d] && speed.chunk_sizer.exploring(d) && !speed.chunk_sizer.probing(d)) {
@@ -332,15 +331,14 @@ void Runtime::Impl::cut_rank_shares(std::size_t batch, StepPlan& p, ChunkTable& 
     } else {
       share = p.by_cost() ? detail::split_by_cost(p.position_cost, rs.speed) : to_shares(place_proportional(batch, rs.speed));
     }
-    // Automatic sizes: no chunk below a rank's efficient size (plan_ranks() sized the chunks at least to it), as in
-    // one process. A static run's shares in samples are not stolen from: cut whole (in cost, whole chunks of the
-    // budget are cut_share()'s, with the budget as the floor).
-    const bool sized = options.schedule.chunk_size == 0 && !costs.packed() && !p.by_cost();
+    // Automatic sizes: no chunk below a rank's efficient size (rs.least, which plan_ranks() sized the chunks to at
+    // least), as in one process. A static run's shares in samples are not stolen from: cut whole (in cost, whole
+    // chunks of the budget are cut_share()'s, with the budget as the floor).
     std::vector<double> floor(ranks);
     bool hard_floor = false;
     for (std::size_t r = 0; r < ranks; ++r) {
       floor[r] = costs.packed() ? rs.chunk[r] : p.by_cost() ? rs.chunk[r] / 4 : std::max(1.0, std::floor(rs.chunk[r] / 4));
-      if (sized && cluster.rank_efficient[r] > 0) floor[r] = std::max(floor[r], std::min(cluster.rank_efficient[r], rs.chunk[r])), hard_floor = true;
+      if (rs.least[r] > 0) floor[r] = std::max(floor[r], rs.least[r]), hard_floor = true;
     }
     const bool whole = options.schedule.policy != SchedulePolicy::kSteal && !costs.packed() && !p.by_cost();
     const Cut cut = whole ? Cut::kWhole : Cut::kFiner;

@@ -279,8 +279,9 @@ StepReport Runtime::Impl::finish_step(StepReport rep, Clock::time_point t_start)
 }
 
 void Runtime::Impl::switch_shared_params(StepReport& rep) {
-  // Host devices: the update was part of the reduction phase (see reduction/reduction.hpp); its figure is the longest device's
-  // part of it, within that phase (a device may update its slice while another still drains its chunks).
+  // Host devices: the update was part of the reduction phase (see reduction/reduction.hpp); its figure is the
+  // longest device's part of it, within that phase (a device may update its slice while another still drains its
+  // chunks).
   shared.commit();
   for (auto& d : dev.devices) d->set_shared_params(shared.live());
   Clock::duration longest{};

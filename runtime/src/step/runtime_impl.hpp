@@ -84,8 +84,8 @@ struct Runtime::Impl {
   void plan_ranks(std::size_t batch, StepPlan& plan);                    // the ranks' speeds, the step's tag, the victims
   ChunkPhase run_from_shares(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
                              Clock::time_point step_start);
-  // The tally across ranks (the reduction's AcrossRanks calls it), with the step's watch while waiting; a failure anywhere rethrown everywhere, exactly-once
-  // checked over the job, the ranks' speeds learnt. False: deterministic mode's verdict is to run the step again.
+  // The tally across ranks (the reduction's AcrossRanks calls it), with the step's watch while waiting; a failure
+  // anywhere rethrown everywhere, exactly-once checked over the job, the ranks' speeds learnt. False: deterministic mode's verdict is to run the step again.
   bool sum_across_ranks(const ChunkTable& t, const ChunkPhase& phase, const std::vector<DeviceReport>& local, RankTally& tally);
   void add_rank_devices(StepReport& rep, RankTally& tally, std::vector<DeviceReport> local);
   void publish_progress();  // this rank's progress word: the step it is in, and one more beat

@@ -49,6 +49,7 @@ struct RankShares {
                                         // every rank is measured)
   bool measured = false;
   std::vector<double> chunk;            // each rank's full chunk, in the plan's cost units
+  std::vector<double> least;            // automatic sizes: each rank's smallest chunk (its efficient size; 0: none)
   std::vector<ChunkRange> share;        // each rank's chunk ids
   std::vector<double> before;           // the cost of chunks [0, c): what a share word holds, from two reads
   std::vector<int> victims;             // the other ranks of this node first, then the rest, each list starting after this rank

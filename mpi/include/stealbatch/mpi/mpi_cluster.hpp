@@ -26,8 +26,8 @@ namespace stealbatch::mpi {
 // README's launch section). So world() names the component list itself when the launch did not (OMPI_MCA_osc unset:
 // "sm,ucx", shared memory within a node), before MPI starts.
 //
-// Sums of 64 KiB or more take the cluster's own pipelined ring, ordered by node (mpi/src/ring_allreduce.hpp: each rank sends
-// 2 (R - 1) / R of the buffer), smaller ones one MPI_Iallreduce. Environment: STEALBATCH_MPI_RING=0, MPI's own
+// Sums of 64 KiB or more take the cluster's own pipelined ring, ordered by node (mpi/src/ring_allreduce.hpp: each
+// rank sends 2 (R - 1) / R of the buffer), smaller ones one MPI_Iallreduce. Environment: STEALBATCH_MPI_RING=0, MPI's own
 // allreduce for every size; STEALBATCH_MPI_PROGRESS_US, the progress agent's period (20 µs).
 class MpiCluster final : public Cluster {
  public:
