@@ -188,7 +188,7 @@ void Runtime::Impl::plan_ranks(std::size_t batch, StepPlan& p) {
   if (!rs.measured) rs.speed.assign(ranks, 1.0);
   const std::size_t total_devices = cluster.total_devices();
   const bool cells = options.schedule.deterministic;  // every rank's chunk is a cell (cut_cell_grid())
-  const std::size_t full = cells || options.schedule.chunk_size > 0 ? cell_size(batch) : std::clamp(batch / (kChunksPerDevice * total_devices), kMinAuto, kMaxAuto);
+  const std::size_t full = cells || options.schedule.chunk_size > 0 ? cell_size(batch, options.schedule.chunk_size) : std::clamp(batch / (kChunksPerDevice * total_devices), kMinAuto, kMaxAuto);
   const double fastest = *std::max_element(rs.speed.begin(), rs.speed.end());
   rs.chunk.resize(ranks);
   // Automatic sizes: a rank's chunks no smaller than its efficient size, once measured (a call's fixed part at most

@@ -1,6 +1,6 @@
 // What the runtime has learnt of its devices' speeds, in the device set's order: each device's samples/s over the last
 // steps, how much slower the chunks stolen from it ran on their thieves (its data, not the device), its chunk-size
-// curve, and, apart from the devices, what each batch position costs. A step's plan reads it (chunk_table.cpp); each
+// curve, and, apart from the devices, what each batch position costs. A step's plan reads it (planner.cpp); each
 // step that completes teaches it (learn_from_step()). Invariant: every per-device list has one entry per live device
 // (drop_device() keeps them so, and forgets what was indexed by the devices as they were).
 #pragma once

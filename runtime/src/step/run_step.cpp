@@ -29,9 +29,9 @@ StepReport Runtime::Impl::run_step(std::span<const std::uint32_t> batch_samples,
   // reduction's verdict. It reads only the job's exponents, so every rank redoes it alike; in one process it comes
   // before the sum, which is fused with the update.
   for (std::uint32_t redone = 0;; ++redone) {
-    StepPlan plan = plan_step(batch);                          // chunk_table.cpp
-    ChunkTable table = cut_and_place(batch, plan);             // chunk_table.cpp
-    set_endgame_costs(table, plan);                            // chunk_table.cpp
+    StepPlan plan = planner.plan(batch);                       // planner.cpp
+    ChunkTable table = planner.cut_and_place(batch, plan);     // planner.cpp
+    planner.set_endgame(table, plan, *sched);                  // planner.cpp
     begin_chunk_phase(table, t_start);                         // run_chunks.cpp
     ChunkPhase phase = run_chunk_phase(samples, fn, table, plan, t_start);  // run_chunks.cpp, or cluster_step.cpp's share words
     Reduced reduced;

@@ -76,7 +76,10 @@ static detail::AgreementFields agreement_fields(const RuntimeOptions& o) {
   return f;
 }
 
-Runtime::Impl::Impl(RuntimeOptions o) : options(std::move(o)), epoch(Clock::now()) {
+Runtime::Impl::Impl(RuntimeOptions o)
+    : options(std::move(o)),
+      planner(options, dev, speed, costs, cluster, [this](std::size_t batch, StepPlan& p) { plan_ranks(batch, p); }),
+      epoch(Clock::now()) {
   if (options.devices.empty()) options.devices = default_devices();
   validate(options);
   // What kAuto means: placement by measured speed where thieves balance what it misplaces, an equal split without.

@@ -9,6 +9,7 @@
 #include "devices/device_set.hpp"
 #include "parameters/shared_parameters.hpp"
 #include "reduction/exact_sum.hpp"
+#include "step/planner.hpp"
 #include "step/step_types.hpp"
 
 #include <stealbatch/runtime/runtime.hpp>
@@ -35,23 +36,6 @@ struct Runtime::Impl {
   // (run_step.cpp). Across ranks, where the devices get their chunks (the ranks' share words) and how the sum crosses
   // processes (the tally) are cluster_step.cpp's; every other phase is the same code.
   StepReport run_step(std::span<const std::uint32_t> samples, const ChunkFunction& fn, Reduce reduce_to, std::span<const double> cost);
-  // chunk_table.cpp
-  StepPlan plan_step(std::size_t batch);
-  void plan_given_costs(std::size_t batch, StepPlan& plan);  // the step's sample costs: placement and chunks in cost
-  double cost_chunk(std::size_t batch) const;                 // a full chunk's cost, in mean samples of the batch
-  std::vector<double> measured_cost_rates() const;           // each device's cost per second in mean samples; empty until known
-  void cut_packed(const StepPlan& plan, ChunkTable& t);
-  ChunkTable cut_and_place(std::size_t batch, StepPlan& plan);
-  void cut_sized(std::size_t batch, const StepPlan& plan, ChunkTable& t);
-  void cut_by_speed(std::size_t batch, const StepPlan& plan, ChunkTable& t);
-  void cut_fixed(std::size_t batch, const StepPlan& plan, ChunkTable& t);
-  void cut_rank_shares(std::size_t batch, StepPlan& plan, ChunkTable& t);
-  // Deterministic mode: the cells and their placement.
-  std::size_t cell_size(std::size_t batch) const noexcept;
-  void cut_cell_grid(std::size_t batch, ChunkTable& t) const;
-  std::vector<ChunkRange> split_cells(const ChunkTable& t, const StepPlan& plan, std::span<const double> weights) const;
-  void cut_cells(std::size_t batch, const StepPlan& plan, ChunkTable& t);
-  void set_endgame_costs(ChunkTable& table, StepPlan& plan);
   // run_chunks.cpp
   void begin_chunk_phase(const ChunkTable& t, Clock::time_point step_start);
   // The chunk phase, from the step's chunk source: each device's own deque, placed per device (one process, with
@@ -108,6 +92,7 @@ struct Runtime::Impl {
   SharedParameters shared;    // host devices: the one copy of the parameters and the optimizer
   ClusterState cluster;       // across ranks: this rank's part of the job (false in one process)
   ExactSum exact;             // deterministic mode: the fixed-point sum (false otherwise)
+  StepPlanner planner;        // the step's plan, chunk table and end game, from the parts above (planner.hpp)
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<Reduction> reduction;  // the step's sum and what follows from it (reduction/reduction.hpp)
   std::unique_ptr<TraceWriter> trace;

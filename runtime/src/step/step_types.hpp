@@ -71,12 +71,12 @@ enum class Placement { kEqualOrGiven, kBySpeed, kByCost };
 // decides, each device's share whole cells (across ranks, kRankShares cuts cells too).
 enum class Cutting { kFixed, kSized, kBySpeed, kRankShares, kPacked, kCells };
 
-// How a step is placed: what is known of the devices and which rules apply (chunk_table.cpp).
+// How a step is placed: what is known of the devices and which rules apply (planner.cpp).
 struct StepPlan {
   std::vector<double> speeds;  // samples/s per device; empty until measured
   std::vector<double> rate;    // each device's speed in cost units per second (samples/s, or the profile's speeds)
   // kSized on 2+ devices placed by measure: each device's call line a_d + b_d n (seconds, n samples), where every
-  // device's is known; the shares, chunk sizes and end game then follow it (cut_sized(), set_endgame_costs()).
+  // device's is known; the shares, chunk sizes and end game then follow it (cut_sized(), set_endgame()).
   std::vector<detail::CallFit::Line> lines;
   std::span<const double> position_cost;  // kByCost: each batch position's cost (read before the chunk phase only)
   double cost_chunk = 0;       // given costs: a full chunk's cost, in the units of position_cost (mean 1 a sample)
@@ -97,7 +97,7 @@ struct StepPlan {
   }
 };
 
-// The step's chunks and where they were placed and ran (chunk_table.cpp fills the first part; the chunk phase the
+// The step's chunks and where they were placed and ran (planner.cpp fills the first part; the chunk phase the
 // second).
 struct ChunkTable {
   std::vector<ChunkSpan> spans;          // chunk c covers samples [spans[c].begin, spans[c].begin + spans[c].size)
@@ -143,7 +143,7 @@ struct ChunkPhase {
 inline constexpr std::size_t kTallyDeviceFields = 7;
 
 // Automatic chunk sizes (chunk_size = 0) where a call has a fixed cost a beside b per sample: no chunk below the
-// device's efficient size, where a is at most this share of the call's time (chunk_table.cpp, cluster_step.cpp).
+// device's efficient size, where a is at most this share of the call's time (planner.cpp, cluster_step.cpp).
 inline constexpr double kFixedShareAtMost = 0.05;
 
 // What crosses the ranks with the reduction. The gradient: this rank's sum of its host devices' gradients, then the
