@@ -14,7 +14,7 @@
 // that finds its own share empty and every other one empty or not worth stealing from (detail::steal_amount) leaves
 // the chunk phase for good. The reduction carries, beside the gradient, every rank's speed, failure flag, chunk run
 // counts and device tallies, so every rank checks exactly-once over the whole job and learns the same speeds.
-#include "step/runtime_impl.hpp"
+#include "cluster/cluster_state.hpp"
 
 #include <stealbatch/cores.hpp>
 #include <stealbatch/runtime/detail/agreement.hpp>
@@ -56,8 +56,9 @@ constexpr std::size_t kProbeAllUpTo = 64, kMinProbes = 16;
 
 }  // namespace
 
-void Runtime::Impl::join_cluster(DeviceSpec& spec) {
-  const int ranks = cluster->size(), me = cluster->rank();
+void ClusterState::join(std::shared_ptr<Cluster> cluster, DeviceSpec& spec, HostOptions& host) {
+  job = std::move(cluster);
+  const int ranks = job->size(), me = job->rank();
   if (ranks < 1 || me < 0 || me >= ranks) throw ConfigError("cluster: rank " + std::to_string(me) + " of " + std::to_string(ranks));
   if (spec.kind == DeviceKind::kVgpu) {
     throw ConfigError("devices = '" + spec.text + "' with a cluster: the parts of one GPU cannot be NCCL ranks; across ranks use cpu:, sim: or cuda:");
@@ -68,156 +69,156 @@ void Runtime::Impl::join_cluster(DeviceSpec& spec) {
   if (spec.local_gpu) {
     // cuda:local: the rank's index among the ranks of its node.
     int local = 0;
-    for (int r = 0; r < me; ++r) local += cluster->same_node(r) ? 1 : 0;
+    for (int r = 0; r < me; ++r) local += job->same_node(r) ? 1 : 0;
     spec.ids = {local};
   }
   // A fresh share word (tag 0, which no step uses) before the collective below: no rank's first step can then mistake
   // what an earlier runtime on this cluster left for its own step's share.
-  cluster->write(me, Cluster::kShare, 0);
+  job->write(me, Cluster::kShare, 0);
   std::vector<double> counts(static_cast<std::size_t>(ranks), 0.0);
   counts[static_cast<std::size_t>(me)] = static_cast<double>(spec.count);
-  cluster->allreduce_sum(counts);
-  cluster.rank_devices.clear();
-  for (double c : counts) cluster.rank_devices.push_back(static_cast<std::size_t>(c));
-  cluster.first_device = std::accumulate(cluster.rank_devices.begin(), cluster.rank_devices.begin() + me, std::size_t{0});
-  const std::size_t total = cluster.total_devices();
-  if (!options.host.slowdown.empty() && options.host.slowdown.size() == total && total != spec.count) {
+  job->allreduce_sum(counts);
+  rank_devices.clear();
+  for (double c : counts) rank_devices.push_back(static_cast<std::size_t>(c));
+  first_device = std::accumulate(rank_devices.begin(), rank_devices.begin() + me, std::size_t{0});
+  const std::size_t total = total_devices();
+  if (!host.slowdown.empty() && host.slowdown.size() == total && total != spec.count) {
     // One factor per device of the whole job, in rank order: keep this rank's.
-    options.host.slowdown = std::vector<double>(options.host.slowdown.begin() + static_cast<std::ptrdiff_t>(cluster.first_device),
-                                           options.host.slowdown.begin() + static_cast<std::ptrdiff_t>(cluster.first_device + spec.count));
-  } else if (!options.host.slowdown.empty() && options.host.slowdown.size() != spec.count) {
-    throw ConfigError("slowdown has " + std::to_string(options.host.slowdown.size()) + " values; expected one per device of this rank (" +
+    host.slowdown = std::vector<double>(host.slowdown.begin() + static_cast<std::ptrdiff_t>(first_device),
+                                           host.slowdown.begin() + static_cast<std::ptrdiff_t>(first_device + spec.count));
+  } else if (!host.slowdown.empty() && host.slowdown.size() != spec.count) {
+    throw ConfigError("slowdown has " + std::to_string(host.slowdown.size()) + " values; expected one per device of this rank (" +
                       std::to_string(spec.count) + ") or one per device of the whole job (" + std::to_string(total) + ", in rank order)");
   }
-  if (options.host.threads_per_device == 0 && spec.kind == DeviceKind::kCpu) {
+  if (host.threads_per_device == 0 && spec.kind == DeviceKind::kCpu) {
     // The node's cores shared among the devices of every rank on it.
     std::size_t on_node = 0;
-    for (int r = 0; r < ranks; ++r) on_node += cluster->same_node(r) ? cluster.rank_devices[static_cast<std::size_t>(r)] : 0;
-    options.host.threads_per_device = std::max(1, static_cast<int>(usable_cores() / std::max<std::size_t>(1, on_node)));
+    for (int r = 0; r < ranks; ++r) on_node += job->same_node(r) ? rank_devices[static_cast<std::size_t>(r)] : 0;
+    host.threads_per_device = std::max(1, static_cast<int>(usable_cores() / std::max<std::size_t>(1, on_node)));
   }
-  cluster.rank_speed_history.assign(static_cast<std::size_t>(ranks), {});
-  cluster.rank_cost_history.assign(static_cast<std::size_t>(ranks), {});
-  cluster.peers_seen.assign(static_cast<std::size_t>(ranks), {});
-  cluster.rank_efficient.assign(static_cast<std::size_t>(ranks), 0.0);
-  cluster.watched = detail::watched_ranks(me, ranks);
+  rank_speed_history.assign(static_cast<std::size_t>(ranks), {});
+  rank_cost_history.assign(static_cast<std::size_t>(ranks), {});
+  peers_seen.assign(static_cast<std::size_t>(ranks), {});
+  rank_efficient.assign(static_cast<std::size_t>(ranks), 0.0);
+  watched = detail::watched_ranks(me, ranks);
   // The clocks: each of a few rounds ends a collective on every rank at about the same moment; there every rank reads
   // its time since its own epoch, and the median difference from rank 0's is the offset (within the collective's
   // exit skew, microseconds on a node). The trace puts every rank on rank 0's timeline with it.
   std::vector<double> offsets;
   for (int round = 0; round < 5; ++round) {
     std::vector<double> at(static_cast<std::size_t>(ranks), 0.0);
-    cluster->allreduce_sum(at);  // a rendezvous
+    job->allreduce_sum(at);  // a rendezvous
     at.assign(static_cast<std::size_t>(ranks), 0.0);
-    at[static_cast<std::size_t>(me)] = static_cast<double>((Clock::now() - epoch).count());
-    cluster->allreduce_sum(at);
+    at[static_cast<std::size_t>(me)] = static_cast<double>((Clock::now() - m_p.epoch).count());
+    job->allreduce_sum(at);
     offsets.push_back(at[0] - at[static_cast<std::size_t>(me)]);
   }
-  cluster.clock_offset_ns = static_cast<std::int64_t>(median(offsets));
+  clock_offset_ns = static_cast<std::int64_t>(median(offsets));
 }
 
-void Runtime::Impl::publish_progress() {
-  cluster->write(cluster->rank(), Cluster::kProgress, (cluster.step_now << 32) | (++cluster.progress & 0xffffffffu));
+void ClusterState::publish_progress() {
+  job->write(job->rank(), Cluster::kProgress, (step_now << 32) | (++progress & 0xffffffffu));
 }
 
-void Runtime::Impl::watch_cluster() {
-  const int me = cluster->rank();
+void ClusterState::watch() {
+  const int me = job->rank();
   publish_progress();
   // Where this rank is: the chunk its longest-running device is in (for the others' message if it stops).
   std::int64_t oldest = 0;
   std::uint64_t where = 0;
-  for (std::size_t d = 0; d < dev.replicas.size(); ++d) {
-    const std::int64_t started = dev.replicas[d]->chunk_started_ns.load(std::memory_order_relaxed);
+  for (std::size_t d = 0; d < m_p.dev.replicas.size(); ++d) {
+    const std::int64_t started = m_p.dev.replicas[d]->chunk_started_ns.load(std::memory_order_relaxed);
     if (started != 0 && (oldest == 0 || started < oldest)) {
       oldest = started;
-      where = (std::uint64_t{1} << 63) | (std::uint64_t{d} << 32) | dev.replicas[d]->current_chunk.load(std::memory_order_relaxed);
+      where = (std::uint64_t{1} << 63) | (std::uint64_t{d} << 32) | m_p.dev.replicas[d]->current_chunk.load(std::memory_order_relaxed);
     }
   }
-  cluster->write(me, Cluster::kWhere, where);
+  job->write(me, Cluster::kWhere, where);
   // A rank whose process has stopped is the heartbeat's to report (detail::Heartbeat, within heartbeat_timeout);
   // here, one that runs but makes no progress in its step, or does not call step() with the others.
   const auto now = Clock::now();
-  for (const int r : cluster.watched) {  // every other rank, or its fingers in large jobs (detail::watched_ranks)
-    const std::uint64_t beat = cluster->read(r, Cluster::kProgress);
-    const double quiet = cluster.peers_seen[static_cast<std::size_t>(r)].seconds_still(beat, now);
-    if (quiet <= options.stall_timeout) continue;
+  for (const int r : watched) {  // every other rank, or its fingers in large jobs (detail::watched_ranks)
+    const std::uint64_t beat = job->read(r, Cluster::kProgress);
+    const double quiet = peers_seen[static_cast<std::size_t>(r)].seconds_still(beat, now);
+    if (quiet <= m_p.options.stall_timeout) continue;
     char msg[640];
     std::snprintf(msg, sizeof msg,
                   "stealbatch: %s made no progress for %.0f ms while this rank is in step %llu; last seen in %s (stuck, or not calling step() "
                   "with the others; stall_timeout = %g s): ending the job",
-                  detail::rank_and_node(*cluster, r).c_str(), quiet * 1e3, static_cast<unsigned long long>(cluster.step_now),
-                  detail::last_seen(beat, cluster->read(r, Cluster::kWhere)).c_str(), options.stall_timeout);
-    cluster->abort(msg, 1);
+                  detail::rank_and_node(*job, r).c_str(), quiet * 1e3, static_cast<unsigned long long>(step_now),
+                  detail::last_seen(beat, job->read(r, Cluster::kWhere)).c_str(), m_p.options.stall_timeout);
+    job->abort(msg, 1);
   }
 }
 
-void Runtime::Impl::begin_rank_step(std::span<const std::uint32_t> samples, std::span<const double> cost, Reduce reduce_to) {
+void ClusterState::begin_step(std::span<const std::uint32_t> samples, std::span<const double> cost, Reduce reduce_to) {
   // Before the step's first collective, whose size follows the batch: every rank must be at the same step, with the
   // same batch, sample costs and learning rate, or the job would corrupt the MPI library's buffers, hang, or train
   // wrongly (the chunk table that every rank builds alike follows the costs).
-  for (auto& seen : cluster.peers_seen) seen.restart();  // each step's watch starts afresh
-  cluster.step_now = cluster.steps + 1;
+  for (auto& seen : peers_seen) seen.restart();  // each step's watch starts afresh
+  step_now = steps + 1;
   publish_progress();  // in this step now
   char lr[32];
-  std::snprintf(lr, sizeof lr, "%.9g", static_cast<double>(options.optimizer.lr));
+  std::snprintf(lr, sizeof lr, "%.9g", static_cast<double>(m_p.options.optimizer.lr));
   const char* call = reduce_to == Reduce::kUpdate ? "step()" : reduce_to == Reduce::kMean ? "compute_gradient()" : "a summed gradient";
-  detail::check_agreement(*cluster,
-                          {{"step", std::to_string(cluster.step_now)}, {"call", call}, {"batch size", std::to_string(samples.size())},
+  detail::check_agreement(*job,
+                          {{"step", std::to_string(step_now)}, {"call", call}, {"batch size", std::to_string(samples.size())},
                            {"batch (hash of its sample ids)", detail::hex16(detail::fnv1a(std::as_bytes(samples)))},
                            {"sample costs (hash of their bytes)", cost.empty() ? std::string("none") : detail::hex16(detail::fnv1a(std::as_bytes(cost)))},
                            {"learning rate", lr}},
-                          "at a step", [this] { watch_cluster(); });
+                          "at a step", [this] { watch(); });
 }
 
-void Runtime::Impl::plan_ranks(std::size_t batch, StepPlan& p) {
-  const std::size_t ranks = static_cast<std::size_t>(cluster->size());
+void ClusterState::plan(std::size_t batch, StepPlan& p) {
+  const std::size_t ranks = static_cast<std::size_t>(job->size());
   RankShares& rs = p.ranks;
-  rs.me = static_cast<std::size_t>(cluster->rank());
-  rs.tag = static_cast<std::uint16_t>(cluster.steps++ % 65535 + 1);  // 1 to 65535: never a fresh word's 0
+  rs.me = static_cast<std::size_t>(job->rank());
+  rs.tag = static_cast<std::uint16_t>(steps++ % 65535 + 1);  // 1 to 65535: never a fresh word's 0
   // The rank speeds, the same on every rank (gathered with the last reduction): the shares in proportion to them, each
   // cut into chunks sized by its rank's speed. With given costs, in cost: each rank's cost per second in mean-cost
   // samples of this batch, and chunks of a cost budget (a chunk of long samples holds fewer of them). A static run
   // that is not packed splits the samples equally, as in one process (plan_given_costs()).
-  const bool by_cost = costs.given() && (options.schedule.policy == SchedulePolicy::kSteal || costs.packed());
+  const bool by_cost = m_p.costs.given() && (m_p.options.schedule.policy == SchedulePolicy::kSteal || m_p.costs.packed());
   rs.speed.assign(ranks, 0.0);
   bool known = true;
   for (std::size_t r = 0; r < ranks; ++r) {
-    rs.speed[r] = by_cost ? median(cluster.rank_cost_history[r]) / costs.mean : median(cluster.rank_speed_history[r]);
+    rs.speed[r] = by_cost ? median(rank_cost_history[r]) / m_p.costs.mean : median(rank_speed_history[r]);
     known = known && std::isfinite(rs.speed[r]) && rs.speed[r] > 0;
   }
-  rs.measured = known && options.schedule.policy == SchedulePolicy::kSteal;
+  rs.measured = known && m_p.options.schedule.policy == SchedulePolicy::kSteal;
   if (!rs.measured) rs.speed.assign(ranks, 1.0);
-  const std::size_t total_devices = cluster.total_devices();
-  const bool cells = options.schedule.deterministic;  // every rank's chunk is a cell (cut_cell_grid())
-  const std::size_t full = cells || options.schedule.chunk_size > 0 ? cell_size(batch, options.schedule.chunk_size) : std::clamp(batch / (kChunksPerDevice * total_devices), kMinAuto, kMaxAuto);
+  const std::size_t job_devices = total_devices();
+  const bool cells = m_p.options.schedule.deterministic;  // every rank's chunk is a cell (cut_cell_grid())
+  const std::size_t full = cells || m_p.options.schedule.chunk_size > 0 ? cell_size(batch, m_p.options.schedule.chunk_size) : std::clamp(batch / (kChunksPerDevice * job_devices), kMinAuto, kMaxAuto);
   const double fastest = *std::max_element(rs.speed.begin(), rs.speed.end());
   rs.chunk.resize(ranks);
   // Automatic sizes: a rank's chunks no smaller than its efficient size, once measured (a call's fixed part at most
   // kFixedShareAtMost of its time), as in one process; cut_rank_shares() cuts no end below it either.
-  const bool sized = !cells && options.schedule.chunk_size == 0 && !by_cost;
+  const bool sized = !cells && m_p.options.schedule.chunk_size == 0 && !by_cost;
   rs.least.assign(ranks, 0.0);
   for (std::size_t r = 0; r < ranks; ++r) {
     const double c = static_cast<double>(full) * (cells ? 1.0 : rs.speed[r] / fastest);
     rs.chunk[r] = by_cost ? c : std::max(1.0, std::round(c));  // whole samples without costs
-    if (sized) rs.least[r] = std::min(cluster.rank_efficient[r], static_cast<double>(batch));
+    if (sized) rs.least[r] = std::min(rank_efficient[r], static_cast<double>(batch));
     rs.chunk[r] = std::max(rs.chunk[r], rs.least[r]);
   }
   if (by_cost) {
     p.placement = Placement::kByCost;
-    p.position_cost = costs.norm;
+    p.position_cost = m_p.costs.norm;
     p.cost_chunk = rs.chunk[rs.me];
   }
   rs.victims.clear();
   for (int pass = 0; pass < 2; ++pass) {
     for (std::size_t i = 1; i < ranks; ++i) {
       const int v = static_cast<int>((rs.me + i) % ranks);
-      if (cluster->same_node(v) == (pass == 0)) rs.victims.push_back(v);
+      if (job->same_node(v) == (pass == 0)) rs.victims.push_back(v);
     }
     if (pass == 0) rs.node_victims = rs.victims.size();
   }
   // How many of the other nodes' ranks a call for work reads (ClusterOptions::probes): all of up to kProbeAllUpTo,
   // else 2 x ceil(log2 ranks), at least kMinProbes, drawn afresh at every call.
   const std::size_t others = rs.victims.size() - rs.node_victims;
-  std::size_t probes = options.cluster.probes;
+  std::size_t probes = m_p.options.cluster.probes;
   if (probes == 0) probes = others <= kProbeAllUpTo ? others : std::max<std::size_t>(kMinProbes, 2 * static_cast<std::size_t>(std::bit_width(ranks - 1)));
   rs.probes = std::min(probes, others);
   // The other ranks' devices take from this rank's share too once theirs is done: for the end game, their rate in
@@ -347,23 +348,23 @@ class VictimWalk {
 
 }  // namespace
 
-ChunkPhase Runtime::Impl::run_from_shares(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
+ChunkPhase ClusterState::run_from_shares(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
                                           Clock::time_point step_start) {
   const RankShares& rs = plan.ranks;
-  publish_share(*cluster, rs);
+  publish_share(*job, rs);
   ChunkPhase phase;
   phase.start = step_start;
   // The scheduler's chunk source: chunks from the own share's front, else part of a victim's back; each handed out
   // to the device that asked, as its own. The walk's budget, once the ranks' speeds are measured: as long as one of
   // this rank's full chunks on one of its devices (the rank's speed is its devices' sum; over TCP a read costs about a
   // millisecond).
-  VictimWalk walk(*cluster, rs, rs.measured ? rs.chunk[rs.me] * static_cast<double>(dev.devices.size()) / rs.speed[rs.me] : 0.0);
+  VictimWalk walk(*job, rs, rs.measured ? rs.chunk[rs.me] * static_cast<double>(m_p.dev.devices.size()) / rs.speed[rs.me] : 0.0);
   const auto take = [&](std::size_t w, std::span<ChunkId> out) -> std::size_t {
     const auto t0 = Clock::now();
     const auto room = static_cast<std::uint32_t>(out.size());
     std::uint32_t first = 0;
-    std::size_t k = claim_own(*cluster, rs, static_cast<std::uint32_t>(dev.devices.size()), room, first);
-    if (k == 0 && options.schedule.policy == SchedulePolicy::kSteal) k = walk.steal(room, first, phase, t0);
+    std::size_t k = claim_own(*job, rs, static_cast<std::uint32_t>(m_p.dev.devices.size()), room, first);
+    if (k == 0 && m_p.options.schedule.policy == SchedulePolicy::kSteal) k = walk.steal(room, first, phase, t0);
     for (std::uint32_t i = 0; i < k; ++i) out[i] = first + i, t.home[first + i] = static_cast<std::uint32_t>(w);
     if (k == 0) phase.leave_s = seconds(Clock::now() - t0);
     return k;
@@ -371,99 +372,110 @@ ChunkPhase Runtime::Impl::run_from_shares(std::span<const std::uint32_t> samples
   // Workers may ask at once; the count only moves the sample (relaxed: it publishes nothing).
   std::atomic<std::size_t> pending_calls{0};
   const std::function<std::uint64_t()> pending = [this, &rs, &pending_calls]() noexcept {
-    return held_by_shares(*cluster, rs, pending_calls.fetch_add(1, std::memory_order_relaxed));
+    return held_by_shares(*job, rs, pending_calls.fetch_add(1, std::memory_order_relaxed));
   };
   try {
-    phase.stats = sched->run_sourced(take, [&](std::size_t w, ChunkId c) { run_one(w, c, samples, fn, t, plan); }, pending);
+    phase.stats = m_p.sched->run_sourced(take, [&](std::size_t w, ChunkId c) { m_p.runner.run_one(w, c, samples, fn, t, plan); }, pending);
   } catch (const std::exception& e) {
     phase.failure = std::current_exception(), phase.failure_text = e.what();
   } catch (...) {
     phase.failure = std::current_exception(), phase.failure_text = "a non-standard exception";
   }
   // A failure is every rank's (the reduction carries it): nothing of the own share is left for the others to run.
-  if (phase.failure) give_up_share(*cluster, rs.tag), phase.stats.workers.resize(dev.devices.size());
+  if (phase.failure) give_up_share(*job, rs.tag), phase.stats.workers.resize(m_p.dev.devices.size());
   phase.end = Clock::now();
   return phase;
 }
 
-bool Runtime::Impl::sum_across_ranks(const ChunkTable& t, const ChunkPhase& phase, const std::vector<DeviceReport>& local, RankTally& tally) {
-  const std::size_t ranks = static_cast<std::size_t>(cluster->size());
-  const int me = cluster->rank();
+void ClusterState::fill_tally(const ChunkTable& t, const ChunkPhase& phase, const std::vector<DeviceReport>& local, RankTally& tally) {
+  const int me = job->rank();
   double busy = 0, samples = 0, cost = 0, loss = 0;
-  for (std::size_t d = 0; d < dev.devices.size(); ++d) {
+  for (std::size_t d = 0; d < m_p.dev.devices.size(); ++d) {
     const DeviceReport& dr = local[d];
-    double* f = tally.device(cluster.first_device + d);
+    double* f = tally.device(first_device + d);
     f[0] = dr.compute_s, f[1] = static_cast<double>(dr.chunks_run), f[2] = static_cast<double>(dr.chunks_stolen);
     f[3] = static_cast<double>(dr.samples), f[4] = static_cast<double>(dr.chunk_samples);
-    f[5] = dev.kind == DeviceKind::kSim ? 1.0 : dev.kind == DeviceKind::kCuda ? 2.0 : 0.0;
-    f[6] = costs.given() ? dr.cost / costs.mean : 0.0;  // in mean-cost samples, as the speed below
-    busy = std::max(busy, dr.compute_s), samples += static_cast<double>(dr.samples), cost += dr.cost, loss += dev.replicas[d]->loss;
+    f[5] = m_p.dev.kind == DeviceKind::kSim ? 1.0 : m_p.dev.kind == DeviceKind::kCuda ? 2.0 : 0.0;
+    f[6] = m_p.costs.given() ? dr.cost / m_p.costs.mean : 0.0;  // in mean-cost samples, as the speed below
+    busy = std::max(busy, dr.compute_s), samples += static_cast<double>(dr.samples), cost += dr.cost, loss += m_p.dev.replicas[d]->loss;
   }
   // This rank's samples/s: what its devices ran over the time the busiest computed (0 when it ran nothing); and with
   // given costs its cost per second, sent in mean-cost samples.
   tally.speed()[me] = busy > 0 ? samples / busy : 0.0;
-  tally.cost_speed()[me] = busy > 0 && costs.given() ? cost / costs.mean / busy : 0.0;
+  tally.cost_speed()[me] = busy > 0 && m_p.costs.given() ? cost / m_p.costs.mean / busy : 0.0;
   tally.failed()[me] = phase.failure ? 1.0 : 0.0;
   tally.loss()[me] = loss;
   // This rank's chunk times against their samples (each chunk its own call; no given costs): its efficient size.
-  for (std::size_t c = 0; c < t.compute_s.size() && !costs.given(); ++c) {
-    if (t.runs[c] != 0 && t.compute_s[c] > 0) cluster.chunk_fit.add(static_cast<double>(t.spans[c].size), t.compute_s[c]);
+  for (std::size_t c = 0; c < t.compute_s.size() && !m_p.costs.given(); ++c) {
+    if (t.runs[c] != 0 && t.compute_s[c] > 0) chunk_fit.add(static_cast<double>(t.spans[c].size), t.compute_s[c]);
   }
-  const detail::CallFit& fit = cluster.chunk_fit;
+  const detail::CallFit& fit = chunk_fit;
   tally.efficient()[me] = fit.known() && fit.separates() ? std::ceil(fit.overhead_cost(1 - kFixedShareAtMost)) : 0.0;
   for (std::size_t c = 0; c < t.size(); ++c) tally.runs()[c] = static_cast<double>(t.runs[c]);
-  // The gradient (float, or bfloat16 on the wire), then the tallies in doubles: two collectives.
-  const auto watch = [this] { watch_cluster(); };
-  if (tally.count > 0 && options.cluster.wire == WireFormat::kBfloat16) {
-    cluster->allreduce_sum_bf16(tally.gradient, watch);
-  } else if (tally.count > 0) {
-    cluster->allreduce_sum(std::span<float>(tally.gradient), watch);
-  }
-  cluster->allreduce_sum(std::span<double>(tally.tallies), watch);
-  if (exact) {  // deterministic mode: the fixed-point sum and every rank's exponents, every rank alike
-    const std::vector<int> mine = exact.exponents();
+  if (m_p.exact) {  // deterministic mode: every rank's exponents, beside its fixed-point sum
+    const std::vector<int> mine = m_p.exact.exponents();
     std::copy(mine.begin(), mine.end(), tally.exponents(static_cast<std::size_t>(me)));
-    cluster->allreduce_sum(std::span<std::int64_t>(tally.exact), watch);
   }
-  // What every rank concludes from the sum: a failure anywhere fails the step everywhere (with the first failed rank's
-  // message); every chunk ran exactly once across the ranks; the ranks' speeds for the next steps.
+}
+
+bool ClusterState::sum(const ChunkTable& t, const ChunkPhase& phase, const std::vector<DeviceReport>& local, RankTally& tally) {
+  fill_tally(t, phase, local, tally);
+  // The gradient (float, or bfloat16 on the wire), then the tallies in doubles: two collectives.
+  const auto on_wait = [this] { watch(); };
+  if (tally.count > 0 && m_p.options.cluster.wire == WireFormat::kBfloat16) {
+    job->allreduce_sum_bf16(tally.gradient, on_wait);
+  } else if (tally.count > 0) {
+    job->allreduce_sum(std::span<float>(tally.gradient), on_wait);
+  }
+  job->allreduce_sum(std::span<double>(tally.tallies), on_wait);
+  // Deterministic mode: the fixed-point sum and every rank's exponents, every rank alike.
+  if (m_p.exact) job->allreduce_sum(std::span<std::int64_t>(tally.exact), on_wait);
+  return conclude(phase, tally);
+}
+
+// What every rank concludes from the sum: a failure anywhere fails the step everywhere (with the first failed rank's
+// message); every chunk ran exactly once across the ranks; the ranks' speeds for the next steps; in deterministic mode
+// the verdict on the attempt.
+bool ClusterState::conclude(const ChunkPhase& phase, RankTally& tally) {
+  const std::size_t ranks = static_cast<std::size_t>(job->size());
+  const int me = job->rank();
   for (std::size_t r = 0; r < ranks; ++r) {
     if (tally.failed()[r] == 0.0) continue;
     std::vector<char> text(1024, '\0');
     if (r == static_cast<std::size_t>(me)) std::strncpy(text.data(), phase.failure_text.c_str(), text.size() - 1);
-    cluster->broadcast(text, static_cast<int>(r));
+    job->broadcast(text, static_cast<int>(r));
     if (phase.failure) std::rethrow_exception(phase.failure);
-    throw Error("step " + std::to_string(steps + 1) + " failed on rank " + std::to_string(r) + ": " + text.data() + "; nothing was applied on any rank");
+    throw Error("step " + std::to_string(m_p.steps + 1) + " failed on rank " + std::to_string(r) + ": " + text.data() + "; nothing was applied on any rank");
   }
   for (std::size_t c = 0; c < tally.chunks; ++c) {
     if (tally.runs()[c] != 1.0) {
       throw std::logic_error("runtime: chunk " + std::to_string(c) + " ran " + std::to_string(static_cast<long long>(tally.runs()[c])) + " times across the ranks in step " +
-                             std::to_string(steps + 1) + ": exactly-once violated");
+                             std::to_string(m_p.steps + 1) + ": exactly-once violated");
     }
   }
   for (std::size_t r = 0; r < ranks; ++r) {
-    if (tally.efficient()[r] > 0) cluster.rank_efficient[r] = tally.efficient()[r];
-    if (tally.speed()[r] > 0) push_window(cluster.rank_speed_history[r], tally.speed()[r], options.schedule.throughput_window);
-    if (tally.cost_speed()[r] > 0) push_window(cluster.rank_cost_history[r], tally.cost_speed()[r] * costs.mean, options.schedule.throughput_window);
+    if (tally.efficient()[r] > 0) rank_efficient[r] = tally.efficient()[r];
+    if (tally.speed()[r] > 0) push_window(rank_speed_history[r], tally.speed()[r], m_p.options.schedule.throughput_window);
+    if (tally.cost_speed()[r] > 0) push_window(rank_cost_history[r], tally.cost_speed()[r] * m_p.costs.mean, m_p.options.schedule.throughput_window);
   }
-  if (!exact) return true;
+  if (!m_p.exact) return true;
   // The verdict on the attempt, from the job's largest exponent of each tensor (the same on every rank).
-  std::vector<int> job(exact.tensors(), detail::kNoExponent);
+  std::vector<int> largest(m_p.exact.tensors(), detail::kNoExponent);
   for (std::size_t r = 0; r < ranks; ++r) {
     const std::int64_t* e = tally.exponents(r);
-    for (std::size_t i = 0; i < job.size(); ++i) job[i] = std::max(job[i], static_cast<int>(e[i]));
+    for (std::size_t i = 0; i < largest.size(); ++i) largest[i] = std::max(largest[i], static_cast<int>(e[i]));
   }
-  return exact.settle(job);
+  return m_p.exact.settle(largest);
 }
 
-void Runtime::Impl::add_rank_devices(StepReport& rep, RankTally& tally, std::vector<DeviceReport> local) {
-  const std::size_t ranks = static_cast<std::size_t>(cluster->size()), me = static_cast<std::size_t>(cluster->rank());
+void ClusterState::add_devices(StepReport& rep, RankTally& tally, std::vector<DeviceReport> local) const {
+  const std::size_t ranks = static_cast<std::size_t>(job->size()), me = static_cast<std::size_t>(job->rank());
   rep.ranks = ranks;
   double loss = 0;
   for (std::size_t r = 0; r < ranks; ++r) loss += tally.loss()[r];
   rep.loss = loss / static_cast<double>(rep.samples);
   for (std::size_t r = 0, g = 0; r < ranks; ++r) {
-    for (std::size_t d = 0; d < cluster.rank_devices[r]; ++d, ++g) {
+    for (std::size_t d = 0; d < rank_devices[r]; ++d, ++g) {
       const double* f = tally.device(g);
       DeviceReport dr;
       if (r == me) {
@@ -471,7 +483,7 @@ void Runtime::Impl::add_rank_devices(StepReport& rep, RankTally& tally, std::vec
       } else {
         dr.compute_s = dr.busy_s = f[0];
         dr.chunks_run = static_cast<std::uint64_t>(f[1]), dr.chunks_stolen = static_cast<std::uint64_t>(f[2]);
-        dr.samples = static_cast<std::uint64_t>(f[3]), dr.chunk_samples = static_cast<std::size_t>(f[4]), dr.cost = f[6] * costs.mean;
+        dr.samples = static_cast<std::uint64_t>(f[3]), dr.chunk_samples = static_cast<std::size_t>(f[4]), dr.cost = f[6] * m_p.costs.mean;
         dr.barrier_wait_s = std::max(0.0, rep.chunks_s - dr.compute_s);
       }
       dr.name = "r" + std::to_string(r) + "/" + (f[5] == 1.0 ? "sim" : f[5] == 2.0 ? "cuda" : "cpu") + std::to_string(d);

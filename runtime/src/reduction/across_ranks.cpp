@@ -13,7 +13,7 @@ namespace {
 // or in deterministic mode fixed point) into it; GPUs in deterministic mode handed their fixed-point sums over after
 // the chunk phase (take_device_cells()), and the rank's whole sum goes in at once; GPUs otherwise leave their
 // gradient on the device, for their own collective over the job. Across the ranks: the tally
-// (Runtime::Impl::sum_across_ranks(), cluster_step.cpp: the gradient in float or bfloat16 on the wire, the counts in
+// (ClusterState::sum(), cluster_step.cpp: the gradient in float or bfloat16 on the wire, the counts in
 // doubles, the fixed-point sum in int64; a failure anywhere rethrown everywhere, exactly-once checked over the job,
 // the verdict on a deterministic attempt from the job's exponents). Then the update (or the mean) from the job's sum
 // divided by the global batch, slice by slice on this rank's devices; or the job's exact sum loaded into the GPUs;
@@ -27,7 +27,7 @@ class AcrossRanks final : public ReductionBase {
     if (gpu_cells) take_device_cells();
     sum_within(step, out);
     report_devices(step, out);
-    if (!m_p.across_ranks(step.table, step.phase, out.local, out.tally)) return false;
+    if (!m_p.cluster.sum(step.table, step.phase, out.local, out.tally)) return false;
     out.applied = apply(step, out.tally);
     return true;
   }

@@ -33,7 +33,7 @@
 
 namespace stealbatch {
 
-// The parts of the runtime a reduction reads and writes, and the runtime's two calls it makes.
+// The parts of the runtime a reduction reads and writes, and the runtime's call it makes.
 struct ReductionParts {
   const RuntimeOptions& options;
   DeviceSet& dev;
@@ -41,17 +41,14 @@ struct ReductionParts {
   SharedParameters& shared;  // host devices: the update (or the mean, into mean_next) from the sum
   std::vector<float>& mean_next;
   ExactSum& exact;                            // deterministic mode
-  ClusterState& cluster;                      // across ranks
+  ClusterState& cluster;                      // across ranks: the tally's collectives (ClusterState::sum())
   const std::unique_ptr<Scheduler>& sched;    // broadcast(): each device's part on its worker
   const std::unique_ptr<Communicator>& comm;  // the devices' own collective (GPUs), or the modelled ring
   bool& lr_pending;                           // set_learning_rate() since the last update
   const Clock::time_point& epoch;             // the watchdog's stamps
   const std::uint64_t& steps;                 // steps completed (error messages)
-  // The devices' call times taken, then this process's device reports (run_chunks.cpp, step_report.cpp).
+  // The devices' call times taken, then this process's device reports (chunk_runner.cpp, step_report.cpp).
   std::function<std::vector<DeviceReport>(ChunkTable&, const ChunkPhase&)> device_reports;
-  // Across ranks: the tally's collectives and what every rank concludes from them (cluster_step.cpp); false:
-  // deterministic mode's verdict is to run the step again. Empty in one process.
-  std::function<bool(const ChunkTable&, const ChunkPhase&, const std::vector<DeviceReport>&, RankTally&)> across_ranks;
 };
 
 // What the step hands its reduction.

@@ -50,7 +50,7 @@ StepPlan StepPlanner::plan(std::size_t batch) {
     // claim chunks as they go, and the end game weighs them by speed only with two or more of them.
     p.known = p.known && n > 1;
     p.cutting = Cutting::kRankShares;
-    m_plan_ranks(batch, p);  // with given costs, placed by cost (cluster_step.cpp)
+    m_cluster.plan(batch, p);  // with given costs, placed by cost (cluster_step.cpp)
     if (p.by_cost()) {
       p.rate = measured_cost_rates();
       p.known = !p.rate.empty() && n > 1;
@@ -331,7 +331,7 @@ void StepPlanner::cut_rank_shares(std::size_t batch, StepPlan& p, ChunkTable& t)
     } else {
       share = p.by_cost() ? detail::split_by_cost(p.position_cost, rs.speed) : to_shares(place_proportional(batch, rs.speed));
     }
-    // Automatic sizes: no chunk below a rank's efficient size (rs.least, which plan_ranks() sized the chunks to at
+    // Automatic sizes: no chunk below a rank's efficient size (rs.least, which ClusterState::plan() sized the chunks to at
     // least), as in one process. A static run's shares in samples are not stolen from: cut whole (in cost, whole
     // chunks of the budget are cut_share()'s, with the budget as the floor).
     std::vector<double> floor(ranks);

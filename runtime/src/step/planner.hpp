@@ -15,7 +15,6 @@
 #include <stealbatch/scheduler/scheduler.hpp>
 
 #include <cstddef>
-#include <functional>
 #include <span>
 #include <vector>
 
@@ -23,12 +22,9 @@ namespace stealbatch {
 
 class StepPlanner {
  public:
-  // Across ranks: the ranks' speeds, shares, chunk sizes and victims, into StepPlan::ranks (the cluster's part).
-  using PlanRanks = std::function<void(std::size_t batch, StepPlan& plan)>;
-
-  StepPlanner(const RuntimeOptions& options, const DeviceSet& dev, SpeedModel& speed, const GivenCosts& costs, const ClusterState& cluster,
-              PlanRanks plan_ranks)
-      : m_options(options), m_dev(dev), m_speed(speed), m_costs(costs), m_cluster(cluster), m_plan_ranks(std::move(plan_ranks)) {}
+  // Across ranks, `cluster` plans the ranks' part: their speeds, shares, chunk sizes and victims (StepPlan::ranks).
+  StepPlanner(const RuntimeOptions& options, const DeviceSet& dev, SpeedModel& speed, const GivenCosts& costs, ClusterState& cluster)
+      : m_options(options), m_dev(dev), m_speed(speed), m_costs(costs), m_cluster(cluster) {}
 
   // What is known of the devices and which rules place and cut this step (placement, cutting, the cost model's lines).
   StepPlan plan(std::size_t batch);
@@ -55,12 +51,7 @@ class StepPlanner {
   const DeviceSet& m_dev;
   SpeedModel& m_speed;
   const GivenCosts& m_costs;
-  const ClusterState& m_cluster;
-  PlanRanks m_plan_ranks;
+  ClusterState& m_cluster;
 };
-
-// Deterministic mode's cell: chunk_size samples, or with 0 a function of the batch alone (planner.cpp), so that every
-// device count and every rank cuts the same grid.
-std::size_t cell_size(std::size_t batch, std::size_t chunk_size) noexcept;
 
 }  // namespace stealbatch

@@ -18,7 +18,7 @@ StepReport Runtime::Impl::run_step(std::span<const std::uint32_t> batch_samples,
   }
   if (layout.size() == 0) throw ConfigError("step: no parameters registered; call register_parameters() first");
   const auto t_start = Clock::now();
-  if (cluster) begin_rank_step(batch_samples, cost, reduce_to);  // cluster_step.cpp: every rank at the same step
+  if (cluster) cluster.begin_step(batch_samples, cost, reduce_to);  // cluster_step.cpp: every rank at the same step
   // The samples in the order the step runs them: the trainer's, or packed device after device (kPacked; across ranks
   // over the job's devices, in rank order).
   const bool pack = options.schedule.placement == PlacementPolicy::kPacked;

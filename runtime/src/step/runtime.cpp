@@ -78,8 +78,10 @@ static detail::AgreementFields agreement_fields(const RuntimeOptions& o) {
 
 Runtime::Impl::Impl(RuntimeOptions o)
     : options(std::move(o)),
-      planner(options, dev, speed, costs, cluster, [this](std::size_t batch, StepPlan& p) { plan_ranks(batch, p); }),
-      epoch(Clock::now()) {
+      cluster({options, dev, costs, exact, runner, sched, epoch, steps}),
+      epoch(Clock::now()),
+      planner(options, dev, speed, costs, cluster),
+      runner({options, dev, layout, exact, sched, trace, inject_fault, epoch, steps}) {
   if (options.devices.empty()) options.devices = default_devices();
   validate(options);
   // What kAuto means: placement by measured speed where thieves balance what it misplaces, an equal split without.
@@ -87,10 +89,9 @@ Runtime::Impl::Impl(RuntimeOptions o)
     options.schedule.placement = options.schedule.policy == SchedulePolicy::kSteal ? PlacementPolicy::kThroughput : PlacementPolicy::kEqual;
   }
   const DeviceSpec spec = parse_device_spec(options.devices);
-  cluster.job = options.cluster.job;
   DeviceSpec resolved = spec;
-  if (cluster) {
-    join_cluster(resolved);  // cluster_step.cpp: every rank's device count; slowdown, threads, cuda:local for this rank
+  if (options.cluster.job) {
+    cluster.join(options.cluster.job, resolved, options.host);  // cluster_step.cpp: every rank's device count; slowdown, threads, cuda:local for this rank
     detail::check_agreement(*cluster, agreement_fields(options), "when they join");
     cluster.heartbeat = std::make_unique<detail::Heartbeat>(cluster.job, options.cluster.heartbeat_timeout);
   }
@@ -117,11 +118,8 @@ Runtime::Impl::Impl(RuntimeOptions o)
   make_communicator();
   reduction = make_reduction({options, dev, layout, shared, mean_next, exact, cluster, sched, comm, lr_pending, epoch, steps,
                               [this](ChunkTable& t, const ChunkPhase& phase) {
-                                take_call_times(t);  // GPUs' event times
+                                runner.take_call_times(t);  // GPUs' event times
                                 return device_reports(t, phase);
-                              },
-                              [this](const ChunkTable& t, const ChunkPhase& phase, const std::vector<DeviceReport>& local, RankTally& tally) {
-                                return sum_across_ranks(t, phase, local, tally);
                               }});
   if (!options.trace_path.empty()) {
     std::vector<std::string> names;
@@ -172,7 +170,7 @@ void Runtime::Impl::make_scheduler() {
 }
 
 std::exception_ptr Runtime::Impl::check_stalls() {
-  if (cluster) watch_cluster();
+  if (cluster) cluster.watch();
   const std::int64_t now = (Clock::now() - epoch).count();
   const auto limit = static_cast<std::int64_t>(options.stall_timeout * 1e9);
   for (std::size_t w = 0; w < dev.replicas.size(); ++w) {
@@ -217,7 +215,7 @@ void Runtime::register_parameters(ParameterLayout layout, std::span<const float>
     detail::check_agreement(*m->cluster,
                             {{"parameter count", std::to_string(layout.size())}, {"parameter layout (hash of names and sizes)", detail::hex16(names)},
                              {"initial parameters (hash of their bytes)", detail::hex16(detail::fnv1a(std::as_bytes(initial)))}},
-                            "at register_parameters", [this] { m->watch_cluster(); });
+                            "at register_parameters", [this] { m->cluster.watch(); });
   }
   m->layout = std::move(layout);
   if (m->dev.host) {

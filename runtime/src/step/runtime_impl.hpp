@@ -1,6 +1,9 @@
-// The Runtime's state, and the phases of a step; each phase lives in the source file named beside it. The state is
-// a few owned parts (device_set.hpp, speed_model.hpp, shared_parameters.hpp, cluster_state.hpp) and the step's own;
-// the step's types are in step_types.hpp.
+// The Runtime's parts, and what holds them together: a step's phases in order (run_step.cpp), the chunk phase's
+// bounds and its recovery from a lost device, the report, and what follows the reduction. The parts own their
+// behaviour and guard their invariants, each in its own header: the devices (device_set.hpp), the speed model
+// (speed_model.hpp), the shared parameters (shared_parameters.hpp), this rank's part of a job across ranks and its
+// phases (cluster_state.hpp), the step's planner (planner.hpp), each chunk call (chunk_runner.hpp) and the reduction
+// (reduction.hpp). The step's types are in step_types.hpp.
 #pragma once
 
 #include "cluster/cluster_state.hpp"
@@ -9,6 +12,7 @@
 #include "devices/device_set.hpp"
 #include "parameters/shared_parameters.hpp"
 #include "reduction/exact_sum.hpp"
+#include "step/chunk_runner.hpp"
 #include "step/planner.hpp"
 #include "step/step_types.hpp"
 
@@ -42,18 +46,6 @@ struct Runtime::Impl {
   // recovery from a lost device), or the ranks' share words, claimed a few chunks at a time (run_from_shares()).
   ChunkPhase run_chunk_phase(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
                              Clock::time_point step_start);
-  void run_one(std::size_t w, ChunkId c, std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, const StepPlan& plan);
-  // One call of the chunk function over `chunks`: one chunk, or several contiguous ones a thief stole together
-  // (descending, as mergeable() chose them), with every chunk's bookkeeping.
-  void run_call(std::size_t w, std::span<const ChunkId> chunks, std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t,
-                const StepPlan& plan);
-  ChunkTiming run_guarded(std::size_t w, std::span<const ChunkId> chunks, ChunkContext& ctx, const ChunkFunction& fn);  // faults, and errors named
-  void record_call(std::size_t w, std::span<const ChunkId> chunks, const ChunkTiming& timing, Clock::time_point t0, ChunkTable& t, const StepPlan& plan);
-  void take_call_times(ChunkTable& t);
-  void watch_live_speed(std::size_t w, std::span<const ChunkId> chunks, double ratio, double took, ChunkTable& t, const StepPlan& plan);
-  // How many of `more` (stolen after `first`, in the victim's order) run with it in one call on device w: those that
-  // continue its span downward, up to w's own chunk size and `largest` (what the devices reserved for).
-  std::size_t mergeable(std::size_t w, ChunkId first, std::span<const ChunkId> more, const ChunkTable& t, std::size_t largest) const noexcept;
   ChunkPhase run_with_recovery(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
                                Clock::time_point step_start);
   void recover_lost_device(std::size_t dead, ChunkTable& t, StepPlan& plan, ChunkPhase& phase, const ChunkFn& run);
@@ -62,18 +54,6 @@ struct Runtime::Impl {
   std::vector<DeviceReport> device_reports(const ChunkTable& t, const ChunkPhase& phase);
   StepReport build_report(std::size_t batch, const ChunkTable& t, const StepPlan& plan, ChunkPhase& phase, std::vector<DeviceReport> local,
                           Reduced& reduced);
-  // cluster_step.cpp: this rank's part of a job across ranks (options.cluster.job)
-  void join_cluster(DeviceSpec& spec);
-  void begin_rank_step(std::span<const std::uint32_t> samples, std::span<const double> cost, Reduce reduce_to);  // the step's agreement, and the progress word
-  void plan_ranks(std::size_t batch, StepPlan& plan);                    // the ranks' speeds, the step's tag, the victims
-  ChunkPhase run_from_shares(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
-                             Clock::time_point step_start);
-  // The tally across ranks (the reduction's AcrossRanks calls it), with the step's watch while waiting; a failure
-  // anywhere rethrown everywhere, exactly-once checked over the job, the ranks' speeds learnt. False: deterministic mode's verdict is to run the step again.
-  bool sum_across_ranks(const ChunkTable& t, const ChunkPhase& phase, const std::vector<DeviceReport>& local, RankTally& tally);
-  void add_rank_devices(StepReport& rep, RankTally& tally, std::vector<DeviceReport> local);
-  void publish_progress();  // this rank's progress word: the step it is in, and one more beat
-  void watch_cluster();     // publishes this rank's progress and where it is; ends the job when another rank has stopped making progress
   // runtime.cpp: what step() and compute_gradient() do after the step's reduction (reduction/reduction.hpp)
   void switch_shared_params(StepReport& rep);
   void update_replicas(StepReport& rep, std::size_t batch);
@@ -92,7 +72,6 @@ struct Runtime::Impl {
   SharedParameters shared;    // host devices: the one copy of the parameters and the optimizer
   ClusterState cluster;       // across ranks: this rank's part of the job (false in one process)
   ExactSum exact;             // deterministic mode: the fixed-point sum (false otherwise)
-  StepPlanner planner;        // the step's plan, chunk table and end game, from the parts above (planner.hpp)
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<Reduction> reduction;  // the step's sum and what follows from it (reduction/reduction.hpp)
   std::unique_ptr<TraceWriter> trace;
@@ -104,6 +83,9 @@ struct Runtime::Impl {
   bool grads_dirty = false;
   bool lr_pending = false;      // set_learning_rate() ran since the last update: the replicas take options.optimizer.lr
   testing::FaultInjector inject_fault;  // tests and the soak only (testing::inject_faults)
+  // The step's own parts, on the parts above (they keep references: the Impl never moves).
+  StepPlanner planner;  // the step's plan, chunk table and end game (planner.hpp)
+  ChunkRunner runner;   // each call of the chunk function and what the step keeps of it (chunk_runner.hpp)
   std::unique_ptr<Scheduler> sched;  // last: its workers stop before the devices and replicas go
 };
 

@@ -106,7 +106,7 @@ StepReport Runtime::Impl::build_report(std::size_t batch, const ChunkTable& t, c
   if (cluster) {
     // Every rank's devices and loss, from the tallies; what this rank took from the others.
     rep.remote_chunks = phase.remote_chunks, rep.remote_steals = phase.remote_steals, rep.leave_s = phase.leave_s;
-    add_rank_devices(rep, reduced.tally, std::move(local));
+    cluster.add_devices(rep, reduced.tally, std::move(local));
   } else {
     rep.devices = std::move(local);
   }

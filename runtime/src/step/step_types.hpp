@@ -138,6 +138,10 @@ struct ChunkPhase {
   double leave_s = 0;
 };
 
+// Deterministic mode's cell: chunk_size samples, or with 0 a function of the batch alone (planner.cpp), so that every
+// device count and every rank cuts the same grid.
+std::size_t cell_size(std::size_t batch, std::size_t chunk_size) noexcept;
+
 // Tallies per device that travel with the reduction across ranks: compute seconds, chunks run, chunks stolen,
 // samples, chunk size, its kind (0 cpu, 1 sim, 2 cuda: its name), and the given cost it ran.
 inline constexpr std::size_t kTallyDeviceFields = 7;
