@@ -25,6 +25,12 @@ StepReport Runtime::Impl::run_step(std::span<const std::uint32_t> batch_samples,
   const std::size_t bins = cluster ? cluster.total_devices() : dev.devices.size();
   const std::span<const std::uint32_t> samples = costs.take(batch_samples, cost, pack ? bins : 0);
   const std::size_t batch = samples.size();
+  // GPUs carry their sample count beside the gradient, as its last float (grad[n], summed with it by NCCL): exact up to
+  // 2^24 samples a step.
+  constexpr std::size_t kFloatCountExact = std::size_t{1} << 24;
+  if ((dev.kind == DeviceKind::kCuda || dev.kind == DeviceKind::kVgpu) && batch > kFloatCountExact) {
+    throw ConfigError("batch = " + std::to_string(batch) + " samples on GPUs; at most 16777216 a step (the GPUs' sample count travels as a float)");
+  }
   // Deterministic mode: an attempt whose cells left the fixed-point window runs again (exact_sum.hpp): the
   // reduction's verdict. It reads only the job's exponents, so every rank redoes it alike; in one process it comes
   // before the sum, which is fused with the update.
