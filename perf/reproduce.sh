@@ -18,7 +18,7 @@ sections=(
   "torch          the examples against PyTorch and DDP, interleaved; accuracy (TORCH_PYTHON)"
   "torch_adapter  the libtorch adapter against plain libtorch; the main job through it (a libtorch build)"
   "torch_lm       a transformer on variable-length text: static, packer, steal with and without costs, DDP (TORCH_PYTHON)"
-  "python         the Python package: its chunks against the C++ adapter; its transformer beside its DDP script (a Python build)"
+  "python         the Python package: its chunks against the C++ adapter; its transformer beside its DDP script; the launches (a Python build)"
   "deterministic  --deterministic against the default, interleaved; the parameters' SHA-256 across devices, policies, ranks"
   "efficiency     samples/s against chunk size: mlp, cnn, the main job; draws perf/charts/efficiency_curve_*"
   "stealbench     the runtime on simulated devices: 4, 16 and 32 devices, the scale sweep; the tail model"
