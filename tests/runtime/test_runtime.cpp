@@ -520,6 +520,40 @@ TEST_CASE("Runtime.NoDeviceSpecMeansEveryGpuWhenThereIsOne") {
   CHECK(rt.device(0).name() == "cpu0");
 }
 
+TEST_CASE("Runtime.GpusRefuseABatchPastTheirFloatSampleCount") {
+  // GPUs carry their sample count beside the gradient as a float, exact up to 2^24: a larger batch is refused before
+  // anything runs, naming the limit, and the runtime goes on (checked with a stand-in backend for cuda: specs).
+  struct FakeGpus final : DeviceBackend {
+    std::size_t available() const noexcept override { return 2; }
+    std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec&, const RuntimeOptions&) override {
+      std::vector<std::unique_ptr<Device>> out;
+      for (std::size_t i = 0; i < 2; ++i) out.push_back(std::make_unique<SimDevice>(i, 1.0, 1e-6));
+      return out;
+    }
+    std::unique_ptr<Communicator> make_communicator(std::span<Device* const>) override { return std::make_unique<InProcessCommunicator>(); }
+  };
+  const RestoreCudaBackend restore;
+  register_device_backend(DeviceKind::kCuda, std::make_shared<FakeGpus>());
+  Runtime rt({.devices = "cuda:all", .schedule = {.chunk_size = 8}});
+  ParameterLayout layout;
+  layout.add("w", 1);
+  rt.register_parameters(layout, std::vector<float>{0.0f});
+  std::int64_t calls = 0;
+  const auto fn = [&](ChunkContext& ctx) {
+    ++calls;
+    for (std::uint32_t x : ctx.samples) ctx.grad[0] += static_cast<float>(x % 2);
+  };
+  std::vector<std::uint32_t> big((std::size_t{1} << 24) + 1);
+  std::iota(big.begin(), big.end(), 0u);
+  CHECK_THROWS_WITH_AS(rt.step(big, fn), doctest::Contains("at most 16777216"), ConfigError);
+  CHECK(calls == 0);
+  std::vector<std::uint32_t> small(64);
+  std::iota(small.begin(), small.end(), 0u);
+  const StepReport r = rt.step(small, fn);
+  CHECK(r.samples == 64);
+  CHECK(calls > 0);
+}
+
 TEST_CASE("Runtime.BackendRegistryIsThreadSafeAndARuntimeKeepsItsBackend") {
   // The registry is process-wide and locked: registrations and lookups from many threads at once see whole entries,
   // and a runtime holds the backend it was made with for its life, whatever is registered after.

@@ -7,8 +7,9 @@
 // counts the same, failed ones too: the share words' tag), this rank's progress word, for the watch, the last progress
 // word seen of each rank and since when, and each rank's efficient chunk size. Empty (false) in one process.
 //
-// What every rank holds alike (rank_devices, the histories, steps, rank_efficient) only the collectives of join() and
-// sum() write, with the same values on every rank; the rest is this rank's own.
+// What every rank holds alike: rank_devices, the histories and rank_efficient, which only the collectives of join() and
+// sum() write, with the same values on every rank; and steps, which plan() advances alike on every rank (and
+// load_checkpoint restores). The rest is this rank's own.
 #pragma once
 
 #include "cost/given_costs.hpp"

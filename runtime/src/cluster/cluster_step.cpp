@@ -85,7 +85,7 @@ void ClusterState::join(std::shared_ptr<Cluster> cluster, DeviceSpec& spec, Host
   if (!host.slowdown.empty() && host.slowdown.size() == total && total != spec.count) {
     // One factor per device of the whole job, in rank order: keep this rank's.
     host.slowdown = std::vector<double>(host.slowdown.begin() + static_cast<std::ptrdiff_t>(first_device),
-                                           host.slowdown.begin() + static_cast<std::ptrdiff_t>(first_device + spec.count));
+                                        host.slowdown.begin() + static_cast<std::ptrdiff_t>(first_device + spec.count));
   } else if (!host.slowdown.empty() && host.slowdown.size() != spec.count) {
     throw ConfigError("slowdown has " + std::to_string(host.slowdown.size()) + " values; expected one per device of this rank (" +
                       std::to_string(spec.count) + ") or one per device of the whole job (" + std::to_string(total) + ", in rank order)");
@@ -349,7 +349,7 @@ class VictimWalk {
 }  // namespace
 
 ChunkPhase ClusterState::run_from_shares(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
-                                          Clock::time_point step_start) {
+                                         Clock::time_point step_start) {
   const RankShares& rs = plan.ranks;
   publish_share(*job, rs);
   ChunkPhase phase;

@@ -21,7 +21,7 @@ constexpr double kSlowedDownAtLeast = 100e-6;
 }  // namespace
 
 void ChunkRunner::run_one(std::size_t w, ChunkId c, std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t,
-                            const StepPlan& plan) {
+                          const StepPlan& plan) {
   run_call(w, std::span<const ChunkId>(&c, 1), samples, fn, t, plan);
 }
 
@@ -40,7 +40,7 @@ std::size_t ChunkRunner::mergeable(std::size_t w, ChunkId first, std::span<const
 }
 
 void ChunkRunner::run_call(std::size_t w, std::span<const ChunkId> chunks, std::span<const std::uint32_t> samples, const ChunkFunction& fn,
-                             ChunkTable& t, const StepPlan& plan) {
+                           ChunkTable& t, const StepPlan& plan) {
   Replica& r = *m_p.dev.replicas[w];
   const ChunkId c = chunks.front();
   // A merged call's chunks descend, each ending where the one before began (mergeable()): the last one begins the
@@ -137,7 +137,7 @@ double enter_call(ChunkTable& t, std::size_t w, std::span<const ChunkId> ids, do
 }  // namespace
 
 void ChunkRunner::record_call(std::size_t w, std::span<const ChunkId> chunks, const ChunkTiming& timing, Clock::time_point t0, ChunkTable& t,
-                                const StepPlan& plan) {
+                              const StepPlan& plan) {
   Replica& r = *m_p.dev.replicas[w];
   const ChunkId c = chunks.front();
   const bool own = timing.device_end != Clock::time_point{};  // the device's timeline, when it keeps one

@@ -1,6 +1,6 @@
 // One step, phase after phase, for one process and across ranks alike: plan, cut and place the chunks, set the end
 // game, run the chunks, reduce, report. Two things differ across ranks, each behind one call:
-//   - the chunk source: each device's own deque (one process), or the ranks' share words (run_from_shares());
+//   - the chunk source: each device's own deque (one process), or the ranks' share words (ClusterState::run_from_shares());
 //   - the reduction: within the process, or within the rank and then across ranks (reduction/reduction.hpp).
 #include "reduction/reduction.hpp"
 #include "step/runtime_impl.hpp"
@@ -17,6 +17,13 @@ StepReport Runtime::Impl::run_step(std::span<const std::uint32_t> batch_samples,
     throw ConfigError("batch = " + std::to_string(batch_samples.size()) + " samples; at most 4294967295 per step");
   }
   if (layout.size() == 0) throw ConfigError("step: no parameters registered; call register_parameters() first");
+  // GPUs carry their sample count beside the gradient, as its last float (grad[n], summed with it by NCCL): exact up to
+  // 2^24 samples a step.
+  constexpr std::size_t kFloatCountExact = std::size_t{1} << 24;
+  if ((dev.kind == DeviceKind::kCuda || dev.kind == DeviceKind::kVgpu) && batch_samples.size() > kFloatCountExact) {
+    throw ConfigError("batch = " + std::to_string(batch_samples.size()) + " samples on GPUs; at most " + std::to_string(kFloatCountExact) +
+                      " a step (the GPUs' sample count travels as a float)");
+  }
   const auto t_start = Clock::now();
   if (cluster) cluster.begin_step(batch_samples, cost, reduce_to);  // cluster_step.cpp: every rank at the same step
   // The samples in the order the step runs them: the trainer's, or packed device after device (kPacked; across ranks
@@ -25,12 +32,6 @@ StepReport Runtime::Impl::run_step(std::span<const std::uint32_t> batch_samples,
   const std::size_t bins = cluster ? cluster.total_devices() : dev.devices.size();
   const std::span<const std::uint32_t> samples = costs.take(batch_samples, cost, pack ? bins : 0);
   const std::size_t batch = samples.size();
-  // GPUs carry their sample count beside the gradient, as its last float (grad[n], summed with it by NCCL): exact up to
-  // 2^24 samples a step.
-  constexpr std::size_t kFloatCountExact = std::size_t{1} << 24;
-  if ((dev.kind == DeviceKind::kCuda || dev.kind == DeviceKind::kVgpu) && batch > kFloatCountExact) {
-    throw ConfigError("batch = " + std::to_string(batch) + " samples on GPUs; at most 16777216 a step (the GPUs' sample count travels as a float)");
-  }
   // Deterministic mode: an attempt whose cells left the fixed-point window runs again (exact_sum.hpp): the
   // reduction's verdict. It reads only the job's exponents, so every rank redoes it alike; in one process it comes
   // before the sum, which is fused with the update.

@@ -43,7 +43,7 @@ struct Runtime::Impl {
   // run_chunks.cpp
   void begin_chunk_phase(const ChunkTable& t, Clock::time_point step_start);
   // The chunk phase, from the step's chunk source: each device's own deque, placed per device (one process, with
-  // recovery from a lost device), or the ranks' share words, claimed a few chunks at a time (run_from_shares()).
+  // recovery from a lost device), or the ranks' share words, claimed a few chunks at a time (ClusterState::run_from_shares()).
   ChunkPhase run_chunk_phase(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
                              Clock::time_point step_start);
   ChunkPhase run_with_recovery(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
