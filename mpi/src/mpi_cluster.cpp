@@ -119,9 +119,9 @@ int ring_setting() {
 // one is neither 0 nor 1.
 std::size_t agree_ring_threshold(MPI_Comm comm) {
   const int mine = ring_setting();
-  int lo = mine, hi = mine;
-  check(MPI_Allreduce(&mine, &lo, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
-  check(MPI_Allreduce(&mine, &hi, 1, MPI_INT, MPI_MAX, comm), "MPI_Allreduce");
+  int low_high[2] = {mine, -mine};  // the minimum of both: the lowest setting and, negated, the highest
+  check(MPI_Allreduce(MPI_IN_PLACE, low_high, 2, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
+  const int lo = low_high[0], hi = -low_high[1];
   if (lo < 0) throw ConfigError("STEALBATCH_MPI_RING: 1 (the default: large sums take the ring) or 0 (MPI's own allreduce); a rank has another value");
   if (lo != hi) throw ConfigError("STEALBATCH_MPI_RING differs between ranks (0 on some, 1 or unset on others): give every rank the same");
   return mine == 1 ? detail::kRingFrom : std::numeric_limits<std::size_t>::max();
@@ -188,8 +188,8 @@ void init_mpi() {
 
 }  // namespace
 
-// Each rank's node name (for messages and the split below), then which ranks share this node: a shared-memory split,
-// and each rank's node leader gathered.
+// The ranks' ring setting agreed (before any sum), then each rank's node name (for messages and the split below), then
+// which ranks share this node: a shared-memory split, and each rank's node leader gathered.
 void MpiCluster::find_nodes(State& s) {
   s.ring_from = agree_ring_threshold(s.comm);
   std::vector<char> names(static_cast<std::size_t>(s.size) * MPI_MAX_PROCESSOR_NAME, '\0');
@@ -512,13 +512,14 @@ void MpiCluster::wait(void* request, const std::function<void()>& waiting, Waiti
 }
 
 void MpiCluster::allreduce(void* data, std::size_t count, int type, const std::function<void()>& waiting) {
+  if (m->size == 1) return;  // the sum over one rank is its own (and a count past INT_MAX would not fit MPI's)
   static const MPI_Datatype kTypes[] = {MPI_FLOAT, MPI_DOUBLE, MPI_INT64_T, MPI_UINT16_T};
   static const detail::RingType kRing[] = {{sizeof(float), MPI_FLOAT, add<float>},
                                            {sizeof(double), MPI_DOUBLE, add<double>},
                                            {sizeof(std::int64_t), MPI_INT64_T, add<std::int64_t>},
                                            {sizeof(std::uint16_t), MPI_UINT16_T, add_bf16_pairs}};
   const bool huge = count > static_cast<std::size_t>(std::numeric_limits<int>::max());  // past an MPI count: the ring's segments
-  if ((count * kRing[type].size >= m->ring_from || huge) && m->size > 1) {
+  if (count * kRing[type].size >= m->ring_from || huge) {
     // A large sum (a gradient): the ring. Its segments' waits are one wait: one watch every 10 ms, and past the first
     // 5 ms of the sum a sleep between tests, so that waiting ranks leave the cores to the others and to the network.
     // A failed MPI call midway leaves the ring's messages in flight into its buffers: no rank can go on from there.

@@ -4,9 +4,7 @@
 #include "mpi_error.hpp"
 
 #include <algorithm>
-#include <cstdint>
 #include <numeric>
-#include <string>
 
 namespace stealbatch::mpi::detail {
 

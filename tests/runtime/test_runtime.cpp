@@ -483,22 +483,28 @@ TEST_CASE("Runtime.DataSlownessTellsCostlySamplesFromASlowDevice") {
   CHECK(data_slowness(std::vector<double>{}) == 1.0);
 }
 
+namespace {
+
+// A stand-in backend for cuda: specs, with `count` simulated devices behind it.
+struct FakeGpus final : DeviceBackend {
+  std::size_t count;
+  std::string seen;
+  explicit FakeGpus(std::size_t n) : count(n) {}
+  std::size_t available() const noexcept override { return count; }
+  std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec& spec, const RuntimeOptions&) override {
+    seen = spec.text;
+    std::vector<std::unique_ptr<Device>> out;
+    for (std::size_t i = 0; i < count; ++i) out.push_back(std::make_unique<SimDevice>(i, 1.0, 1e-6));
+    return out;
+  }
+  std::unique_ptr<Communicator> make_communicator(std::span<Device* const>) override { return std::make_unique<InProcessCommunicator>(); }
+};
+
+}  // namespace
+
 TEST_CASE("Runtime.NoDeviceSpecMeansEveryGpuWhenThereIsOne") {
   // The device-choice rule, checked with a stand-in backend for cuda: specs (simulated devices behind it): with no
   // spec, a backend that reports GPUs gets them all; with none (or none available), the runtime takes CPU devices.
-  struct FakeGpus final : DeviceBackend {
-    std::size_t count;
-    std::string seen;
-    explicit FakeGpus(std::size_t n) : count(n) {}
-    std::size_t available() const noexcept override { return count; }
-    std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec& spec, const RuntimeOptions&) override {
-      seen = spec.text;
-      std::vector<std::unique_ptr<Device>> out;
-      for (std::size_t i = 0; i < count; ++i) out.push_back(std::make_unique<SimDevice>(i, 1.0, 1e-6));
-      return out;
-    }
-    std::unique_ptr<Communicator> make_communicator(std::span<Device* const>) override { return std::make_unique<InProcessCommunicator>(); }
-  };
   const RestoreCudaBackend restore;  // the test registers a stand-in
   auto gpus = std::make_shared<FakeGpus>(3);
   register_device_backend(DeviceKind::kCuda, gpus);
@@ -523,17 +529,8 @@ TEST_CASE("Runtime.NoDeviceSpecMeansEveryGpuWhenThereIsOne") {
 TEST_CASE("Runtime.GpusRefuseABatchPastTheirFloatSampleCount") {
   // GPUs carry their sample count beside the gradient as a float, exact up to 2^24: a larger batch is refused before
   // anything runs, naming the limit, and the runtime goes on (checked with a stand-in backend for cuda: specs).
-  struct FakeGpus final : DeviceBackend {
-    std::size_t available() const noexcept override { return 2; }
-    std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec&, const RuntimeOptions&) override {
-      std::vector<std::unique_ptr<Device>> out;
-      for (std::size_t i = 0; i < 2; ++i) out.push_back(std::make_unique<SimDevice>(i, 1.0, 1e-6));
-      return out;
-    }
-    std::unique_ptr<Communicator> make_communicator(std::span<Device* const>) override { return std::make_unique<InProcessCommunicator>(); }
-  };
   const RestoreCudaBackend restore;
-  register_device_backend(DeviceKind::kCuda, std::make_shared<FakeGpus>());
+  register_device_backend(DeviceKind::kCuda, std::make_shared<FakeGpus>(2));
   Runtime rt({.devices = "cuda:all", .schedule = {.chunk_size = 8}});
   ParameterLayout layout;
   layout.add("w", 1);

@@ -15,12 +15,12 @@
 #include "cost/given_costs.hpp"
 #include "devices/device_set.hpp"
 #include "reduction/exact_sum.hpp"
-#include "step/chunk_runner.hpp"
 #include "step/step_types.hpp"
 
 #include <stealbatch/runtime/cluster.hpp>
 #include <stealbatch/runtime/detail/call_fit.hpp>
 #include <stealbatch/runtime/detail/heartbeat.hpp>
+#include <stealbatch/scheduler/scheduler.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -37,8 +37,6 @@ struct ClusterParts {
   const DeviceSet& dev;
   const GivenCosts& costs;
   ExactSum& exact;                          // deterministic mode: the fixed-point sum crosses the ranks
-  ChunkRunner& runner;                      // each chunk claimed from the share words
-  const std::unique_ptr<Scheduler>& sched;  // the chunk phase's workers
   const Clock::time_point& epoch;           // this rank's clock
   const std::uint64_t& steps;               // steps completed (error messages)
 };
@@ -54,9 +52,9 @@ class ClusterState {
   void begin_step(std::span<const std::uint32_t> samples, std::span<const double> cost, Reduce reduce_to);
   // The ranks' speeds, shares' chunk sizes, the step's tag, the victims (StepPlan::ranks).
   void plan(std::size_t batch, StepPlan& plan);
-  // The chunk phase from the ranks' share words, claimed a few chunks at a time and stolen across ranks.
-  ChunkPhase run_from_shares(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
-                             Clock::time_point step_start);
+  // The chunk phase from the ranks' share words, claimed a few chunks at a time and stolen across ranks: `sched`'s
+  // workers ask for chunks, and each one they get runs as `run`.
+  ChunkPhase run_from_shares(ChunkTable& t, const StepPlan& plan, Clock::time_point step_start, Scheduler& sched, ChunkFn run);
   // The tally across ranks (the reduction's AcrossRanks calls it), with the step's watch while waiting; a failure
   // anywhere rethrown everywhere, exactly-once checked over the job, the ranks' speeds learnt. False: deterministic
   // mode's verdict is to run the step again.

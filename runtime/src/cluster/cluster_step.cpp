@@ -29,9 +29,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
-#include <optional>
 #include <stdexcept>
-#include <thread>
 
 namespace stealbatch {
 
@@ -348,8 +346,7 @@ class VictimWalk {
 
 }  // namespace
 
-ChunkPhase ClusterState::run_from_shares(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
-                                         Clock::time_point step_start) {
+ChunkPhase ClusterState::run_from_shares(ChunkTable& t, const StepPlan& plan, Clock::time_point step_start, Scheduler& sched, ChunkFn run) {
   const RankShares& rs = plan.ranks;
   publish_share(*job, rs);
   ChunkPhase phase;
@@ -375,7 +372,7 @@ ChunkPhase ClusterState::run_from_shares(std::span<const std::uint32_t> samples,
     return held_by_shares(*job, rs, pending_calls.fetch_add(1, std::memory_order_relaxed));
   };
   try {
-    phase.stats = m_p.sched->run_sourced(take, [&](std::size_t w, ChunkId c) { m_p.runner.run_one(w, c, samples, fn, t, plan); }, pending);
+    phase.stats = sched.run_sourced(take, run, pending);
   } catch (const std::exception& e) {
     phase.failure = std::current_exception(), phase.failure_text = e.what();
   } catch (...) {

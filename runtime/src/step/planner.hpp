@@ -1,8 +1,8 @@
 // A step's plan and chunk table, from what the runtime's parts know: the devices (device_set.hpp), what the steps
 // taught of their speeds and the positions' costs (speed_model.hpp), the trainer's sample costs (given_costs.hpp) and,
 // across ranks, the ranks' shares (cluster_state.hpp). The planner decides how the batch is placed and cut (StepPlan,
-// ChunkTable) and the end game's costs; it owns no state of its own beyond its options, and writes only to the speed
-// model's chunk sizer (a device that settles or stops exploring).
+// ChunkTable) and the end game's costs; it owns no state of its own, and writes only to the speed model's chunk sizer
+// (a device that settles or stops exploring) and, across ranks, through ClusterState::plan() (the steps begun).
 #pragma once
 
 #include "cluster/cluster_state.hpp"

@@ -25,7 +25,9 @@ void Runtime::Impl::begin_chunk_phase(const ChunkTable& t, Clock::time_point ste
 
 ChunkPhase Runtime::Impl::run_chunk_phase(std::span<const std::uint32_t> samples, const ChunkFunction& fn, ChunkTable& t, StepPlan& plan,
                                           Clock::time_point step_start) {
-  if (cluster) return cluster.run_from_shares(samples, fn, t, plan, step_start);  // cluster_step.cpp
+  if (cluster) {  // cluster_step.cpp
+    return cluster.run_from_shares(t, plan, step_start, *sched, [&](std::size_t w, ChunkId c) { runner.run_one(w, c, samples, fn, t, plan); });
+  }
   ChunkPhase phase = run_with_recovery(samples, fn, t, plan, step_start);
   for (std::size_t c = 0; c < t.size(); ++c) {
     if (t.runs[c] != 1) {

@@ -78,7 +78,7 @@ static detail::AgreementFields agreement_fields(const RuntimeOptions& o) {
 
 Runtime::Impl::Impl(RuntimeOptions o)
     : options(std::move(o)),
-      cluster({options, dev, costs, exact, runner, sched, epoch, steps}),
+      cluster({options, dev, costs, exact, epoch, steps}),
       epoch(Clock::now()),
       planner(options, dev, speed, costs, cluster),
       runner({options, dev, layout, exact, sched, trace, inject_fault, epoch, steps}) {
