@@ -535,9 +535,9 @@ TEST_CASE("Runtime.GpusRefuseABatchPastTheirFloatSampleCount") {
   ParameterLayout layout;
   layout.add("w", 1);
   rt.register_parameters(layout, std::vector<float>{0.0f});
-  std::int64_t calls = 0;
+  std::atomic<std::int64_t> calls{0};  // the devices' workers count at once
   const auto fn = [&](ChunkContext& ctx) {
-    ++calls;
+    calls.fetch_add(1, std::memory_order_relaxed);  // a count read after the step: no order needed
     for (std::uint32_t x : ctx.samples) ctx.grad[0] += static_cast<float>(x % 2);
   };
   std::vector<std::uint32_t> big((std::size_t{1} << 24) + 1);
