@@ -1,6 +1,7 @@
 // reducebench: the sum of a gradient-sized buffer across ranks, alone (no step around it): MpiCluster's float32 sum
 // and its bfloat16 one, the median over repetitions, each begun together (a small sum first). Large sums take the
-// runtime's pipelined ring; STEALBATCH_MPI_RING=0 gives MPI's own allreduce instead, for the comparison.
+// cluster's pipelined ring, or two levels where a node holds several ranks; STEALBATCH_MPI_RING=0 gives MPI's own
+// allreduce instead, 1 the ring and 2 two levels, for the comparison.
 //
 //   mpirun -np R build/perf/reducebench [--count N] [--reps K]      # N floats (5,800,000: the wide MLP), K rounds
 #include <stealbatch/mpi/mpi_cluster.hpp>
@@ -32,7 +33,6 @@ int main(int argc, char** argv) {
   }
   using namespace stealbatch;
   const auto cluster = mpi::MpiCluster::world();
-  const char* ring = std::getenv("STEALBATCH_MPI_RING");
   std::vector<float> data(count);
   for (const bool bf16 : {false, true}) {
     std::vector<double> ms;
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
       std::printf(
           "reducebench: %d ranks, %zu values (%.1f MB float), %s, %s: median %.1f ms (slowest rank's), %zu rounds\n",
           cluster->size(), count, static_cast<double>(count) * 4e-6, bf16 ? "bf16 on the wire" : "float32",
-          ring != nullptr && std::strcmp(ring, "0") == 0 ? "MPI's allreduce" : "ring", slowest, reps);
+          cluster->large_sums(), slowest, reps);
     }
   }
   return 0;

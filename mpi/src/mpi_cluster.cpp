@@ -4,17 +4,20 @@
 
 #include "mpi_error.hpp"
 #include "ring_allreduce.hpp"
+#include "two_level.hpp"
 
 #include <mpi.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,9 +63,15 @@ struct MpiCluster::State {
   std::mutex lock;
   // The progress agent: where the one-sided component progresses a passive target only when the target enters MPI
   // (osc ucx, between nodes), a thread enters MPI every period (20 µs) so that a thief's atomic completes while this
-  // rank's devices compute. Not needed within a node (osc sm).
+  // rank's devices compute. Not needed within a node (osc sm). While this rank serves no steals (set_serving_steals:
+  // outside its chunk phase) it enters every kIdleProgress instead, and leaves the cores to the reduction: the
+  // rank's own collectives progress the transport then, and an access that comes meanwhile waits at most that long.
+  // `serving` and `stop` are written under agent_lock and read by the agent under it (or, between its calls, relaxed:
+  // a stale value costs one period).
   std::thread progress;
-  std::atomic<bool> stop{false};
+  std::mutex agent_lock;
+  std::condition_variable agent_wake;
+  std::atomic<bool> stop{false}, serving{true};
   // The one-sided access under the lock now: (target rank + 1) << 48 | its start in steady-clock milliseconds, or 0.
   // One word, so a reader on another thread sees a target with its own start. Written only under the lock; relaxed
   // on both sides: the word carries all the reader needs and publishes no other memory.
@@ -81,9 +90,14 @@ struct MpiCluster::State {
   bool joined = false;
   // bfloat16's sum (allreduce_sum_bf16): each pair added in float and rounded back.
   MPI_Op bf16_sum = MPI_OP_NULL;
-  // The sums of large buffers: the ring, in node order (ring_allreduce.hpp), from ring_from bytes on.
+  // The sums of large buffers, from ring_from bytes on: the ring in node order (ring_allreduce.hpp), or where the
+  // ranks agreed on it, in two levels (two_level.hpp: `levels`, over a duplicate of the node's communicator and one
+  // of the nodes' leaders).
   detail::Ring ring;
   std::size_t ring_from = detail::kRingFrom;
+  bool two_level = false;
+  detail::TwoLevel levels;
+  MPI_Comm leaders_comm = MPI_COMM_NULL;
 };
 
 namespace {
@@ -106,28 +120,37 @@ class InFlight {
   std::atomic<std::uint64_t>& m_word;
 };
 
-// STEALBATCH_MPI_RING: 1 (unset: the default), large sums take the ring; 0, MPI's own allreduce for every size (a
-// comparison, or a fallback); -1, a value that is neither.
-int ring_setting() {
+// How the sums of large buffers go (STEALBATCH_MPI_RING): 0, MPI's own allreduce for every size (a comparison, or a
+// fallback); 1 (unset: the default), the ring in node order; 2, two levels (within each node, across the nodes'
+// leaders, within again: fewer bytes across the nodes where a node holds several ranks, measured no faster on the
+// emulated cluster; docs/DESIGN.md). -1: a value that is none of these.
+enum LargeSums : int { kMpiOwn = 0, kRing = 1, kTwoLevel = 2 };
+
+int large_sums_setting() {
   const char* v = std::getenv("STEALBATCH_MPI_RING");
-  if (v == nullptr || std::strcmp(v, "1") == 0) return 1;
-  return std::strcmp(v, "0") == 0 ? 0 : -1;
+  if (v == nullptr) return kRing;
+  for (const int k : {kMpiOwn, kRing, kTwoLevel}) {
+    if (std::strcmp(v, std::to_string(k).c_str()) == 0) return k;
+  }
+  return -1;
 }
 
-// Every rank's ring setting, agreed in one collective before the first sum: ranks that took different ways to the
-// same sum would wait for each other for good. Every rank throws the same ConfigError where they differ, or where
-// one is neither 0 nor 1.
-std::size_t agree_ring_threshold(MPI_Comm comm) {
-  const int mine = ring_setting();
+// Every rank's setting, agreed in one collective before the first sum: ranks that took different ways to the same sum
+// would wait for each other for good. Every rank throws the same ConfigError where they differ, or where one is none
+// of 0, 1 and 2.
+int agree_large_sums(MPI_Comm comm, int mine) {
   int low_high[2] = {mine, -mine};  // the minimum of both: the lowest setting and, negated, the highest
   check(MPI_Allreduce(MPI_IN_PLACE, low_high, 2, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
   const int lo = low_high[0], hi = -low_high[1];
-  if (lo < 0) throw ConfigError("STEALBATCH_MPI_RING: 1 (the default: large sums take the ring) or 0 (MPI's own allreduce); a rank has another value");
-  if (lo != hi) throw ConfigError("STEALBATCH_MPI_RING differs between ranks (0 on some, 1 or unset on others): give every rank the same");
-  return mine == 1 ? detail::kRingFrom : std::numeric_limits<std::size_t>::max();
+  if (lo < 0) throw ConfigError("STEALBATCH_MPI_RING: 0 (MPI's own allreduce), 1 (the default: the ring in node order) or 2 (two levels); a rank has another value");
+  if (lo != hi) throw ConfigError("STEALBATCH_MPI_RING differs between ranks (" + std::to_string(lo) + " on some, " + std::to_string(hi) + " on others, unset counting as 1): give every rank the same");
+  return mine;
 }
 
-// The agent's period: STEALBATCH_MPI_PROGRESS_US, else 20 µs.
+// The agent's period while this rank serves no steals (outside its chunk phase).
+constexpr std::chrono::microseconds kIdleProgress{1000};
+
+// The agent's period while it does: STEALBATCH_MPI_PROGRESS_US, else 20 µs.
 std::chrono::microseconds progress_period() {
   if (const char* v = std::getenv("STEALBATCH_MPI_PROGRESS_US")) {
     const long us = std::atol(v);
@@ -191,7 +214,8 @@ void init_mpi() {
 // The ranks' ring setting agreed (before any sum), then each rank's node name (for messages and the split below), then
 // which ranks share this node: a shared-memory split, and each rank's node leader gathered.
 void MpiCluster::find_nodes(State& s) {
-  s.ring_from = agree_ring_threshold(s.comm);
+  const int how = agree_large_sums(s.comm, large_sums_setting());
+  s.ring_from = how == kMpiOwn ? std::numeric_limits<std::size_t>::max() : detail::kRingFrom;
   std::vector<char> names(static_cast<std::size_t>(s.size) * MPI_MAX_PROCESSOR_NAME, '\0');
   char mine[MPI_MAX_PROCESSOR_NAME] = {};
   int len = 0;
@@ -219,6 +243,29 @@ void MpiCluster::find_nodes(State& s) {
   check(MPI_Allgather(&node_leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, s.comm), "MPI_Allgather");
   for (int l : leaders) s.same_node.push_back(l == node_leader ? 1 : 0);
   s.ring = detail::ring_of(s.comm, s.rank, leaders);
+  if (how == kTwoLevel) two_levels(s);
+}
+
+// Large sums in two levels: their communicators, the node's (a duplicate, so that no other use of it meets the sums'
+// messages) and the nodes' leaders', with the leaders' ring.
+void MpiCluster::two_levels(State& s) {
+  s.two_level = true;
+  check(MPI_Comm_dup(s.node_comm, &s.levels.node), "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(s.levels.node, MPI_ERRORS_RETURN);
+  check(MPI_Comm_rank(s.levels.node, &s.levels.node_rank), "MPI_Comm_rank");
+  check(MPI_Comm_size(s.levels.node, &s.levels.node_size), "MPI_Comm_size");
+  check(MPI_Comm_split(s.comm, s.levels.node_rank == 0 ? 0 : MPI_UNDEFINED, s.rank, &s.leaders_comm), "MPI_Comm_split");
+  int ring[2] = {0, 1};  // the leader's place in the leaders' ring, and its size: the node's ranks learn them
+  if (s.leaders_comm != MPI_COMM_NULL) {
+    MPI_Comm_set_errhandler(s.leaders_comm, MPI_ERRORS_RETURN);
+    check(MPI_Comm_rank(s.leaders_comm, &ring[0]), "MPI_Comm_rank");
+    check(MPI_Comm_size(s.leaders_comm, &ring[1]), "MPI_Comm_size");
+    std::vector<int> own(static_cast<std::size_t>(ring[1]));
+    std::iota(own.begin(), own.end(), 0);  // each leader its own node
+    s.levels.leaders = detail::ring_of(s.leaders_comm, ring[0], own);
+  }
+  check(MPI_Bcast(ring, 2, MPI_INT, 0, s.levels.node), "MPI_Bcast");
+  s.levels.position = ring[0], s.levels.nodes = ring[1];
 }
 
 // The node's pulse words (see State::pulse). Where the shared window cannot be made, every rank of the node finds
@@ -301,7 +348,12 @@ std::shared_ptr<MpiCluster> MpiCluster::over(std::unique_ptr<State> s) {
           int flag = 0;
           MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, st->comm, &flag, MPI_STATUS_IGNORE);  // enters the progress engine
         }
-        std::this_thread::sleep_for(period);
+        if (st->serving.load(std::memory_order_relaxed)) {
+          std::this_thread::sleep_for(period);
+        } else {
+          std::unique_lock l(st->agent_lock);
+          st->agent_wake.wait_for(l, kIdleProgress, [st] { return st->serving.load(std::memory_order_relaxed) || st->stop.load(std::memory_order_relaxed); });
+        }
       }
     });
   }
@@ -410,7 +462,11 @@ MpiCluster::MpiCluster(std::unique_ptr<State> s) : m(std::move(s)) {}
 
 MpiCluster::~MpiCluster() {
   if (m->progress.joinable()) {
-    m->stop.store(true, std::memory_order_relaxed);
+    {
+      const std::lock_guard g(m->agent_lock);
+      m->stop.store(true, std::memory_order_relaxed);
+    }
+    m->agent_wake.notify_one();
     m->progress.join();
   }
   if (m->win != MPI_WIN_NULL) {
@@ -419,6 +475,8 @@ MpiCluster::~MpiCluster() {
     MPI_Win_free(&m->win);
   }
   if (m->pulse_win != MPI_WIN_NULL) MPI_Win_free(&m->pulse_win);
+  if (m->levels.node != MPI_COMM_NULL) MPI_Comm_free(&m->levels.node);
+  if (m->leaders_comm != MPI_COMM_NULL) MPI_Comm_free(&m->leaders_comm);
   if (m->node_comm != MPI_COMM_NULL) MPI_Comm_free(&m->node_comm);
   if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
   if (m->bf16_sum != MPI_OP_NULL) MPI_Op_free(&m->bf16_sum);
@@ -476,6 +534,19 @@ void MpiCluster::write(int rank, Word word, std::uint64_t value) {
   access(MPI_Win_flush(rank, m->win), "MPI_Win_flush", rank);
 }
 
+const char* MpiCluster::large_sums() const noexcept {
+  return m->two_level ? "two levels" : m->ring_from == detail::kRingFrom ? "ring" : "MPI's allreduce";
+}
+
+void MpiCluster::set_serving_steals(bool on) noexcept {
+  {
+    const std::lock_guard g(m->agent_lock);
+    if (m->serving.load(std::memory_order_relaxed) == on) return;
+    m->serving.store(on, std::memory_order_relaxed);
+  }
+  if (on) m->agent_wake.notify_one();  // the agent's next entry now, not at the end of its idle period
+}
+
 Cluster::Access MpiCluster::access_in_flight() const noexcept {
   const std::uint64_t w = m->in_flight.load(std::memory_order_relaxed);
   if (w == 0) return {};
@@ -520,13 +591,18 @@ void MpiCluster::allreduce(void* data, std::size_t count, int type, const std::f
                                            {sizeof(std::uint16_t), MPI_UINT16_T, add_bf16_pairs}};
   const bool huge = count > static_cast<std::size_t>(std::numeric_limits<int>::max());  // past an MPI count: the ring's segments
   if (count * kRing[type].size >= m->ring_from || huge) {
-    // A large sum (a gradient): the ring. Its segments' waits are one wait: one watch every 10 ms, and past the first
+    // A large sum (a gradient): the ring, or two levels. Its segments' waits are one wait: one watch every 10 ms, and past the first
     // 5 ms of the sum a sleep between tests, so that waiting ranks leave the cores to the others and to the network.
     // A failed MPI call midway leaves the ring's messages in flight into its buffers: no rank can go on from there.
     const auto now = std::chrono::steady_clock::now();
     Waiting w{now, now + std::chrono::milliseconds(10)};
+    const auto wait_one = [&](MPI_Request& r) { wait(&r, waiting, &w); };
     try {
-      detail::ring_allreduce(data, count, kRing[type], m->ring, m->lock, [&](MPI_Request& r) { wait(&r, waiting, &w); });
+      if (m->two_level) {
+        detail::two_level_allreduce(data, count, kRing[type], m->levels, m->lock, wait_one);
+      } else {
+        detail::ring_allreduce(data, count, kRing[type], m->ring, m->lock, wait_one);
+      }
     } catch (const std::exception& e) {
       abort(std::string("stealbatch: the sum across ranks failed midway, with messages still in flight: ") + e.what() + "; ending the job", 1);
     }

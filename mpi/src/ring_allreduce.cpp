@@ -16,8 +16,9 @@ constexpr int kRingTag = 0x5b1;  // the ring's messages; the cluster's communica
 class RingRun {
  public:
   RingRun(void* data, std::size_t count, const RingType& type, const Ring& ring, std::mutex& lock,
-          const std::function<void(MPI_Request&)>& wait_one)
-      : m_data(static_cast<std::byte*>(data)),
+          const std::function<void(MPI_Request&)>& wait_one, const RingHooks* hooks)
+      : m_hooks(hooks),
+        m_data(static_cast<std::byte*>(data)),
         m_count(count),
         m_type(type),
         m_ring(ring),
@@ -32,9 +33,11 @@ class RingRun {
 
   void run() {
     post_receives(0);
+    ready(sent_block(0));
     for (std::size_t k = 0; k < segments(sent_block(0)); ++k) post_send(0, k);
     for (int s = 0; s < m_steps; ++s) {
       if (s + 1 < m_steps) post_receives(s + 1);
+      if (reduce_scatter(s)) ready(recv_block(s));  // added to below
       for (std::size_t k = 0; k < m_recvs[s % 2].size(); ++k) {
         m_wait(m_recvs[s % 2][k]);
         if (reduce_scatter(s)) {
@@ -43,12 +46,17 @@ class RingRun {
         }
         if (s + 1 < m_steps) post_send(s + 1, k);
       }
+      // The block received in an all-gather step, or added in the last reduce-scatter step, is the job's sum now.
+      if (m_hooks && (!reduce_scatter(s) || s == m_ring.size - 2)) m_hooks->final(recv_block(s));
     }
     for (auto& step : m_sends) wait_all(step);
   }
 
  private:
   bool reduce_scatter(int s) const noexcept { return s < m_ring.size - 1; }
+  void ready(int b) const {
+    if (m_hooks) m_hooks->ready(b);
+  }
   int wrap(int b) const noexcept { return ((b % m_ring.size) + m_ring.size) % m_ring.size; }
   int sent_block(int s) const noexcept {
     return wrap(reduce_scatter(s) ? m_ring.position - s : m_ring.position + 1 - (s - (m_ring.size - 1)));
@@ -56,10 +64,7 @@ class RingRun {
   int recv_block(int s) const noexcept {
     return wrap(reduce_scatter(s) ? m_ring.position - s - 1 : m_ring.position - (s - (m_ring.size - 1)));
   }
-  std::pair<std::size_t, std::size_t> block(int b) const noexcept {
-    const auto r = static_cast<std::size_t>(m_ring.size), i = static_cast<std::size_t>(b);
-    return {m_count * i / r, m_count * (i + 1) / r};
-  }
+  std::pair<std::size_t, std::size_t> block(int b) const noexcept { return ring_block(m_count, m_ring.size, b); }
   std::size_t segments(int b) const noexcept {
     const auto [first, last] = block(b);
     return (last - first + m_seg - 1) / m_seg;
@@ -102,6 +107,7 @@ class RingRun {
     reqs.clear();
   }
 
+  const RingHooks* m_hooks;
   std::byte* m_data;
   std::size_t m_count;
   const RingType& m_type;
@@ -133,9 +139,18 @@ Ring ring_of(MPI_Comm comm, int rank, const std::vector<int>& node_first) {
 }
 
 void ring_allreduce(void* data, std::size_t count, const RingType& type, const Ring& ring, std::mutex& lock,
-                    const std::function<void(MPI_Request&)>& wait_one) {
-  if (ring.size < 2 || count == 0) return;
-  RingRun(data, count, type, ring, lock, wait_one).run();
+                    const std::function<void(MPI_Request&)>& wait_one, const RingHooks* hooks) {
+  if (count == 0) return;
+  if (ring.size < 2) {  // one block, the whole buffer: this rank's own is the sum
+    if (hooks) hooks->ready(0), hooks->final(0);
+    return;
+  }
+  RingRun(data, count, type, ring, lock, wait_one, hooks).run();
+}
+
+std::pair<std::size_t, std::size_t> ring_block(std::size_t count, int ranks, int b) noexcept {
+  const auto r = static_cast<std::size_t>(ranks), i = static_cast<std::size_t>(b);
+  return {count * i / r, count * (i + 1) / r};
 }
 
 }  // namespace stealbatch::mpi::detail

@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <functional>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace stealbatch::mpi::detail {
@@ -52,9 +53,21 @@ struct RingType {
   void (*add)(const void* in, void* inout, std::size_t n);
 };
 
+// What a caller may do around the ring's use of each block (two_level.hpp: the node's part in it). `ready(b)` runs
+// before this rank's own block b is first read (sent at the first step, or added to in a reduce-scatter step): it
+// may still fill it. The order: the block at the ring position p, then p - 1, p - 2, ... (mod R), each once.
+// `final(b)` runs once block b holds the sum over every rank, and the ring only reads it from then on: p + 1 after
+// the reduce-scatter, then p, p - 1, ..., p + 2 after each all-gather step. With one rank: ready(0), final(0).
+struct RingHooks {
+  std::function<void(int)> ready, final;
+};
+
+// The elements [first, last) of block b of a count-element buffer over `ranks` ranks.
+std::pair<std::size_t, std::size_t> ring_block(std::size_t count, int ranks, int b) noexcept;
+
 // The sum of `data` (count elements) over the ring, in place. Every MPI call is made under `lock`; `wait_one` waits
-// for one request (and watches the other ranks meanwhile).
+// for one request (and watches the other ranks meanwhile); `hooks`, where given, runs around each block.
 void ring_allreduce(void* data, std::size_t count, const RingType& type, const Ring& ring, std::mutex& lock,
-                    const std::function<void(MPI_Request&)>& wait_one);
+                    const std::function<void(MPI_Request&)>& wait_one, const RingHooks* hooks = nullptr);
 
 }  // namespace stealbatch::mpi::detail

@@ -10,6 +10,7 @@
 #include <stealbatch/sha256.hpp>
 
 #include "ring_allreduce.hpp"
+#include "two_level.hpp"
 
 #include <mpi.h>
 
@@ -29,6 +30,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -285,6 +287,14 @@ void gradient_matches_one_process(const char* devices, bool costs, const char* l
 
 void gradient() { gradient_matches_one_process("cpu:2", false, "gradient"); }
 
+// The way the cluster sums large buffers: as STEALBATCH_MPI_RING says (0, 1, 2), else on one node the ring.
+void expect_large_sums() {
+  const char* v = std::getenv("STEALBATCH_MPI_RING");
+  const std::string want = v == nullptr || std::strcmp(v, "1") == 0 ? "ring" : std::strcmp(v, "2") == 0 ? "two levels" : "MPI's allreduce";
+  if (g_cluster->rank() == 0) std::printf("large sums: %s\n", g_cluster->large_sums());
+  EXPECT(g_cluster->large_sums() == want);
+}
+
 // bfloat16 on the wire. The collective: every element of the sum within bf16_sum_bound(R) x the sum of the ranks'
 // magnitudes of the exact sum (each rank rebuilds every rank's values to know it), through MPI's own operation and
 // through the default rounding around a float sum; and most elements not float's sum, so bfloat16 did cross. The
@@ -293,6 +303,7 @@ void gradient() { gradient_matches_one_process("cpu:2", false, "gradient"); }
 // by the learning rate), and are not theirs.
 void bf16_wire() {
   const int ranks = g_cluster->size(), me = g_cluster->rank();
+  expect_large_sums();
   constexpr std::size_t kN = 4400003;  // odd, and 8.8 MB in bfloat16: 2 to 3 of the ring's 1 MiB segments a block
   const auto value = [](int r, std::size_t i) {  // magnitudes over 2^-20 .. 2^20, either sign
     const std::uint64_t h = (i * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(r) + 1) * 0xbf58476d1ce4e5b9ull;
@@ -343,12 +354,59 @@ void bf16_wire() {
   EXPECT(diff > 0);
 }
 
+// The two-level sum (mpi/src/two_level.hpp) over the world's ranks posing as nodes: of 2 ranks each (the last alone
+// at an odd count), then all but the last rank on one node and the last on another. Counts from 0 to ranks + 1
+// (empty blocks) and past the ring's segments; every rank ends with the exact sum.
+void two_level_sums(const mpi::detail::RingType& as_int64) {
+  const int ranks = g_cluster->size(), me = g_cluster->rank();
+  const auto value = [](int r, std::size_t i) { return static_cast<std::int64_t>((i * 40503u + static_cast<std::size_t>(r) * 2654435761u) % 4001) - 2000; };
+  std::vector<std::size_t> counts;
+  for (std::size_t n = 0; n <= static_cast<std::size_t>(ranks) + 1; ++n) counts.push_back(n);
+  counts.push_back(static_cast<std::size_t>(ranks) * 300000 + 7);
+  std::mutex lock;
+  for (const bool pairs : {true, false}) {
+    const int node = pairs ? me / 2 : me == ranks - 1 ? 1 : 0;
+    mpi::detail::TwoLevel levels;
+    MPI_Comm_split(MPI_COMM_WORLD, node, me, &levels.node);
+    MPI_Comm_rank(levels.node, &levels.node_rank);
+    MPI_Comm_size(levels.node, &levels.node_size);
+    MPI_Comm leaders = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, levels.node_rank == 0 ? 0 : MPI_UNDEFINED, me, &leaders);
+    int ring[2] = {0, 1};
+    if (leaders != MPI_COMM_NULL) {
+      MPI_Comm_rank(leaders, &ring[0]);
+      MPI_Comm_size(leaders, &ring[1]);
+      std::vector<int> own(static_cast<std::size_t>(ring[1]));
+      std::iota(own.begin(), own.end(), 0);
+      levels.leaders = mpi::detail::ring_of(leaders, ring[0], own);
+    }
+    MPI_Bcast(ring, 2, MPI_INT, 0, levels.node);
+    levels.position = ring[0], levels.nodes = ring[1];
+    for (const std::size_t n : counts) {
+      std::vector<std::int64_t> v(n);
+      for (std::size_t i = 0; i < n; ++i) v[i] = value(me, i);
+      mpi::detail::two_level_allreduce(v.data(), n, as_int64, levels, lock, [](MPI_Request& r) { MPI_Wait(&r, MPI_STATUS_IGNORE); });
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        std::int64_t sum = 0;
+        for (int r = 0; r < ranks; ++r) sum += value(r, i);
+        wrong += v[i] != sum ? 1 : 0;
+      }
+      if (me == 0 && (n <= 1 || n > 1000)) std::printf("two levels (%s), %zu elements: %zu wrong on rank 0\n", pairs ? "nodes of 2" : "the last rank alone", n, wrong);
+      EXPECT(wrong == 0);
+    }
+    if (leaders != MPI_COMM_NULL) MPI_Comm_free(&leaders);
+    MPI_Comm_free(&levels.node);
+  }
+}
+
 // The sums of large buffers (the ring, mpi/src/ring_allreduce.hpp) and of small ones (MPI_Iallreduce): float, double
 // and int64 of integer values, so that every order of addition gives the exact sum; sizes below and above the
 // ring's threshold, not divisible by the rank count, of one segment and of many; every rank ends with the same bits.
 // And the ring's order puts each node's ranks next to each other.
 void ring_sums() {
   const int ranks = g_cluster->size(), me = g_cluster->rank();
+  expect_large_sums();
   const auto value = [](int r, std::size_t i) { return static_cast<std::int64_t>((i * 2654435761u + static_cast<std::size_t>(r) * 40503u) % 2001) - 1000; };
   for (const std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{16383}, std::size_t{16384}, std::size_t{100003}, std::size_t{1} << 20, std::size_t{2500007}}) {
     std::vector<float> f(n);
@@ -397,6 +455,7 @@ void ring_sums() {
     if (me == 0 && (n <= 2 || n > 1000)) std::printf("ring over interleaved nodes, %zu elements: %zu wrong on rank 0\n", n, wrong);
     EXPECT(wrong == 0);
   }
+  two_level_sums(as_int64);
   // Nodes {0, 2, 5}, {1, 4}, {3}: the ring visits 0 2 5 1 4 3.
   const std::vector<int> node_first{0, 1, 0, 3, 1, 0};
   const std::vector<int> order{0, 2, 5, 1, 4, 3};

@@ -348,6 +348,12 @@ class VictimWalk {
 
 ChunkPhase ClusterState::run_from_shares(ChunkTable& t, const StepPlan& plan, Clock::time_point step_start, Scheduler& sched, ChunkFn run) {
   const RankShares& rs = plan.ranks;
+  // Thieves may come from the publication of the share until this rank leaves its chunk phase (static: none come).
+  struct Serving {
+    Cluster& job;
+    Serving(Cluster& c, bool on) : job(c) { job.set_serving_steals(on); }
+    ~Serving() { job.set_serving_steals(false); }
+  } serving(*job, m_p.options.schedule.policy == SchedulePolicy::kSteal);
   publish_share(*job, rs);
   ChunkPhase phase;
   phase.start = step_start;

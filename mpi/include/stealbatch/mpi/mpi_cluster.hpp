@@ -27,8 +27,11 @@ namespace stealbatch::mpi {
 // "sm,ucx", shared memory within a node), before MPI starts.
 //
 // Sums of 64 KiB or more take the cluster's own pipelined ring, ordered by node (mpi/src/ring_allreduce.hpp: each
-// rank sends 2 (R - 1) / R of the buffer), smaller ones one MPI_Iallreduce. Environment: STEALBATCH_MPI_RING=0, MPI's own
-// allreduce for every size; STEALBATCH_MPI_PROGRESS_US, the progress agent's period (20 µs).
+// rank sends 2 (R - 1) / R of the buffer), smaller ones one MPI_Iallreduce. Environment (every rank the same):
+// STEALBATCH_MPI_RING=0, MPI's own allreduce for every size; 2, two levels (mpi/src/two_level.hpp: summed within each
+// node, across the nodes' leaders over the ring, sent back, block by block as the ring goes; a node's link carries
+// 2 (N - 1) / N of the buffer for N nodes); STEALBATCH_MPI_PROGRESS_US, the progress agent's period while the rank
+// serves steals (20 µs).
 class MpiCluster final : public Cluster {
  public:
   // A cluster over a duplicate of MPI_COMM_WORLD.
@@ -67,6 +70,9 @@ class MpiCluster final : public Cluster {
   std::uint64_t compare_and_swap(int rank, Word word, std::uint64_t expected, std::uint64_t desired) override;
   void write(int rank, Word word, std::uint64_t value) override;
   Access access_in_flight() const noexcept override;
+  void set_serving_steals(bool on) noexcept override;  // the progress agent's period: 20 µs on, 1 ms off
+  // How this cluster sums large buffers: "two levels", "ring" or "MPI's allreduce" (the same on every rank).
+  const char* large_sums() const noexcept;
   // The node's pulses: one word per rank of the node in a shared-memory window (MPI_Win_allocate_shared on the
   // node's communicator), read and written with atomics on the mapped memory, never through MPI.
   bool has_node_pulse() const noexcept override;
@@ -88,6 +94,7 @@ class MpiCluster final : public Cluster {
   static std::shared_ptr<MpiCluster> over(std::unique_ptr<State> s);  // ranks, nodes, window and agent over s->comm
   static void find_nodes(State& s);   // which ranks share this node, every rank's node name, and the node's pulse words
   static void open_pulses(State& s);  // the node's pulse words, where the node's ranks can share a window
+  static void two_levels(State& s);   // large sums in two levels (STEALBATCH_MPI_RING=2)
   static void open_window(State& s);  // the share words, zeroed and locked for the cluster's life
   // An MPI_Request*, tested under the lock: often at first, then yielding the core, then (past 5 ms from `start`)
   // sleeping between tests; `waiting` every 10 ms. Several waits of one operation (the ring's segments) share one
