@@ -1,7 +1,7 @@
 # cluster: across emulated nodes (scripts/cluster.sh: network namespaces, one core each, a delay and a rate on each
 # link), beside the same on one node: one remote steal at 0, 50 and 500 µs one-way; the reduction at 10 and 1 Gbit/s
-# for the MLP and the CNN, and for the wide MLP the ring against MPI's allreduce and float32 against bf16 on the wire,
-# and the wide MLP against DDP on 4 nodes; stealbench on 2 nodes x 2 ranks x 2 devices; the main job on 2 nodes against DDP (gloo)
+# for the MLP and the CNN, and for the wide MLP the ring against MPI's allreduce and float32 against bf16 on the wire;
+# stealbench on 2 nodes x 2 ranks x 2 devices; the main job on 2 nodes against DDP (gloo)
 # launched into the same namespaces (TORCH_PYTHON); an elastic resume of the full MLP after a node is cut off. Needs
 # root (namespaces); skipped with the reason otherwise.
 section_cluster() {
@@ -42,12 +42,8 @@ section_cluster() {
   } | tee "$out/cluster_reduction.txt"
 
   # The gradient's sum on the wide MLP: the ring against MPI's allreduce, float32 against bf16 on the wire, 2 and 4
-  # nodes, 1 and 10 Gbit/s; then the wide MLP against DDP (gloo, bucketed, overlapped with the backward pass) on 4
-  # nodes at 1 Gbit/s, where the reduction is most of the step.
+  # nodes, 1 and 10 Gbit/s (the wide MLP against DDP: the cluster_sum section).
   bash perf/cluster_wire.sh "$build" 2 4 | tee "$out/cluster_wire.txt"
-  if [ -n "${TORCH_PYTHON:-}" ]; then
-    bash perf/cluster_ddp.sh "$build" 4 1gbit 6.6,1,1,1 3 | tee "$out/cluster_ddp_wide.txt"
-  fi
 
   # stealbench across 2 nodes x 2 ranks x 2 simulated devices, beside 4 ranks x 2 on one node.
   {
