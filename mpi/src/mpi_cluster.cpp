@@ -63,9 +63,9 @@ struct MpiCluster::State {
   std::mutex lock;
   // The progress agent: where the one-sided component progresses a passive target only when the target enters MPI
   // (osc ucx, between nodes), a thread enters MPI every period (20 µs) so that a thief's atomic completes while this
-  // rank's devices compute. Not needed within a node (osc sm). While this rank serves no steals (set_serving_steals:
-  // outside its chunk phase) it enters every kIdleProgress instead, and leaves the cores to the reduction: the
-  // rank's own collectives progress the transport then, and an access that comes meanwhile waits at most that long.
+  // rank's devices compute. Not needed within a node (osc sm). While this rank is inside a step's sum
+  // (set_serving_steals(false)) it enters every kIdleProgress instead, and leaves the cores to the sum, whose own
+  // calls progress the transport (about every 50 µs while it waits).
   // `serving` and `stop` are written under agent_lock and read by the agent under it (or, between its calls, relaxed:
   // a stale value costs one period).
   std::thread progress;
@@ -147,10 +147,10 @@ int agree_large_sums(MPI_Comm comm, int mine) {
   return mine;
 }
 
-// The agent's period while this rank serves no steals (outside its chunk phase).
+// The agent's period while this rank is inside a step's sum.
 constexpr std::chrono::microseconds kIdleProgress{1000};
 
-// The agent's period while it does: STEALBATCH_MPI_PROGRESS_US, else 20 µs.
+// The agent's period otherwise: STEALBATCH_MPI_PROGRESS_US, else 20 µs.
 std::chrono::microseconds progress_period() {
   if (const char* v = std::getenv("STEALBATCH_MPI_PROGRESS_US")) {
     const long us = std::atol(v);

@@ -58,6 +58,7 @@ struct RingType {
 // may still fill it. The order: the block at the ring position p, then p - 1, p - 2, ... (mod R), each once.
 // `final(b)` runs once block b holds the sum over every rank, and the ring only reads it from then on: p + 1 after
 // the reduce-scatter, then p, p - 1, ..., p + 2 after each all-gather step. With one rank: ready(0), final(0).
+// (A sum of no elements calls neither.)
 struct RingHooks {
   std::function<void(int)> ready, final;
 };

@@ -4,7 +4,8 @@
 #include "mpi_error.hpp"
 
 #include <algorithm>
-#include <climits>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace stealbatch::mpi::detail {
@@ -34,11 +35,13 @@ class TwoLevelRun {
   int ready_block(int i) const noexcept { return wrap(m_levels.position - i); }
   int final_block(int i) const noexcept { return wrap(m_levels.position + 1 - i); }
 
-  // Block b as messages of at most INT_MAX elements (MPI counts), sent to or received from `peer`, into `reqs`.
+  // Block b as messages of at most 1 GiB (within MPI's int counts, and what one transfer of a transport takes), sent
+  // to or received from `peer`, into `reqs`. Every rank's block b has the same size, so each cuts it alike.
   void post(bool send, std::byte* base, int b, int peer, int tag, std::vector<MPI_Request>& reqs) {
     const auto [first, last] = ring_block(m_count, nodes(), b);
+    const std::size_t piece = std::max<std::size_t>(1, (std::size_t{1} << 30) / m_type.size);
     for (std::size_t at = first; at < last;) {
-      const std::size_t n = std::min<std::size_t>(last - at, INT_MAX);
+      const std::size_t n = std::min(last - at, piece);
       std::byte* buf = base + (at - first) * m_type.size;
       MPI_Request req = MPI_REQUEST_NULL;
       {
@@ -78,11 +81,14 @@ class TwoLevelRun {
         post(false, scratch[i % 2].data() + j * stride, ready_block(i), static_cast<int>(j + 1), kUpTag, recvs[i % 2]);
       }
     };
-    int readied = 0;
+    int readied = 0, finished = 0;
     post_recvs(0);
     RingHooks hooks;
-    hooks.ready = [&](int b) {  // b == ready_block(readied)
+    hooks.ready = [&](int b) {
       const int i = readied++;
+      // The ring reads its blocks in the order the node's ranks sent them (ring_allreduce.hpp): anything else would
+      // add the wrong block.
+      if (b != ready_block(i)) throw std::logic_error("two-level sum: the ring read block " + std::to_string(b) + " where its order says " + std::to_string(ready_block(i)));
       if (i + 1 < nodes()) post_recvs(i + 1);
       const auto [first, last] = ring_block(m_count, nodes(), b);
       // Each rank's part: its messages in order, all of them before the next rank's (post_recvs posted them so).
@@ -95,6 +101,8 @@ class TwoLevelRun {
       reqs.clear();
     };
     hooks.final = [&](int b) {
+      const int i = finished++;
+      if (b != final_block(i)) throw std::logic_error("two-level sum: the ring finished block " + std::to_string(b) + " where its order says " + std::to_string(final_block(i)));
       for (std::size_t j = 0; j < others; ++j) post(true, block_at(b), b, static_cast<int>(j + 1), kDownTag, backs);
     };
     ring_allreduce(m_data, m_count, m_type, m_levels.leaders, m_lock, m_wait, &hooks);

@@ -355,8 +355,11 @@ void bf16_wire() {
 }
 
 // The two-level sum (mpi/src/two_level.hpp) over the world's ranks posing as nodes: of 2 ranks each (the last alone
-// at an odd count), then all but the last rank on one node and the last on another. Counts from 0 to ranks + 1
-// (empty blocks) and past the ring's segments; every rank ends with the exact sum.
+// at an odd count); all but the last rank on one node and the last on another; every rank its own node (a ring of
+// every rank, no one to send to a leader); ranks 0 and 1 on one node and every other rank alone (a ring of 3 or more
+// leaders, one with a follower); and the even and the odd ranks (a node's ranks not next to each other). Counts from
+// 0 to ranks + 1 (empty blocks) and past the ring's segments; every rank ends with the exact sum. (The ring's hooks
+// come in the order two_level.cpp expects, or it throws.)
 void two_level_sums(const mpi::detail::RingType& as_int64) {
   const int ranks = g_cluster->size(), me = g_cluster->rank();
   const auto value = [](int r, std::size_t i) { return static_cast<std::int64_t>((i * 40503u + static_cast<std::size_t>(r) * 2654435761u) % 4001) - 2000; };
@@ -364,8 +367,12 @@ void two_level_sums(const mpi::detail::RingType& as_int64) {
   for (std::size_t n = 0; n <= static_cast<std::size_t>(ranks) + 1; ++n) counts.push_back(n);
   counts.push_back(static_cast<std::size_t>(ranks) * 300000 + 7);
   std::mutex lock;
-  for (const bool pairs : {true, false}) {
-    const int node = pairs ? me / 2 : me == ranks - 1 ? 1 : 0;
+  const std::pair<const char*, int> layouts[] = {{"nodes of 2", me / 2},
+                                                 {"the last rank alone", me == ranks - 1 ? 1 : 0},
+                                                 {"every rank alone", me},
+                                                 {"ranks 0 and 1 together", std::max(0, me - 1)},
+                                                 {"even and odd", me % 2}};
+  for (const auto& [layout, node] : layouts) {
     mpi::detail::TwoLevel levels;
     MPI_Comm_split(MPI_COMM_WORLD, node, me, &levels.node);
     MPI_Comm_rank(levels.node, &levels.node_rank);
@@ -392,7 +399,7 @@ void two_level_sums(const mpi::detail::RingType& as_int64) {
         for (int r = 0; r < ranks; ++r) sum += value(r, i);
         wrong += v[i] != sum ? 1 : 0;
       }
-      if (me == 0 && (n <= 1 || n > 1000)) std::printf("two levels (%s), %zu elements: %zu wrong on rank 0\n", pairs ? "nodes of 2" : "the last rank alone", n, wrong);
+      if (me == 0 && (n <= 1 || n > 1000)) std::printf("two levels (%s), %zu elements: %zu wrong on rank 0\n", layout, n, wrong);
       EXPECT(wrong == 0);
     }
     if (leaders != MPI_COMM_NULL) MPI_Comm_free(&leaders);

@@ -348,12 +348,6 @@ class VictimWalk {
 
 ChunkPhase ClusterState::run_from_shares(ChunkTable& t, const StepPlan& plan, Clock::time_point step_start, Scheduler& sched, ChunkFn run) {
   const RankShares& rs = plan.ranks;
-  // Thieves may come from the publication of the share until this rank leaves its chunk phase (static: none come).
-  struct Serving {
-    Cluster& job;
-    Serving(Cluster& c, bool on) : job(c) { job.set_serving_steals(on); }
-    ~Serving() { job.set_serving_steals(false); }
-  } serving(*job, m_p.options.schedule.policy == SchedulePolicy::kSteal);
   publish_share(*job, rs);
   ChunkPhase phase;
   phase.start = step_start;
@@ -422,6 +416,14 @@ void ClusterState::fill_tally(const ChunkTable& t, const ChunkPhase& phase, cons
 }
 
 bool ClusterState::sum(const ChunkTable& t, const ChunkPhase& phase, const std::vector<DeviceReport>& local, RankTally& tally) {
+  // The sum's own calls progress the transport: accesses from the ranks still in their chunk phase need no more.
+  struct Summing {
+    Cluster& job;
+    explicit Summing(Cluster& c) : job(c) { job.set_serving_steals(false); }
+    ~Summing() { job.set_serving_steals(true); }
+    Summing(const Summing&) = delete;
+    Summing& operator=(const Summing&) = delete;
+  } summing(*job);
   fill_tally(t, phase, local, tally);
   // The gradient (float, or bfloat16 on the wire), then the tallies in doubles: two collectives.
   const auto on_wait = [this] { watch(); };

@@ -30,8 +30,8 @@ namespace stealbatch::mpi {
 // rank sends 2 (R - 1) / R of the buffer), smaller ones one MPI_Iallreduce. Environment (every rank the same):
 // STEALBATCH_MPI_RING=0, MPI's own allreduce for every size; 2, two levels (mpi/src/two_level.hpp: summed within each
 // node, across the nodes' leaders over the ring, sent back, block by block as the ring goes; a node's link carries
-// 2 (N - 1) / N of the buffer for N nodes); STEALBATCH_MPI_PROGRESS_US, the progress agent's period while the rank
-// serves steals (20 µs).
+// 2 (N - 1) / N of the buffer for N nodes); STEALBATCH_MPI_PROGRESS_US, the progress agent's period outside the
+// step's sum (20 µs).
 class MpiCluster final : public Cluster {
  public:
   // A cluster over a duplicate of MPI_COMM_WORLD.
@@ -70,7 +70,7 @@ class MpiCluster final : public Cluster {
   std::uint64_t compare_and_swap(int rank, Word word, std::uint64_t expected, std::uint64_t desired) override;
   void write(int rank, Word word, std::uint64_t value) override;
   Access access_in_flight() const noexcept override;
-  void set_serving_steals(bool on) noexcept override;  // the progress agent's period: 20 µs on, 1 ms off
+  void set_serving_steals(bool on) noexcept override;  // the progress agent's period: 20 µs on, 1 ms off (in a sum)
   // How this cluster sums large buffers: "two levels", "ring" or "MPI's allreduce" (the same on every rank).
   const char* large_sums() const noexcept;
   // The node's pulses: one word per rank of the node in a shared-memory window (MPI_Win_allocate_shared on the

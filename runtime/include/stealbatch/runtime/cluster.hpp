@@ -44,11 +44,10 @@ class Cluster {
     double seconds = 0;
   };
   virtual Access access_in_flight() const noexcept { return {}; }
-  // Whether other ranks may now come for this rank's share: on from the publication of its share until it leaves the
-  // chunk phase (the runtime says so; on at first). A transport whose one-sided accesses need the target's help
-  // (MpiCluster between nodes: its progress agent) answers them promptly while on; off, it may answer them more
-  // slowly and leave the cores to the reduction, whose own collectives progress the transport. Accesses complete
-  // either way.
+  // Whether this rank must answer other ranks' one-sided accesses promptly: on, except while it is inside a step's
+  // sum (the runtime turns it off there, and on again after), whose own collectives progress the transport. A
+  // transport whose accesses need the target's help (MpiCluster between nodes: its progress agent) may answer them
+  // more slowly while off and leave the cores to the sum. Accesses complete either way.
   virtual void set_serving_steals(bool /*on*/) noexcept {}
 
   // A pulse among the ranks of one node that makes no call into the transport (node-local shared memory), so that
