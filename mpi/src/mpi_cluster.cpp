@@ -64,14 +64,14 @@ struct MpiCluster::State {
   // The progress agent: where the one-sided component progresses a passive target only when the target enters MPI
   // (osc ucx, between nodes), a thread enters MPI every period (20 µs) so that a thief's atomic completes while this
   // rank's devices compute. Not needed within a node (osc sm). While this rank is inside a step's sum
-  // (set_serving_steals(false)) it enters every kIdleProgress instead, and leaves the cores to the sum, whose own
+  // (set_prompt_access(false)) it enters every kIdleProgress instead, and leaves the cores to the sum, whose own
   // calls progress the transport (about every 50 µs while it waits).
-  // `serving` and `stop` are written under agent_lock and read by the agent under it (or, between its calls, relaxed:
+  // `prompt` and `stop` are written under agent_lock and read by the agent under it (or, between its calls, relaxed:
   // a stale value costs one period).
   std::thread progress;
   std::mutex agent_lock;
   std::condition_variable agent_wake;
-  std::atomic<bool> stop{false}, serving{true};
+  std::atomic<bool> stop{false}, prompt{true};
   // The one-sided access under the lock now: (target rank + 1) << 48 | its start in steady-clock milliseconds, or 0.
   // One word, so a reader on another thread sees a target with its own start. Written only under the lock; relaxed
   // on both sides: the word carries all the reader needs and publishes no other memory.
@@ -95,8 +95,7 @@ struct MpiCluster::State {
   // of the nodes' leaders).
   detail::Ring ring;
   std::size_t ring_from = detail::kRingFrom;
-  bool two_level = false;
-  detail::TwoLevel levels;
+  detail::TwoLevel levels;  // levels.node: MPI_COMM_NULL unless the sums go in two levels
   MPI_Comm leaders_comm = MPI_COMM_NULL;
 };
 
@@ -249,7 +248,6 @@ void MpiCluster::find_nodes(State& s) {
 // Large sums in two levels: their communicators, the node's (a duplicate, so that no other use of it meets the sums'
 // messages) and the nodes' leaders', with the leaders' ring.
 void MpiCluster::two_levels(State& s) {
-  s.two_level = true;
   check(MPI_Comm_dup(s.node_comm, &s.levels.node), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(s.levels.node, MPI_ERRORS_RETURN);
   check(MPI_Comm_rank(s.levels.node, &s.levels.node_rank), "MPI_Comm_rank");
@@ -348,11 +346,11 @@ std::shared_ptr<MpiCluster> MpiCluster::over(std::unique_ptr<State> s) {
           int flag = 0;
           MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, st->comm, &flag, MPI_STATUS_IGNORE);  // enters the progress engine
         }
-        if (st->serving.load(std::memory_order_relaxed)) {
+        if (st->prompt.load(std::memory_order_relaxed)) {
           std::this_thread::sleep_for(period);
         } else {
           std::unique_lock l(st->agent_lock);
-          st->agent_wake.wait_for(l, kIdleProgress, [st] { return st->serving.load(std::memory_order_relaxed) || st->stop.load(std::memory_order_relaxed); });
+          st->agent_wake.wait_for(l, kIdleProgress, [st] { return st->prompt.load(std::memory_order_relaxed) || st->stop.load(std::memory_order_relaxed); });
         }
       }
     });
@@ -535,14 +533,14 @@ void MpiCluster::write(int rank, Word word, std::uint64_t value) {
 }
 
 const char* MpiCluster::large_sums() const noexcept {
-  return m->two_level ? "two levels" : m->ring_from == detail::kRingFrom ? "ring" : "MPI's allreduce";
+  return m->levels.node != MPI_COMM_NULL ? "two levels" : m->ring_from == detail::kRingFrom ? "ring" : "MPI's allreduce";
 }
 
-void MpiCluster::set_serving_steals(bool on) noexcept {
+void MpiCluster::set_prompt_access(bool on) noexcept {
   {
     const std::lock_guard g(m->agent_lock);
-    if (m->serving.load(std::memory_order_relaxed) == on) return;
-    m->serving.store(on, std::memory_order_relaxed);
+    if (m->prompt.load(std::memory_order_relaxed) == on) return;
+    m->prompt.store(on, std::memory_order_relaxed);
   }
   if (on) m->agent_wake.notify_one();  // the agent's next entry now, not at the end of its idle period
 }
@@ -598,7 +596,7 @@ void MpiCluster::allreduce(void* data, std::size_t count, int type, const std::f
     Waiting w{now, now + std::chrono::milliseconds(10)};
     const auto wait_one = [&](MPI_Request& r) { wait(&r, waiting, &w); };
     try {
-      if (m->two_level) {
+      if (m->levels.node != MPI_COMM_NULL) {
         detail::two_level_allreduce(data, count, kRing[type], m->levels, m->lock, wait_one);
       } else {
         detail::ring_allreduce(data, count, kRing[type], m->ring, m->lock, wait_one);

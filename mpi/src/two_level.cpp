@@ -67,12 +67,8 @@ class TwoLevelRun {
   // as soon as it is the job's sum.
   void lead() {
     const auto others = static_cast<std::size_t>(m_levels.node_size - 1);
-    std::size_t largest = 0;
-    for (int b = 0; b < nodes(); ++b) {
-      const auto [first, last] = ring_block(m_count, nodes(), b);
-      largest = std::max(largest, last - first);
-    }
-    const std::size_t stride = largest * m_type.size;  // rank j + 1's part of a scratch
+    // Rank j + 1's part of a scratch: the largest block (ring_block's differ by one at most).
+    const std::size_t stride = (m_count + static_cast<std::size_t>(nodes()) - 1) / static_cast<std::size_t>(nodes()) * m_type.size;
     std::vector<std::byte> scratch[2];
     std::vector<MPI_Request> recvs[2], backs;
     for (auto& s : scratch) s.resize(others * stride);

@@ -419,8 +419,8 @@ bool ClusterState::sum(const ChunkTable& t, const ChunkPhase& phase, const std::
   // The sum's own calls progress the transport: accesses from the ranks still in their chunk phase need no more.
   struct Summing {
     Cluster& job;
-    explicit Summing(Cluster& c) : job(c) { job.set_serving_steals(false); }
-    ~Summing() { job.set_serving_steals(true); }
+    explicit Summing(Cluster& c) : job(c) { job.set_prompt_access(false); }
+    ~Summing() { job.set_prompt_access(true); }
     Summing(const Summing&) = delete;
     Summing& operator=(const Summing&) = delete;
   } summing(*job);

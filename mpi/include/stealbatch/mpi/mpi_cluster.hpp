@@ -70,7 +70,7 @@ class MpiCluster final : public Cluster {
   std::uint64_t compare_and_swap(int rank, Word word, std::uint64_t expected, std::uint64_t desired) override;
   void write(int rank, Word word, std::uint64_t value) override;
   Access access_in_flight() const noexcept override;
-  void set_serving_steals(bool on) noexcept override;  // the progress agent's period: 20 µs on, 1 ms off (in a sum)
+  void set_prompt_access(bool on) noexcept override;  // the progress agent's period: 20 µs on, 1 ms off (in a sum)
   // How this cluster sums large buffers: "two levels", "ring" or "MPI's allreduce" (the same on every rank).
   const char* large_sums() const noexcept;
   // The node's pulses: one word per rank of the node in a shared-memory window (MPI_Win_allocate_shared on the

@@ -48,7 +48,7 @@ class Cluster {
   // sum (the runtime turns it off there, and on again after), whose own collectives progress the transport. A
   // transport whose accesses need the target's help (MpiCluster between nodes: its progress agent) may answer them
   // more slowly while off and leave the cores to the sum. Accesses complete either way.
-  virtual void set_serving_steals(bool /*on*/) noexcept {}
+  virtual void set_prompt_access(bool /*on*/) noexcept {}
 
   // A pulse among the ranks of one node that makes no call into the transport (node-local shared memory), so that
   // it goes on while a one-sided access waits. The heartbeat's sentinel sets this rank's pulse every period and
