@@ -216,6 +216,17 @@ class GroupedNodes final : public Grouped {
   std::atomic<std::uint64_t> crossed{0};  // successful compare-and-swaps of another group's share word
 };
 
+// ... counting this rank's reads of the other ranks' share words.
+class CountedShareReads final : public Grouped {
+ public:
+  using Grouped::Grouped;
+  std::uint64_t read(int r, Word w) override {
+    if (w == kShare && r != rank()) others.fetch_add(1, std::memory_order_relaxed);
+    return Grouped::read(r, w);
+  }
+  std::atomic<std::uint64_t> others{0};
+};
+
 // Bounded calls for work (ClusterOptions::probes): 4 ranks posing as 2 nodes of 2 with probes 1 (each call reads
 // its node's other rank, then one rank of the other node), then as 4 nodes of 1 with probes 2 (two of the three
 // others drawn, distinct, per call). Every sample of 1,000 steps a case, whose devices change speed at random, runs
@@ -499,9 +510,12 @@ void large_counts() {
 // Automatic chunk sizes across ranks respect a call's fixed cost: with 3 ms a call beside 20 us a sample, a chunk
 // under 2,850 samples spends more than 5% of its time on the fixed part, so once the ranks measured their chunk
 // times each rank runs its share of 256 in one call or two, not in the 32-sample chunks (and finer ends) that the
-// batch alone would give. Every sample still runs exactly once. A static run cuts no finer ends.
+// batch alone would give. Every sample still runs exactly once. A static run cuts no finer ends. And once a rank's
+// share is one chunk, no rank's last call for work reads it (its owner claims it whole as it begins the step).
 void efficient_chunks() {
   RuntimeOptions o = on_cluster("cpu:1", 0);
+  auto counted = std::make_shared<CountedShareReads>(g_cluster, g_cluster->size());
+  o.cluster.job = counted;
   Runtime rt(o);
   rt.register_parameters(layout(), initial());
   const auto fn = [](ChunkContext& ctx) {  // busy, as a call's own work is (a CPU device times its thread's CPU)
@@ -510,16 +524,28 @@ void efficient_chunks() {
     }
     ctx.grad[kDim] += static_cast<float>(ctx.samples.size());
   };
-  std::uint64_t first = 0, last = 0;
+  std::uint64_t first = 0, last = 0, whole_steps = 0;
   for (std::uint64_t s = 0; s < 12; ++s) {
+    const std::uint64_t reads_before = counted->others.load();
     const StepReport rep = rt.compute_gradient(batch_of(256, s), fn);
+    const std::uint64_t reads = counted->others.load() - reads_before;
     std::uint64_t calls = 0, samples = 0;
     for (const DeviceReport& d : rep.devices) calls += d.chunks_run, samples += d.samples;
     EXPECT(samples == 256);
     if (s == 0) first = calls;
     last = calls;
+    // A share of several chunks is read once its owner's own share is empty (the last call for work); a share of one
+    // chunk on a rank of one device is its owner's at once, and no rank reads it.
+    if (s == 0) EXPECT(reads > 0);
+    if (calls == static_cast<std::uint64_t>(g_cluster->size())) {
+      EXPECT(reads == 0);
+      ++whole_steps;
+    }
   }
-  if (g_cluster->rank() == 0) std::printf("efficient chunks: %llu chunks in the first step, %llu in the last\n", static_cast<unsigned long long>(first), static_cast<unsigned long long>(last));
+  if (g_cluster->rank() == 0) {
+    std::printf("efficient chunks: %llu chunks in the first step, %llu in the last; %llu steps of one chunk a rank\n", static_cast<unsigned long long>(first),
+                static_cast<unsigned long long>(last), static_cast<unsigned long long>(whole_steps));
+  }
   EXPECT(first >= 8);
   EXPECT(last <= 4);
   // A static run's shares are not stolen from: whole chunks of 32, no finer ends (4 a rank).

@@ -305,17 +305,26 @@ std::uint64_t held_by_shares(Cluster& c, const RankShares& rs, std::size_t call)
 // A call's walk over the victims once its own share is empty: the node's ranks in order, then every other node's
 // rank in order, or rs.probes of them drawn afresh at each call (distinct within a call; the source is asked by one
 // worker at a time, so the draw needs no lock). Past `budget` seconds of a call (0: none), no more reads of other
-// nodes' words once one was made.
+// nodes' words once one was made. A victim whose share holds no more chunks than it has devices is not read: its
+// devices' first calls for work claim it whole (claim_own(): a chunk a device), so once the victim has begun the step
+// nothing of it is left. (A victim that has not begun by the time a thief is done keeps its share and runs it, as a
+// static split would; across nodes each read costs milliseconds, and a share of one chunk a device is what a slow
+// call, or a fast network, leaves a rank every step.)
 class VictimWalk {
  public:
-  VictimWalk(Cluster& cluster, const RankShares& rs, double budget)
-      : m_cluster(cluster), m_rs(rs), m_budget(budget), m_draw(static_cast<std::uint64_t>(rs.tag) << 32 | rs.me) {}
+  VictimWalk(Cluster& cluster, const RankShares& rs, double budget, std::span<const std::size_t> rank_devices)
+      : m_cluster(cluster), m_rs(rs), m_budget(budget), m_draw(static_cast<std::uint64_t>(rs.tag) << 32 | rs.me) {
+    m_whole.resize(rs.share.size());
+    for (std::size_t r = 0; r < rs.share.size(); ++r) m_whole[r] = rs.share[r].size() <= rank_devices[r];
+  }
 
   // Chunks stolen into [first, first + k), at most `room`; 0 when no victim walked had any. Counts the steals in phase.
   std::size_t steal(std::uint32_t room, std::uint32_t& first, ChunkPhase& phase, Clock::time_point t0) {
     std::size_t k = 0;
     const auto try_victim = [&](std::size_t i) {
-      k = steal_from(m_cluster, m_rs, m_rs.victims[i], room, first);
+      const int v = m_rs.victims[i];
+      if (m_whole[static_cast<std::size_t>(v)]) return;
+      k = steal_from(m_cluster, m_rs, v, room, first);
       if (k != 0) phase.remote_chunks += k, ++phase.remote_steals;
     };
     const std::size_t others = m_rs.victims.size() - m_rs.node_victims;
@@ -342,6 +351,7 @@ class VictimWalk {
   double m_budget;
   Rng m_draw;
   std::vector<std::size_t> m_drawn;
+  std::vector<char> m_whole;  // by rank: a share claimed whole as its owner begins
 };
 
 }  // namespace
@@ -355,7 +365,7 @@ ChunkPhase ClusterState::run_from_shares(ChunkTable& t, const StepPlan& plan, Cl
   // to the device that asked, as its own. The walk's budget, once the ranks' speeds are measured: as long as one of
   // this rank's full chunks on one of its devices (the rank's speed is its devices' sum; over TCP a read costs about a
   // millisecond).
-  VictimWalk walk(*job, rs, rs.measured ? rs.chunk[rs.me] * static_cast<double>(m_p.dev.devices.size()) / rs.speed[rs.me] : 0.0);
+  VictimWalk walk(*job, rs, rs.measured ? rs.chunk[rs.me] * static_cast<double>(m_p.dev.devices.size()) / rs.speed[rs.me] : 0.0, rank_devices);
   const auto take = [&](std::size_t w, std::span<ChunkId> out) -> std::size_t {
     const auto t0 = Clock::now();
     const auto room = static_cast<std::uint32_t>(out.size());
