@@ -61,14 +61,16 @@ run_tsan_mpi() {
   cmake --build build-tsan-mpi --target test_mpi_cluster --parallel "$jobs" || return 1
   supp=build-tsan-mpi/tsan-all.supp
   cat tests/tsan.supp tests/tsan-mpi.supp >"$supp"
-  # probes on 4 ranks (posing as 2 nodes of 2: the drawn calls for work), the rest on 2.
-  for c in exactly-once gradient identical checkpoint throw remote-steal long-but-alive costs deterministic bf16 probes; do
-    local np=2
+  # probes on 4 ranks (posing as 2 nodes of 2: the drawn calls for work), the sums in two levels on 4 (ring-2: the ring
+  # case with STEALBATCH_MPI_RING=2), the rest on 2.
+  for c in exactly-once gradient identical checkpoint throw remote-steal long-but-alive costs deterministic bf16 probes ring-2; do
+    local np=2 sums=1
     [ "$c" = probes ] && np=4
+    [ "$c" = ring-2 ] && np=4 sums=2
     echo "=== tsan-mpi: $c on $np ranks"
-    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/$supp" SB_MPI_STEPS=1000 UCX_MEM_MMAP_HOOK_MODE=none \
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/$supp" SB_MPI_STEPS=1000 UCX_MEM_MMAP_HOOK_MODE=none STEALBATCH_MPI_RING=$sums \
       timeout 600 mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader --mca osc sm \
-      -x TSAN_OPTIONS -x SB_MPI_STEPS -x UCX_MEM_MMAP_HOOK_MODE -np "$np" build-tsan-mpi/tests/mpi/test_mpi_cluster "$c" \
+      -x TSAN_OPTIONS -x SB_MPI_STEPS -x UCX_MEM_MMAP_HOOK_MODE -x STEALBATCH_MPI_RING -np "$np" build-tsan-mpi/tests/mpi/test_mpi_cluster "${c%-2}" \
       >build-tsan-mpi/$c.log 2>&1 || { tail -60 build-tsan-mpi/$c.log; return 1; }
     grep -a "PASSED" build-tsan-mpi/$c.log || { tail -60 build-tsan-mpi/$c.log; return 1; }
   done
