@@ -27,7 +27,8 @@ sections=(
   "checkpoint     save and load times, resume against straight, the kill test; PyTorch reading one (TORCH_PYTHON)"
   "mpi            across MPI ranks: DDP, one remote steal, stealbench at 2 to 16 ranks, a soak (an MPI build)"
   "cluster        across emulated nodes (namespaces): remote steals, the reduction at 10 and 1 Gbit/s, stealbench, DDP (root)"
-  "cluster_sum    the gradient's sum on nodes of 2 ranks: MPI's, the ring, two levels; the wide MLP against DDP where the sum dominates (root; TORCH_PYTHON)"
+  "cluster_sum    the gradient's sum on nodes of 2 ranks: MPI's, the ring, two levels, alone and in training (root)"
+  "cluster_ddp    the wide MLP against DDP across 4 nodes at 1 and 10 Gbit/s, where the sum is most of the step (root; TORCH_PYTHON)"
   "cluster_model  the discrete-event model of the cross-rank step: validated at 2 to 16 ranks, then run to 10,000 (MPI; root for the emulated nodes)"
   "charts         the stealbench sweeps behind perf/charts/, 4 SVGs (matplotlib)"
 )

@@ -42,7 +42,7 @@ section_cluster() {
   } | tee "$out/cluster_reduction.txt"
 
   # The gradient's sum on the wide MLP: the ring against MPI's allreduce, float32 against bf16 on the wire, 2 and 4
-  # nodes, 1 and 10 Gbit/s (the wide MLP against DDP: the cluster_sum section).
+  # nodes, 1 and 10 Gbit/s (the wide MLP against DDP: the cluster_ddp section).
   bash perf/cluster_wire.sh "$build" 2 4 | tee "$out/cluster_wire.txt"
 
   # stealbench across 2 nodes x 2 ranks x 2 simulated devices, beside 4 ranks x 2 on one node.

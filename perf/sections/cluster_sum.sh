@@ -1,8 +1,7 @@
 # cluster_sum: the gradient's sum where it is most of the step, across emulated nodes (scripts/cluster.sh): on nodes
 # of 2 ranks each at 1 Gbit/s, MPI's allreduce, the ring in node order and two levels, interleaved (perf/cluster_levels.sh:
-# the sum alone at 2 and 4 nodes with the bytes node 0 sent, then the wide MLP at 4 nodes); then the wide MLP against
-# DDP (gloo, its buckets overlapped with the backward pass) on 4 nodes of one rank at 1 and "10" Gbit/s, node 0 slowed
-# 6.6x (perf/cluster_ddp.sh; TORCH_PYTHON). Needs root (namespaces); skipped with the reason otherwise.
+# the sum alone at 2 and 4 nodes with the bytes node 0 sent, then the wide MLP at 4 nodes). Needs root (namespaces);
+# skipped with the reason otherwise.
 section_cluster_sum() {
   command -v mpirun >/dev/null || skip "no mpirun (openmpi-bin)"
   grep -q '^STEALBATCH_MPI:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null || skip "$build is not built with STEALBATCH_MPI"
@@ -13,10 +12,4 @@ section_cluster_sum() {
   [ $rc -eq 0 ] || return 1
   trap 'bash scripts/cluster.sh down >/dev/null 2>&1' EXIT
   { echo "# $(machine)"; bash perf/cluster_levels.sh "$build" 2 4; } | tee "$out/cluster_levels.txt"
-  if [ -n "${TORCH_PYTHON:-}" ]; then
-    { echo "# $(machine)"; bash perf/cluster_ddp.sh "$build" 4 1gbit 6.6,1,1,1 3; } | tee "$out/cluster_ddp_wide.txt"
-    { echo "# $(machine)"; bash perf/cluster_ddp.sh "$build" 4 10gbit 6.6,1,1,1 3; } | tee "$out/cluster_ddp_wide_10gbit.txt"
-  else
-    echo "the wide MLP against DDP: skipped (set TORCH_PYTHON)"
-  fi
 }
