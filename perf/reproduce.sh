@@ -77,6 +77,17 @@ machine() {
   echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), commit $commit, $(date -u +%F)"
 }
 skip() { echo "skipped: $*"; exit 77; }
+# For a section across emulated nodes (scripts/cluster.sh): skips it without mpirun, an MPI build or namespaces, and
+# tears the nodes down when the section ends.
+need_emulated_nodes() {
+  command -v mpirun >/dev/null || skip "no mpirun (openmpi-bin)"
+  grep -q '^STEALBATCH_MPI:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null || skip "$build is not built with STEALBATCH_MPI"
+  local rc=0
+  bash scripts/cluster.sh up 2 >/dev/null || rc=$?
+  [ $rc -eq 77 ] && skip "this machine cannot make network namespaces (scripts/cluster.sh says why)"
+  [ $rc -eq 0 ] || exit 1
+  trap 'bash scripts/cluster.sh down >/dev/null 2>&1' EXIT
+}
 
 log "perf/reproduce.sh: ${run[*]}; build $build; $(machine)"
 ran=() skipped=() failed=()

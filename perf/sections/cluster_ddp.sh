@@ -2,15 +2,8 @@
 # emulated nodes of one rank (scripts/cluster.sh), node 0 slowed 6.6x, at 1 and "10" Gbit/s: float32 and bf16 on both
 # sides (perf/cluster_ddp.sh). Needs root (namespaces) and TORCH_PYTHON; skipped with the reason otherwise.
 section_cluster_ddp() {
-  command -v mpirun >/dev/null || skip "no mpirun (openmpi-bin)"
-  grep -q '^STEALBATCH_MPI:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null || skip "$build is not built with STEALBATCH_MPI"
   [ -n "${TORCH_PYTHON:-}" ] || skip "set TORCH_PYTHON to a Python with torch (PyTorch is a peer, never a dependency)"
-  local rc
-  bash scripts/cluster.sh up 2 >/dev/null
-  rc=$?
-  [ $rc -eq 77 ] && skip "this machine cannot make network namespaces (scripts/cluster.sh says why)"
-  [ $rc -eq 0 ] || return 1
-  trap 'bash scripts/cluster.sh down >/dev/null 2>&1' EXIT
+  need_emulated_nodes
   { echo "# $(machine)"; bash perf/cluster_ddp.sh "$build" 4 1gbit 6.6,1,1,1 3; } | tee "$out/cluster_ddp_wide.txt"
   { echo "# $(machine)"; bash perf/cluster_ddp.sh "$build" 4 10gbit 6.6,1,1,1 3; } | tee "$out/cluster_ddp_wide_10gbit.txt"
 }
