@@ -83,10 +83,10 @@ need_emulated_nodes() {
   command -v mpirun >/dev/null || skip "no mpirun (openmpi-bin)"
   grep -q '^STEALBATCH_MPI:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null || skip "$build is not built with STEALBATCH_MPI"
   local rc=0
+  trap 'bash scripts/cluster.sh down >/dev/null 2>&1' EXIT
   bash scripts/cluster.sh up 2 >/dev/null || rc=$?
   [ $rc -eq 77 ] && skip "this machine cannot make network namespaces (scripts/cluster.sh says why)"
   [ $rc -eq 0 ] || exit 1
-  trap 'bash scripts/cluster.sh down >/dev/null 2>&1' EXIT
 }
 
 log "perf/reproduce.sh: ${run[*]}; build $build; $(machine)"

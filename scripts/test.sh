@@ -3,8 +3,8 @@
 #   build/          Release, CUDA compiled and linked (GPU tests report "skipped" without a GPU), MPI tests through mpirun
 #   build-tsan/     ThreadSanitizer over the scheduler, runtime, data, models and checkpoint tests (MPI off: Open MPI is not
 #                   built with it)
-#   build-tsan-mpi/ ThreadSanitizer over the runtime across 2 MPI ranks (test_mpi_cluster's cases; Open MPI's own
-#                   internals suppressed, tests/tsan-mpi.supp)
+#   build-tsan-mpi/ ThreadSanitizer over the runtime across 2 and 4 MPI ranks (test_mpi_cluster's cases; Open MPI's
+#                   own internals suppressed, tests/tsan-mpi.supp)
 #   build-asan/     AddressSanitizer + UndefinedBehaviorSanitizer over the unit tests (not the install test)
 #   build-fuzz/     the libFuzzer targets: the dataset reader and its splits, the checkpoint reader, the metadata a
 #                   load reads past the checksum, and a checkpoint folder's entries, 20 s each over their seeds

@@ -548,6 +548,7 @@ void efficient_chunks() {
   }
   EXPECT(first >= 8);
   EXPECT(last <= 4);
+  EXPECT(whole_steps > 0);
   // A static run's shares are not stolen from: whole chunks of 32, no finer ends (4 a rank).
   o.schedule.policy = SchedulePolicy::kStatic;
   Runtime fixed(o);

@@ -12,8 +12,9 @@
 // step's words can be no older: no rank leaves a step's reduction before every rank has entered it, and every rank's
 // RMA of that step completed before it entered. No chunk is created during a step and words only shrink, so a rank
 // that finds its own share empty and every other one empty or not worth stealing from (detail::steal_amount) leaves
-// the chunk phase for good. The reduction carries, beside the gradient, every rank's speed, failure flag, chunk run
-// counts and device tallies, so every rank checks exactly-once over the whole job and learns the same speeds.
+// the chunk phase for good; it does not read a share that its owner's first call for work claims whole (VictimWalk).
+// The reduction carries, beside the gradient, every rank's speed, failure flag, chunk run counts and device tallies,
+// so every rank checks exactly-once over the whole job and learns the same speeds.
 #include "cluster/cluster_state.hpp"
 
 #include <stealbatch/cores.hpp>
@@ -306,8 +307,8 @@ std::uint64_t held_by_shares(Cluster& c, const RankShares& rs, std::size_t call)
 // rank in order, or rs.probes of them drawn afresh at each call (distinct within a call; the source is asked by one
 // worker at a time, so the draw needs no lock). Past `budget` seconds of a call (0: none), no more reads of other
 // nodes' words once one was made. A victim whose share holds no more chunks than it has devices is not read: its
-// devices' first calls for work claim it whole (claim_own(): a chunk a device), so once the victim has begun the step
-// nothing of it is left. (A victim that has not begun by the time a thief is done keeps its share and runs it, as a
+// first call for work claims it whole (claim_own() takes a chunk for each of its devices), so once the victim has
+// begun the step nothing of it is left. (A victim that has not begun by the time a thief is done keeps its share and runs it, as a
 // static split would; across nodes each read costs milliseconds, and a share of one chunk a device is what a slow
 // call, or a fast network, leaves a rank every step.)
 class VictimWalk {
