@@ -308,9 +308,9 @@ std::uint64_t held_by_shares(Cluster& c, const RankShares& rs, std::size_t call)
 // worker at a time, so the draw needs no lock). Past `budget` seconds of a call (0: none), no more reads of other
 // nodes' words once one was made. A victim whose share holds no more chunks than it has devices is not read: its
 // first call for work claims it whole (claim_own() takes a chunk for each of its devices), so once the victim has
-// begun the step nothing of it is left. (A victim that has not begun by the time a thief is done keeps its share and runs it, as a
-// static split would; across nodes each read costs milliseconds, and a share of one chunk a device is what a slow
-// call, or a fast network, leaves a rank every step.)
+// begun the step nothing of it is left. (A victim that has not begun by the time a thief is done keeps its share
+// and runs it, as a static split would; across nodes each read costs milliseconds, and a share of one chunk a device
+// is what a slow call, or a fast network, leaves a rank every step.)
 class VictimWalk {
  public:
   VictimWalk(Cluster& cluster, const RankShares& rs, double budget, std::span<const std::size_t> rank_devices)
