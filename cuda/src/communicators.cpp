@@ -62,7 +62,7 @@ void NcclCommunicator::allreduce_all(std::span<float* const> buffers, std::size_
   if (m_aborted.load()) throw NcclError("the NCCL communicators were aborted by the stall watchdog; create a new runtime");
   SB_NCCL_CHECK(ncclGroupStart());
   for (std::size_t d = 0; d < m_devices.size(); ++d) {
-    const ncclResult_t r = ncclAllReduce(buffers[d], buffers[d], count + 1, ncclFloat, ncclSum, m_comms[d], m_devices[d]->compute_stream());
+    const ncclResult_t r = ncclAllReduce(buffers[d], buffers[d], count, ncclFloat, ncclSum, m_comms[d], m_devices[d]->compute_stream());
     if (r != ncclSuccess) {
       (void)ncclGroupEnd();
       throw NcclError(m_devices[d]->name() + ": ncclAllReduce failed: " + ncclGetErrorString(r));
@@ -83,9 +83,9 @@ void PartsCommunicator::allreduce_sum(std::size_t device, std::span<float* const
   m_devices[device]->record_ready();
 }
 
-// Ordered on the device, the host waiting for none of it: the sum waits for every part's ready event (its chunks and
-// sample count), and every part's stream waits for the sum before anything queued next (its update and zeroing, or the
-// copy that hands the gradient over). An event is recorded only on a stream of its own context, but a stream may wait
+// Ordered on the device, the host waiting for none of it: the sum waits for every part's ready event (its chunks),
+// and every part's stream waits for the sum before anything queued next (its update and zeroing, or the copy that
+// hands the gradient over). An event is recorded only on a stream of its own context, but a stream may wait
 // for an event of any context (cuStreamWaitEvent), so the parts' events are theirs and the sum's is this stream's.
 void PartsCommunicator::allreduce_all(std::span<float* const> buffers, std::size_t count) {
   if (m_devices.size() <= 1) return;
@@ -98,7 +98,7 @@ void PartsCommunicator::allreduce_all(std::span<float* const> buffers, std::size
     if (m_table.size() != buffers.size()) m_table = DeviceBuffer<float*>(buffers.size());
     SB_CUDA_CHECK(cudaMemcpyAsync(m_table.data(), m_addresses.data(), m_addresses.size() * sizeof(float*), cudaMemcpyHostToDevice, s));
   }
-  detail::sum_into_all(m_table.data(), buffers.size(), count + 1, s);
+  detail::sum_into_all(m_table.data(), buffers.size(), count, s);
   SB_CUDA_CHECK(cudaEventRecord(m_summed.get(), s));
   for (CudaDevice* d : m_devices) SB_CUDA_CHECK(cudaStreamWaitEvent(d->compute_stream(), m_summed.get(), 0));
 }

@@ -183,7 +183,7 @@ void CudaDevice::init_replica(std::span<const float> initial, const OptimizerOpt
   m_opt = options;
   m_t = 0;
   m_params = DeviceBuffer<float>(m_count);
-  m_grad = DeviceBuffer<float>(m_count + 1);
+  m_grad = DeviceBuffer<float>(m_count);
   m_m = DeviceBuffer<float>(m_count);
   m_v = options.kind == OptimizerKind::kAdam ? DeviceBuffer<float>(m_count) : DeviceBuffer<float>();
   m_fixed = {}, m_largest = {};
@@ -246,10 +246,9 @@ long CudaDevice::take_cells_fixed(std::span<std::int64_t> acc, std::span<int> la
   return bad;
 }
 
-void CudaDevice::load_grad(std::span<const float> sum, std::uint64_t samples) {
+void CudaDevice::load_grad(std::span<const float> sum) {
   cudaStream_t s = m_compute.get();
   SB_CUDA_CHECK(cudaMemcpyAsync(m_grad.data(), sum.data(), m_count * sizeof(float), cudaMemcpyHostToDevice, s));
-  detail::set_value(m_grad.data() + m_count, static_cast<float>(samples), s);
   sync_compute("loading the reduced gradient");  // `sum` is the caller's
 }
 
@@ -431,19 +430,15 @@ void CudaDevice::finish_chunks() {
   for (auto& s : m_slots) wait_slot(*s);
 }
 
-void CudaDevice::set_sample_count(std::uint64_t samples) {
-  detail::set_value(m_grad.data() + m_count, static_cast<float>(samples), m_compute.get());
-}
-
-void CudaDevice::apply_update(float /*grad_scale: the device divides by the reduced count in grad[n]*/) {
+void CudaDevice::apply_update(float grad_scale) {
   ++m_t;
   cudaStream_t s = m_compute.get();
   if (m_opt.kind == OptimizerKind::kSgd) {
-    detail::sgd_update(m_params.data(), m_grad.data(), m_m.data(), m_count, m_opt.lr, m_opt.momentum, m_opt.weight_decay, s);
+    detail::sgd_update(m_params.data(), m_grad.data(), m_m.data(), m_count, grad_scale, m_opt.lr, m_opt.momentum, m_opt.weight_decay, s);
   } else {
     const float c1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(m_opt.beta1), static_cast<double>(m_t)));
     const float c2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(m_opt.beta2), static_cast<double>(m_t)));
-    detail::adam_update(m_params.data(), m_grad.data(), m_m.data(), m_v.data(), m_count, m_opt.lr, m_opt.beta1, m_opt.beta2, m_opt.eps,
+    detail::adam_update(m_params.data(), m_grad.data(), m_m.data(), m_v.data(), m_count, grad_scale, m_opt.lr, m_opt.beta1, m_opt.beta2, m_opt.eps,
                         m_opt.weight_decay, c1, c2, s);
   }
   zero_grad();

@@ -1,5 +1,5 @@
 // The backend's kernels: element-wise optimizer updates (the same arithmetic on every replica, so the replicas
-// stay bit-identical), the sample-count slot, and the reduction across the parts of one GPU.
+// stay bit-identical) and the reduction across the parts of one GPU.
 #include "kernels.hpp"
 
 #include <stealbatch/cuda/check.hpp>
@@ -19,8 +19,7 @@ unsigned blocks(std::size_t n) {
   return static_cast<unsigned>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
 }
 
-__global__ void sgd_kernel(float* params, const float* grad, float* vel, std::size_t n, float lr, float mu, float wd) {
-  const float scale = 1.0f / grad[n];
+__global__ void sgd_kernel(float* params, const float* grad, float* vel, std::size_t n, float scale, float lr, float mu, float wd) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const float g = __fmaf_rn(wd, params[i], grad[i] * scale);
     const float m = __fmaf_rn(mu, vel[i], g);
@@ -29,9 +28,8 @@ __global__ void sgd_kernel(float* params, const float* grad, float* vel, std::si
   }
 }
 
-__global__ void adam_kernel(float* params, const float* grad, float* m1, float* m2, std::size_t n, float lr, float b1, float b2, float eps,
-                            float wd, float c1, float c2) {
-  const float scale = 1.0f / grad[n];
+__global__ void adam_kernel(float* params, const float* grad, float* m1, float* m2, std::size_t n, float scale, float lr, float b1, float b2,
+                            float eps, float wd, float c1, float c2) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const float g = __fmaf_rn(wd, params[i], grad[i] * scale);
     const float m = b1 * m1[i] + (1.0f - b1) * g;
@@ -41,8 +39,6 @@ __global__ void adam_kernel(float* params, const float* grad, float* m1, float* 
     params[i] -= lr * (m / c1) / (sqrtf(v / c2) + eps);
   }
 }
-
-__global__ void set_kernel(float* at, float value) { *at = value; }
 
 // Block i copies row ids[i] of `rows` into row i of `out`, `words` 32-bit words a row.
 __global__ void gather_rows_kernel(const unsigned* rows, std::size_t words, const std::uint32_t* ids, unsigned* out) {
@@ -87,19 +83,15 @@ void cell_to_fixed(float* v, std::size_t n, int shift, unsigned long long* acc, 
   SB_CUDA_CHECK(cudaGetLastError());
 }
 
-void sgd_update(float* params, const float* grad, float* velocity, std::size_t n, float lr, float momentum, float weight_decay, cudaStream_t s) {
-  sgd_kernel<<<blocks(n), kBlock, 0, s>>>(params, grad, velocity, n, lr, momentum, weight_decay);
+void sgd_update(float* params, const float* grad, float* velocity, std::size_t n, float scale, float lr, float momentum, float weight_decay,
+                cudaStream_t s) {
+  sgd_kernel<<<blocks(n), kBlock, 0, s>>>(params, grad, velocity, n, scale, lr, momentum, weight_decay);
   SB_CUDA_CHECK(cudaGetLastError());
 }
 
-void adam_update(float* params, const float* grad, float* m, float* v, std::size_t n, float lr, float beta1, float beta2, float eps,
-                 float weight_decay, float c1, float c2, cudaStream_t s) {
-  adam_kernel<<<blocks(n), kBlock, 0, s>>>(params, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, c1, c2);
-  SB_CUDA_CHECK(cudaGetLastError());
-}
-
-void set_value(float* at, float value, cudaStream_t s) {
-  set_kernel<<<1, 1, 0, s>>>(at, value);
+void adam_update(float* params, const float* grad, float* m, float* v, std::size_t n, float scale, float lr, float beta1, float beta2,
+                 float eps, float weight_decay, float c1, float c2, cudaStream_t s) {
+  adam_kernel<<<blocks(n), kBlock, 0, s>>>(params, grad, m, v, n, scale, lr, beta1, beta2, eps, weight_decay, c1, c2);
   SB_CUDA_CHECK(cudaGetLastError());
 }
 

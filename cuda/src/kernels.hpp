@@ -1,4 +1,4 @@
-// Launch wrappers for the backend's own kernels (kernels.cu): the optimizer, the count slot and the vgpu sum.
+// Launch wrappers for the backend's own kernels (kernels.cu): the optimizer and the vgpu sum.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,12 +8,11 @@
 
 namespace stealbatch::cuda::detail {
 
-// grad[n] holds the reduced sample count; each update scales grad[0..n) by 1 / grad[n].
-void sgd_update(float* params, const float* grad, float* velocity, std::size_t n, float lr, float momentum, float weight_decay,
+// Each update scales the reduced sum grad[0..n) by `scale` (1 / the step's sample count, which the host knows exactly).
+void sgd_update(float* params, const float* grad, float* velocity, std::size_t n, float scale, float lr, float momentum, float weight_decay,
                 cudaStream_t s);
-void adam_update(float* params, const float* grad, float* m, float* v, std::size_t n, float lr, float beta1, float beta2, float eps,
-                 float weight_decay, float c1, float c2, cudaStream_t s);
-void set_value(float* at, float value, cudaStream_t s);
+void adam_update(float* params, const float* grad, float* m, float* v, std::size_t n, float scale, float lr, float beta1, float beta2,
+                 float eps, float weight_decay, float c1, float c2, cudaStream_t s);
 // out's row i = rows' row ids[i], for i < n (at most 2^31 - 1); row_bytes a multiple of 4, every address 4-aligned.
 void gather_rows(const std::byte* rows, std::size_t row_bytes, const std::uint32_t* ids, std::size_t n, std::byte* out, cudaStream_t s);
 // out_k[i] = sum over d of bufs[d][i] for every buffer k (the sum written back into all of them). bufs is a

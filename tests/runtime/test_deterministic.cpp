@@ -427,7 +427,7 @@ class SelfSummingDevice final : public Device {
     m_acc.clear();
     return bad;
   }
-  void load_grad(std::span<const float> sum, std::uint64_t) override { std::copy(sum.begin(), sum.end(), grad().begin()); }
+  void load_grad(std::span<const float> sum) override { std::copy(sum.begin(), sum.end(), grad().begin()); }
   void zero_grad() override {
     Device::zero_grad();
     m_acc.clear();  // a failed or redone attempt's cells

@@ -526,29 +526,66 @@ TEST_CASE("Runtime.NoDeviceSpecMeansEveryGpuWhenThereIsOne") {
   CHECK(rt.device(0).name() == "cpu0");
 }
 
-TEST_CASE("Runtime.GpusRefuseABatchPastTheirFloatSampleCount") {
-  // GPUs carry their sample count beside the gradient as a float, exact up to 2^24: a larger batch is refused before
-  // anything runs, naming the limit, and the runtime goes on (checked with a stand-in backend for cuda: specs).
+namespace {
+
+// A stand-in for a GPU's replica: a device with parameters and optimizer state of its own (not the runtime's shared
+// host copy) that runs chunks on the host and keeps the scale the runtime passes to each update, which CudaDevice's
+// update kernels apply to the reduced sum.
+class OwnReplica final : public Device {
+ public:
+  OwnReplica(std::size_t i, float* scale) : m_index(i), m_scale(scale) {}
+  std::string name() const override { return "replica" + std::to_string(m_index); }
+  ChunkTiming run_chunk(ChunkContext& ctx, const ChunkFunction& fn) override {
+    fn(ctx);
+    return {};
+  }
+  void apply_update(float grad_scale) override {
+    *m_scale = grad_scale;  // this device's own slot, written on its worker, read after the step
+    Device::apply_update(grad_scale);
+  }
+
+ private:
+  std::size_t m_index;
+  float* m_scale;
+};
+
+struct OwnReplicaGpus final : DeviceBackend {
+  std::vector<float>* scales;  // one a device
+  explicit OwnReplicaGpus(std::vector<float>* s) : scales(s) {}
+  std::size_t available() const noexcept override { return scales->size(); }
+  std::vector<std::unique_ptr<Device>> make_devices(const DeviceSpec&, const RuntimeOptions&) override {
+    std::vector<std::unique_ptr<Device>> out;
+    for (std::size_t i = 0; i < scales->size(); ++i) out.push_back(std::make_unique<OwnReplica>(i, &(*scales)[i]));
+    return out;
+  }
+  std::unique_ptr<Communicator> make_communicator(std::span<Device* const>) override { return std::make_unique<InProcessCommunicator>(); }
+};
+
+}  // namespace
+
+TEST_CASE("Runtime.DevicesWithTheirOwnReplicaScaleByTheStepsExactCount") {
+  // A GPU scales its reduced gradient by what the runtime passes to its update: 1 / the step's sample count, which
+  // the host knows as an integer. Checked past float's 2^24 (where a count summed in float would round) with a
+  // stand-in backend for cuda: specs whose devices keep their own replica.
   const RestoreCudaBackend restore;
-  register_device_backend(DeviceKind::kCuda, std::make_shared<FakeGpus>(2));
-  Runtime rt({.devices = "cuda:all", .schedule = {.chunk_size = 8}});
+  std::vector<float> scales(2, 0.0f);
+  register_device_backend(DeviceKind::kCuda, std::make_shared<OwnReplicaGpus>(&scales));
+  Runtime rt({.devices = "cuda:all", .schedule = {.chunk_size = 1u << 20}, .optimizer = {.lr = 1.0f, .momentum = 0.0f}});
+  REQUIRE(rt.device(0).name() == "replica0");
   ParameterLayout layout;
   layout.add("w", 1);
   rt.register_parameters(layout, std::vector<float>{0.0f});
-  std::atomic<std::int64_t> calls{0};  // the devices' workers count at once
-  const auto fn = [&](ChunkContext& ctx) {
-    calls.fetch_add(1, std::memory_order_relaxed);  // a count read after the step: no order needed
-    for (std::uint32_t x : ctx.samples) ctx.grad[0] += static_cast<float>(x % 2);
-  };
-  std::vector<std::uint32_t> big((std::size_t{1} << 24) + 1);
-  std::iota(big.begin(), big.end(), 0u);
-  CHECK_THROWS_WITH_AS(rt.step(big, fn), doctest::Contains("at most 16777216"), ConfigError);
-  CHECK(calls == 0);
-  std::vector<std::uint32_t> small(64);
-  std::iota(small.begin(), small.end(), 0u);
-  const StepReport r = rt.step(small, fn);
-  CHECK(r.samples == 64);
-  CHECK(calls > 0);
+  // Each chunk adds its sample count (2^20 or 3: exact in float) to the one gradient: the sum is the batch.
+  const auto fn = [](ChunkContext& ctx) { ctx.grad[0] += static_cast<float>(ctx.samples.size()); };
+  std::vector<std::uint32_t> batch((std::size_t{1} << 24) + 3);  // 16,777,219: odd, and no float holds it
+  std::iota(batch.begin(), batch.end(), 0u);
+  const StepReport r = rt.step(batch, fn);
+  CHECK(r.samples == batch.size());
+  for (float s : scales) CHECK(s == 1.0f / static_cast<float>(batch.size()));
+  // w = 0 - lr * (the reduced sum, 16,777,219 rounded to float) * scale: -1 within float's rounding.
+  std::vector<float> w(1);
+  rt.device(0).copy_params(w);
+  CHECK(w[0] == doctest::Approx(-1.0).epsilon(1e-6));
 }
 
 TEST_CASE("Runtime.BackendRegistryIsThreadSafeAndARuntimeKeepsItsBackend") {

@@ -68,7 +68,7 @@ void Device::add_cell_fixed(std::span<const std::size_t>, std::span<const int>) 
 long Device::take_cells_fixed(std::span<std::int64_t>, std::span<int>) {
   throw std::logic_error(name() + ": take_cells_fixed() on a device whose cells the runtime sums");
 }
-void Device::load_grad(std::span<const float>, std::uint64_t) { throw std::logic_error(name() + ": load_grad() on a device whose cells the runtime sums"); }
+void Device::load_grad(std::span<const float>) { throw std::logic_error(name() + ": load_grad() on a device whose cells the runtime sums"); }
 
 void Device::cancel() {
   {

@@ -49,9 +49,7 @@ class AcrossRanks final : public ReductionBase {
       const WatchStamp stamp(r, kReductionPhase, m_p.epoch);
       if (!gpu_cells) drain(d);
       take_loss(d);
-      if (gpu_cells) return;
-      m_p.dev.devices[d]->set_sample_count(r.samples);
-      if (!sliced) return;
+      if (gpu_cells || !sliced) return;
       const auto [b, e] = InProcessCommunicator::slice(d, n, count);
       if (exact) {
         m_p.exact.sum_slice(b, e, tally.exact);
@@ -70,7 +68,7 @@ class AcrossRanks final : public ReductionBase {
       m_p.exact.to_float(0, count, tally.exact, sum);
       return m_p.sched->broadcast([&](std::size_t d) {
         const WatchStamp stamp(*m_p.dev.replicas[d], kReductionPhase, m_p.epoch);
-        m_p.dev.devices[d]->load_grad(sum, step.batch);
+        m_p.dev.devices[d]->load_grad(sum);
       });
     }
     if (m_p.dev.host) {

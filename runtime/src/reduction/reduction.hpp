@@ -89,7 +89,7 @@ class ReductionBase : public Reduction {
   // Deterministic mode on GPUs: each hands over its fixed-point accumulator and its tensors' largest exponents.
   void take_device_cells();
   // The sum within one process, fused with what follows it: on each device's worker, its chunks drained, its loss
-  // and sample count handed over, its part of the sum (`part`, with every device's buffer), the modelled ring's wait,
+  // handed over, its part of the sum (`part`, with every device's buffer), the modelled ring's wait,
   // and where an update or a mean follows (Reduce other than kSum) slice d of it. Then the devices' call times and
   // reports, and the communicator's collective issued from one thread (NCCL's group call; a no-op on host devices).
   void fused(const ReductionStep& step, Reduced& out,

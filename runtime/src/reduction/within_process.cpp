@@ -77,7 +77,6 @@ void ReductionBase::fused(const ReductionStep& step, Reduced& out,
     const auto f0 = Clock::now();
     drain(d);
     take_loss(d);
-    device.set_sample_count(r.samples);
     part(d, bufs);
     // A modelled reduction (simulated devices) starts once the device is ready: when its part was issued or its last
     // chunk ended on its own timeline, whichever is later, as a GPU stream starts a collective queued behind a kernel;
@@ -156,7 +155,7 @@ class ExactInProcess final : public ReductionBase {
     m_p.exact.sum_to_float(0, count, sum);
     out.applied = m_p.sched->broadcast([&](std::size_t d) {
       const WatchStamp stamp(*m_p.dev.replicas[d], kReductionPhase, m_p.epoch);
-      m_p.dev.devices[d]->load_grad(sum, step.batch);
+      m_p.dev.devices[d]->load_grad(sum);
     });
     return true;
   }

@@ -17,13 +17,6 @@ StepReport Runtime::Impl::run_step(std::span<const std::uint32_t> batch_samples,
     throw ConfigError("batch = " + std::to_string(batch_samples.size()) + " samples; at most 4294967295 per step");
   }
   if (layout.size() == 0) throw ConfigError("step: no parameters registered; call register_parameters() first");
-  // GPUs carry their sample count beside the gradient, as its last float (grad[n], summed with it by NCCL): exact up to
-  // 2^24 samples a step.
-  constexpr std::size_t kFloatCountExact = std::size_t{1} << 24;
-  if ((dev.kind == DeviceKind::kCuda || dev.kind == DeviceKind::kVgpu) && batch_samples.size() > kFloatCountExact) {
-    throw ConfigError("batch = " + std::to_string(batch_samples.size()) + " samples on GPUs; at most " + std::to_string(kFloatCountExact) +
-                      " a step (the GPUs' sample count travels as a float)");
-  }
   const auto t_start = Clock::now();
   if (cluster) cluster.begin_step(batch_samples, cost, reduce_to);  // cluster_step.cpp: every rank at the same step
   // The samples in the order the step runs them: the trainer's, or packed device after device (kPacked; across ranks

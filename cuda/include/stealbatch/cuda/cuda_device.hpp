@@ -27,12 +27,11 @@ class Partition;  // a green context: a set of SMs of one GPU (green.hpp)
 // chunk function enqueues its kernels. Up to `in_flight` chunks are launched and unfinished at once; the worker
 // takes its next chunk only when a slot is free, so a chunk not yet launched stays in the deque, stealable.
 // Completion is tracked with events; nothing in the loop synchronizes the whole device. A step waits for the stream
-// once, in its drain (finish_chunks(): the step's chunks, with its loss copied back); the sample count, the reduction,
-// the update and the zeroing are queued behind them and not waited for, and the next step's chunks queue behind those.
+// once, in its drain (finish_chunks(): the step's chunks, with its loss copied back); the reduction, the update and
+// the zeroing are queued behind them and not waited for, and the next step's chunks queue behind those.
 //
-// The gradient buffer holds the parameter count + 1 floats: the last one is the device's sample count for the
-// step, so the count rides along with the gradient through the AllReduce, and the update divides by the reduced
-// count on the device.
+// The gradient buffer holds the parameter count's floats and nothing else: the update scales the reduced sum by the
+// factor the host passes (1 / the step's sample count, an integer the host knows exactly at any batch size).
 //
 // Nothing allocates during a step: the runtime reserves staging for the step's largest chunk before its chunks
 // run (reserve), and the workspace grows in stream order (cudaMallocAsync). cudaFree and cudaFreeHost would
@@ -72,7 +71,6 @@ class CudaDevice final : public Device {
   std::span<float> grad() override { return {m_grad.data(), m_count}; }
   void zero_grad() override;
   void finish_chunks() override;
-  void set_sample_count(std::uint64_t samples) override;
   // Queued behind the reduction on the compute stream; returns without waiting (wait_queued() waits).
   void apply_update(float grad_scale) override;
   void wait_queued() override;
@@ -86,11 +84,11 @@ class CudaDevice final : public Device {
   bool sums_cells_itself() const override { return true; }
   void add_cell_fixed(std::span<const std::size_t> begin, std::span<const int> shift) override;
   long take_cells_fixed(std::span<std::int64_t> acc, std::span<int> largest) override;
-  void load_grad(std::span<const float> sum, std::uint64_t samples) override;
+  void load_grad(std::span<const float> sum) override;
 
   int gpu() const noexcept { return m_gpu; }
   // On the device's worker: records ready_event() on the compute stream, behind everything queued so far (the step's
-  // chunks and sample count), for a reduction on another stream to wait for without the host waiting.
+  // chunks), for a reduction on another stream to wait for without the host waiting.
   void record_ready();
   cudaEvent_t ready_event() const noexcept { return m_ready.get(); }
   cudaStream_t compute_stream() const noexcept { return m_compute.get(); }

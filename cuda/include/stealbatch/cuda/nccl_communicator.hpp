@@ -12,10 +12,9 @@
 
 namespace stealbatch::cuda {
 
-// One ncclAllReduce (sum, fp32) per step over each GPU's flat gradient buffer plus its sample-count slot, issued
-// for all local GPUs inside one ncclGroupStart/End from the runtime's thread (communicators from
-// ncclCommInitAll), on each device's compute stream: ordered after its chunks, and before its update. With one
-// GPU there is nothing to reduce.
+// One ncclAllReduce (sum, fp32) per step over each GPU's flat gradient buffer, issued for all local GPUs inside one
+// ncclGroupStart/End from the runtime's thread (communicators from ncclCommInitAll), on each device's compute stream:
+// ordered after its chunks, and before its update. With one GPU there is nothing to reduce.
 class NcclCommunicator final : public Communicator {
  public:
   explicit NcclCommunicator(std::vector<CudaDevice*> devices);
@@ -37,17 +36,16 @@ class NcclCommunicator final : public Communicator {
   std::atomic<bool> m_aborted{false};
 };
 
-// The parts of one GPU (vgpu:): NCCL cannot put two ranks on one GPU, so one kernel sums every part's buffer (count
-// slot included) in part order and writes the sum back into each. It runs on a stream of the GPU's primary context,
-// owned by the communicator, from the runtime's thread: a part's green context stays current to its worker alone.
-// Nothing here waits on the host: events order the sum after every part's chunks and each part's next work after
-// the sum.
+// The parts of one GPU (vgpu:): NCCL cannot put two ranks on one GPU, so one kernel sums every part's buffer in part
+// order and writes the sum back into each. It runs on a stream of the GPU's primary context, owned by the
+// communicator, from the runtime's thread: a part's green context stays current to its worker alone. Nothing here
+// waits on the host: events order the sum after every part's chunks and each part's next work after the sum.
 class PartsCommunicator final : public Communicator {
  public:
   // On the runtime's thread, with GPU devices[0]->gpu()'s primary context current there (cudaSetDevice).
   explicit PartsCommunicator(std::vector<CudaDevice*> devices);
-  // On part d's worker, after its sample count was enqueued: records its ready event, which the sum waits for (with
-  // one part there is no sum, and nothing to record).
+  // On part d's worker, after its chunks were drained: records its ready event, which the sum waits for (with one
+  // part there is no sum, and nothing to record).
   void allreduce_sum(std::size_t device, std::span<float* const>, std::size_t) override;
   void allreduce_all(std::span<float* const> buffers, std::size_t count) override;
 

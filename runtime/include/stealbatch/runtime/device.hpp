@@ -124,8 +124,6 @@ class Device {
   // Seconds until the chunks this device has launched and not finished are done: a chunk launched now starts no
   // sooner. 0 for a device whose run_chunk() returns when its chunk is done (the default).
   virtual double queued_seconds() const { return 0.0; }
-  // Publishes the step's sample count of this device ahead of the reduction (a GPU sends it with the gradient).
-  virtual void set_sample_count(std::uint64_t /*samples*/) {}
   // The optimizer step from the reduced gradient sum scaled by grad_scale, then zero_grad(). A device with its own
   // queue (a GPU) may return once both are queued: its next chunks and every copy back to the host come after them.
   virtual void apply_update(float grad_scale);
@@ -164,12 +162,12 @@ class Device {
   // `begin`: each tensor's first element, the parameter count last; `shift`: the attempt's shift per tensor
   // (kNoExponent: scan only). take_cells_fixed(), after the chunk phase, adds the accumulator into `acc` (modulo
   // 2^64) and each tensor's largest exponent into `largest` (their max), resets both on the device, and returns the
-  // first tensor that held a value that is not finite, or -1. load_grad() puts the reduced sum and the step's
-  // sample count where a collective would have left them.
+  // first tensor that held a value that is not finite, or -1. load_grad() puts the reduced sum where a collective
+  // would have left it.
   virtual bool sums_cells_itself() const { return false; }
   virtual void add_cell_fixed(std::span<const std::size_t> begin, std::span<const int> shift);
   virtual long take_cells_fixed(std::span<std::int64_t> acc, std::span<int> largest);
-  virtual void load_grad(std::span<const float> sum, std::uint64_t samples);
+  virtual void load_grad(std::span<const float> sum);
 
   // Cancellation, for the stall watchdog: cancel() wakes every sleep_until_or_cancel() of this device now and
   // until reset_cancel() (which the runtime calls before each step). Thread-safe.
