@@ -188,10 +188,10 @@ TEST_CASE("CudaRuntime.VirtualGpusLeaveTheCallersContextUsable") {
   CHECK(std::all_of(h.data(), h.data() + h.size(), [](float v) { return v == 1.5f; }));
 }
 
-// A step waits for the GPU once, in its drain: the sample count, the parts' sum, the update and the zeroing are
-// queued behind the chunks and ordered by events, and the next step's chunks queue behind them. Training with them
-// must be training: 6 SGD steps with momentum on the whole GPU and on its parts, stealing, end within float
-// tolerance of the CPU model's, and each step's loss is the CPU's.
+// A step waits for the GPU once, in its drain: the parts' sum, the update and the zeroing are queued behind the
+// chunks and ordered by events, and the next step's chunks queue behind them. Training with them must be training:
+// 6 SGD steps with momentum on the whole GPU and on its parts, stealing, end within float tolerance of the CPU
+// model's, and each step's loss is the CPU's.
 TEST_CASE("CudaRuntime.StepsQueuedWithoutHostWaitsTrainAsTheCpu") {
   if (skip_without_gpu()) return;
   cuda::enable();

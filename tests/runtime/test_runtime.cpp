@@ -565,8 +565,9 @@ struct OwnReplicaGpus final : DeviceBackend {
 
 TEST_CASE("Runtime.DevicesWithTheirOwnReplicaScaleByTheStepsExactCount") {
   // A GPU scales its reduced gradient by what the runtime passes to its update: 1 / the step's sample count, which
-  // the host knows as an integer. Checked past float's 2^24 (where a count summed in float would round) with a
-  // stand-in backend for cuda: specs whose devices keep their own replica.
+  // the host knows as an integer. Checked past float's 2^24, where a count held in a float (as GPUs once summed it
+  // beside the gradient) rounds, and its reciprocal with it, with a stand-in backend for cuda: specs whose devices
+  // keep their own replica.
   const RestoreCudaBackend restore;
   std::vector<float> scales(2, 0.0f);
   register_device_backend(DeviceKind::kCuda, std::make_shared<OwnReplicaGpus>(&scales));
@@ -581,11 +582,15 @@ TEST_CASE("Runtime.DevicesWithTheirOwnReplicaScaleByTheStepsExactCount") {
   std::iota(batch.begin(), batch.end(), 0u);
   const StepReport r = rt.step(batch, fn);
   CHECK(r.samples == batch.size());
-  for (float s : scales) CHECK(s == 1.0f / static_cast<float>(batch.size()));
+  const float exact = static_cast<float>(1.0 / 16777219.0), of_float_count = 1.0f / 16777220.0f;
+  REQUIRE(exact != of_float_count);  // 16,777,219 as a float is 16,777,220
+  for (float s : scales) CHECK(s == exact);
   // w = 0 - lr * (the reduced sum, 16,777,219 rounded to float) * scale: -1 within float's rounding.
-  std::vector<float> w(1);
-  rt.device(0).copy_params(w);
-  CHECK(w[0] == doctest::Approx(-1.0).epsilon(1e-6));
+  for (std::size_t d = 0; d < 2; ++d) {
+    std::vector<float> w(1);
+    rt.device(d).copy_params(w);
+    CHECK(w[0] == doctest::Approx(-1.0).epsilon(1e-6));
+  }
 }
 
 TEST_CASE("Runtime.BackendRegistryIsThreadSafeAndARuntimeKeepsItsBackend") {

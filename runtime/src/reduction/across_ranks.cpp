@@ -72,7 +72,7 @@ class AcrossRanks final : public ReductionBase {
       });
     }
     if (m_p.dev.host) {
-      const float scale = 1.0f / static_cast<float>(step.batch);
+      const float scale = mean_scale(step.batch);
       // Deterministic mode: the job's fixed-point sum in float first, each device its slice.
       if (exact) tally.exact_float.assign(count, 0.0f);
       const std::span<const float> sum(exact ? tally.exact_float.data() : tally.grad(), count);

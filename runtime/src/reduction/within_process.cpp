@@ -67,7 +67,7 @@ void ReductionBase::fused(const ReductionStep& step, Reduced& out,
                           const std::function<void(std::size_t, std::span<float* const>)>& part) {
   const std::size_t count = m_p.layout.size();
   const std::vector<float*> bufs = buffers();
-  const float scale = 1.0f / static_cast<float>(step.batch);
+  const float scale = mean_scale(step.batch);
   const bool sliced = step.reduce_to != Reduce::kSum;
   take_learning_rate(step.reduce_to);
   out.within = m_p.sched->broadcast([&](std::size_t d) {

@@ -296,7 +296,7 @@ void Runtime::Impl::update_replicas(StepReport& rep, std::size_t batch) {
   // Each device's worker updates its own replica from its copy of the summed gradient, scaled by 1 / the true
   // sample count: the same update on the same values in the same order, so the replicas stay identical. Then it
   // zeroes the gradient for the next step. A learning rate set since the last update is taken here.
-  const float scale = 1.0f / static_cast<float>(batch);
+  const float scale = mean_scale(batch);
   const bool new_lr = lr_pending;
   const StepStats opt = sched->broadcast([&](std::size_t d) {
     const WatchStamp stamp(*dev.replicas[d], kReductionPhase, epoch);
@@ -328,7 +328,7 @@ void Runtime::Impl::take_mean_gradient(std::size_t batch) {
     if (d == 0) dev.devices[0]->copy_grad(mean_grad);
     dev.devices[d]->zero_grad();
   });
-  const float scale = 1.0f / static_cast<float>(batch);
+  const float scale = mean_scale(batch);
   for (float& g : mean_grad) g *= scale;
 }
 

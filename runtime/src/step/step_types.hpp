@@ -22,6 +22,11 @@ namespace stealbatch {
 using Clock = std::chrono::steady_clock;
 
 inline double seconds(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
+// What turns a step's gradient sum into its mean, on every device kind: 1 / the step's sample count, divided in double
+// from the exact count and then rounded to float (1.0f / float(samples) would round a count past 2^24 first; up to
+// it the two give the same bits: a quotient of floats rounded to double and then to float is rounded correctly, as
+// double has at least 2 x 24 + 2 bits).
+inline float mean_scale(std::size_t samples) noexcept { return static_cast<float>(1.0 / static_cast<double>(samples)); }
 
 // The watchdog's mark for a device busy in the reduction or the update rather than in a chunk.
 inline constexpr ChunkId kReductionPhase = ~ChunkId{0};
