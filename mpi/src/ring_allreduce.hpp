@@ -34,7 +34,7 @@ namespace stealbatch::mpi::detail {
 inline constexpr std::size_t kRingFrom = std::size_t{64} << 10;
 // The segment: 1 MiB, 9 ms at 1 Gbit/s. Each message costs about a round trip of its own over TCP (Open MPI's
 // rendezvous): on 4 emulated nodes on "10gbit" links a 23 MB sum took 224 ms in 64 KiB segments, 134-154 ms in 256 KiB,
-// 105 in 1 and 2 MiB, 100 in 4 MiB; at 1 Gbit/s 314-324 ms from 256 KiB to 4 MiB (34.8 MB at 1 Gbit/s: 278).
+// 105 in 1 and 2 MiB, 100 in 4 MiB; at 1 Gbit/s 314-324 ms from 256 KiB to 4 MiB (34.9 MB at 1 Gbit/s: 280).
 inline constexpr std::size_t kRingSegment = std::size_t{1} << 20;
 
 struct Ring {
