@@ -5,14 +5,8 @@
 # launched into the same namespaces (TORCH_PYTHON); an elastic resume of the full MLP after a node is cut off. Needs
 # root (namespaces); skipped with the reason otherwise.
 section_cluster() {
-  command -v mpirun >/dev/null || skip "no mpirun (openmpi-bin)"
-  grep -q '^STEALBATCH_MPI:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null || skip "$build is not built with STEALBATCH_MPI"
-  local cl="bash scripts/cluster.sh" rc d rate model args steals
-  $cl up 2 >/dev/null
-  rc=$?
-  [ $rc -eq 77 ] && skip "this machine cannot make network namespaces (scripts/cluster.sh says why)"
-  [ $rc -eq 0 ] || return 1
-  trap 'bash scripts/cluster.sh down >/dev/null 2>&1' EXIT
+  need_emulated_nodes
+  local cl="bash scripts/cluster.sh" d rate model args steals
   link() { $cl exec sbn0 ping -q -c 50 -i 0.02 10.77.0.11 | sed -n 's/^rtt .* = \([0-9.]*\)\/\([0-9.]*\)\/\([0-9.]*\)\/.*/ping sbn0 -> sbn1: rtt min \1 ms, avg \2 ms, max \3 ms/p'; }
 
   # One steal across the link: read + compare-and-swap, each flushed, while the victim computes.

@@ -1,4 +1,4 @@
-# cluster_ddp: the wide MLP (a 23 MB gradient) against DDP (gloo, its buckets overlapped with the backward pass) on 4
+# cluster_ddp: the wide MLP (a 23.3 MB gradient) against DDP (gloo, its buckets overlapped with the backward pass) on 4
 # emulated nodes of one rank (scripts/cluster.sh), node 0 slowed 6.6x, at 1 and "10" Gbit/s: float32 and bf16 on both
 # sides (perf/cluster_ddp.sh). Needs root (namespaces) and TORCH_PYTHON; skipped with the reason otherwise.
 section_cluster_ddp() {

@@ -582,8 +582,9 @@ TEST_CASE("Runtime.DevicesWithTheirOwnReplicaScaleByTheStepsExactCount") {
   std::iota(batch.begin(), batch.end(), 0u);
   const StepReport r = rt.step(batch, fn);
   CHECK(r.samples == batch.size());
-  const float exact = static_cast<float>(1.0 / 16777219.0), of_float_count = 1.0f / 16777220.0f;
-  REQUIRE(exact != of_float_count);  // 16,777,219 as a float is 16,777,220
+  const float exact = static_cast<float>(1.0 / static_cast<double>(batch.size()));
+  const float of_float_count = 1.0f / static_cast<float>(batch.size());  // 16,777,219 as a float is 16,777,220
+  REQUIRE(exact != of_float_count);
   for (float s : scales) CHECK(s == exact);
   // w = 0 - lr * (the reduced sum, 16,777,219 rounded to float) * scale: -1 within float's rounding.
   for (std::size_t d = 0; d < 2; ++d) {
